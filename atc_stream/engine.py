@@ -1,0 +1,388 @@
+"""Engine: the streams registry, warmup/step/preview, bad-input policy and backend choice.
+
+An ``Engine`` keeps one slot of state per stream (symbol x interval x parameter
+set) in a ``StateStore`` and applies batches of closed bars to all of them with
+one backend call. A bar for a symbol fans out to every parameter set the symbol is
+registered with. Bad inputs never raise and never touch a stream: each is counted
+per reason in ``Engine.rejections``, logged once per reason, and reported in the
+call's result, while the valid part of the batch still applies.
+
+This module imports no I/O libraries (redis, websockets, msgspec), so the core
+runs on a bare GPU machine.
+"""
+
+from __future__ import annotations
+
+import logging
+import numbers
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .kernels import batch
+from .params import ATCParams
+from .results import Rejection, StepResult, StreamKey
+from .state import layout as L
+from .state.store import StateStore
+
+log = logging.getLogger("atc_stream")
+
+#: Reasons raised before batch planning (Python-level input shape/type checks).
+MALFORMED_UPDATE = "malformed_update"
+BAD_TIME_TYPE = "bad_time_type"
+BAD_CLOSE_TYPE = "bad_close_type"
+UNKNOWN_SYMBOL = "unknown_symbol"
+BAD_HISTORY = "bad_history"
+
+#: Streams per warmup call chunk (bounds the padded history arrays; drives the progress bar).
+WARMUP_CHUNK = 1024
+
+
+def make_backend(name: str, store: StateStore):
+    """The backend object for ``name`` ("cpu", "cuda" or "auto")."""
+    if name not in ("cpu", "cuda", "auto"):
+        raise ValueError(f"backend must be 'cpu', 'cuda' or 'auto', got {name!r}")
+    if name in ("cuda", "auto"):
+        from .kernels import cuda_available
+
+        available, why = cuda_available()
+        if available:
+            from .kernels.cuda import CudaBackend
+
+            return CudaBackend(store)
+        if name == "cuda":
+            raise RuntimeError(f"backend='cuda' was asked for but CUDA is unavailable: {why}")
+    from .kernels.cpu import CpuBackend
+
+    return CpuBackend(store)
+
+
+class Engine:
+    """Exact incremental ATC for many streams.
+
+    >>> eng = Engine(ATCParams())
+    >>> eng.warmup({"BTCUSDT": (times, closes)})
+    >>> res = eng.step([("BTCUSDT", next_time, 64210.5)])
+    """
+
+    def __init__(
+        self,
+        params: ATCParams | Sequence[ATCParams] | None = None,
+        *,
+        backend: str = "auto",
+        interval: str = "1m",
+        capacity: int = 64,
+    ) -> None:
+        self.store = StateStore(capacity)
+        self.interval = interval
+        self._keys_by_slot: list[StreamKey | None] = [None] * self.store.capacity
+        self._slot_of: dict[StreamKey, int] = {}
+        self._symbol_slots: dict[str, np.ndarray] = {}
+        self.rejections: Counter[str] = Counter()
+        self._logged_reasons: set[str] = set()
+        param_sets = [ATCParams()] if params is None else params
+        if isinstance(param_sets, ATCParams):
+            param_sets = [param_sets]
+        for p in param_sets:
+            self.add_params(p)
+        self.backend = make_backend(backend, self.store)
+
+    # -- parameter sets and streams -----------------------------------------------
+
+    @property
+    def param_sets(self) -> list[ATCParams]:
+        return list(self.store.params.params)
+
+    def add_params(self, params: ATCParams) -> int:
+        """Register a parameter set; return its ``params_id``."""
+        if not isinstance(params, ATCParams):
+            raise ValueError(f"params must be an ATCParams, got {type(params).__name__}")
+        return self.store.add_params(params)
+
+    def add_symbol(self, symbol: str, params_ids: Iterable[int] | None = None) -> list[StreamKey]:
+        """Add one stream per parameter set (all by default) for ``symbol``; existing ones stay."""
+        if not isinstance(symbol, str) or not symbol:
+            raise ValueError(f"symbol must be a non-empty str, got {symbol!r}")
+        ids = range(len(self.store.params)) if params_ids is None else list(params_ids)
+        return [self.add_stream(symbol, params_id) for params_id in ids]
+
+    def add_stream(self, symbol: str, params_id: int = 0) -> StreamKey:
+        if not 0 <= params_id < len(self.store.params):
+            raise ValueError(f"params_id {params_id} is not a registered parameter set")
+        key = StreamKey(symbol, self.interval, params_id)
+        if key in self._slot_of:
+            return key
+        slot = self.store.allocate(params_id)
+        if self.store.capacity > len(self._keys_by_slot):
+            self._keys_by_slot.extend([None] * (self.store.capacity - len(self._keys_by_slot)))
+        self._keys_by_slot[slot] = key
+        self._slot_of[key] = slot
+        self._refresh_symbol(symbol)
+        return key
+
+    def remove_symbol(self, symbol: str) -> None:
+        for key in [k for k in self._slot_of if k.symbol == symbol]:
+            self.remove_stream(key)
+
+    def remove_stream(self, key: StreamKey) -> None:
+        slot = self._slot_of.pop(key, None)
+        if slot is None:
+            raise ValueError(f"unknown stream {key}")
+        self.store.release(slot)
+        self._keys_by_slot[slot] = None
+        self._refresh_symbol(key.symbol)
+
+    def _refresh_symbol(self, symbol: str) -> None:
+        slots = sorted(s for k, s in self._slot_of.items() if k.symbol == symbol)
+        if slots:
+            self._symbol_slots[symbol] = np.array(slots, np.int64)
+        else:
+            self._symbol_slots.pop(symbol, None)
+
+    @property
+    def streams(self) -> list[StreamKey]:
+        return sorted(self._slot_of)
+
+    @property
+    def symbols(self) -> list[str]:
+        return sorted(self._symbol_slots)
+
+    def slot_of(self, key: StreamKey) -> int:
+        return self._slot_of[key]
+
+    def slots_of(self, symbol: str) -> np.ndarray:
+        """Slots of every stream of ``symbol`` (one per parameter set it is registered with)."""
+        return self._symbol_slots[symbol]
+
+    def stream_state(self, key: StreamKey) -> dict[str, Any]:
+        """A stream's position: bar_index (bars seen), last bar time, growth factor."""
+        self.backend.pull_state()
+        slot = self._slot_of[key]
+        counters = self.store.counters[slot]
+        last = int(counters[L.LAST_TIME])
+        return {
+            "bar_index": int(counters[L.BAR_INDEX]),
+            "last_time": None if last == L.NO_TIME else last,
+            "growth": float(self.store.values[slot, L.GROWTH]),
+        }
+
+    # -- bad input ------------------------------------------------------------------
+
+    def _reject(self, rejected: list[Rejection], index: int, reason: str, detail: str, symbol=None):
+        self.rejections[reason] += 1
+        if reason not in self._logged_reasons:
+            self._logged_reasons.add(reason)
+            log.warning("rejected input (%s): %s (further ones are only counted)", reason, detail)
+        rejected.append(Rejection(index, reason, detail, symbol))
+
+    def _parse_bars(self, bars: Iterable[Any], rejected: list[Rejection]):
+        """Fan ``(symbol, time, close)`` items out to slots; reject malformed ones."""
+        slots: list[int] = []
+        times: list[int] = []
+        closes: list[float] = []
+        origin: list[int] = []
+        for index, item in enumerate(bars):
+            try:
+                symbol, bar_time, close = item
+            except (TypeError, ValueError):
+                self._reject(
+                    rejected, index, MALFORMED_UPDATE, f"not (symbol, time, close): {item!r}"
+                )
+                continue
+            if not isinstance(bar_time, numbers.Integral) or isinstance(bar_time, bool):
+                self._reject(rejected, index, BAD_TIME_TYPE, f"time {bar_time!r}", str(symbol))
+                continue
+            if not isinstance(close, numbers.Real) or isinstance(close, bool):
+                self._reject(rejected, index, BAD_CLOSE_TYPE, f"close {close!r}", str(symbol))
+                continue
+            symbol_slots = self._symbol_slots.get(symbol) if isinstance(symbol, str) else None
+            if symbol_slots is None:
+                self._reject(rejected, index, UNKNOWN_SYMBOL, f"symbol {symbol!r}", str(symbol))
+                continue
+            for slot in symbol_slots:
+                slots.append(int(slot))
+                times.append(int(bar_time))
+                closes.append(float(close))
+                origin.append(index)
+        return (
+            np.array(slots, np.int64),
+            np.array(times, np.int64),
+            np.array(closes, np.float64),
+            np.array(origin, np.int64),
+        )
+
+    def _report_codes(self, reasons, slots, times, closes, origin, rejected) -> None:
+        for u in np.flatnonzero(reasons != batch.ACCEPTED):
+            key = self._keys_by_slot[slots[u]] if 0 <= slots[u] < len(self._keys_by_slot) else None
+            self._reject(
+                rejected,
+                int(origin[u]),
+                batch.REASON_NAMES[int(reasons[u])],
+                f"slot {slots[u]} time {times[u]} close {float(closes[u])!r}",
+                key.symbol if key else None,
+            )
+
+    # -- step / preview -------------------------------------------------------------
+
+    def step(self, bars: Iterable[tuple[str, int, float]]) -> StepResult:
+        """Apply closed bars ``(symbol, bar_time, close)``; several per symbol allowed, in time order."""
+        rejected: list[Rejection] = []
+        slots, times, closes, origin = self._parse_bars(bars, rejected)
+        return self._step(slots, times, closes, origin, rejected)
+
+    def step_arrays(self, slots, times, closes) -> StepResult:
+        """Array fast path: ``slots`` from ``slot_of``/``slots_of``; no per-item Python work."""
+        slots, times, closes = _as_update_arrays(slots, times, closes)
+        return self._step(slots, times, closes, np.arange(slots.shape[0]), [])
+
+    def _step(self, slots, times, closes, origin, rejected) -> StepResult:
+        store = self.store
+        reasons = np.zeros(slots.shape[0], np.int64)
+        order, round_starts = batch.plan_rounds(
+            store.counters, store.in_use, store.pending_last, store.pending_count,
+            slots, times, closes, reasons,
+        )  # fmt: skip
+        if order.shape[0] != slots.shape[0]:
+            self._report_codes(reasons, slots, times, closes, origin, rejected)
+        out = self.backend.step(slots, times, closes, order, round_starts)
+        keep = np.sort(order)
+        return StepResult(
+            self._keys_by_slot, slots[keep], times[keep], closes[keep], out[keep], rejected
+        )
+
+    def preview(self, bars: Iterable[tuple[str, int, float]]) -> StepResult:
+        """Outputs for in-progress bars as if they closed now; state is not changed."""
+        rejected: list[Rejection] = []
+        slots, times, closes, origin = self._parse_bars(bars, rejected)
+        return self._preview(slots, times, closes, origin, rejected)
+
+    def preview_arrays(self, slots, times, closes) -> StepResult:
+        slots, times, closes = _as_update_arrays(slots, times, closes)
+        return self._preview(slots, times, closes, np.arange(slots.shape[0]), [])
+
+    def _preview(self, slots, times, closes, origin, rejected) -> StepResult:
+        store = self.store
+        reasons = np.zeros(slots.shape[0], np.int64)
+        batch.check_previews(store.counters, store.in_use, slots, times, closes, reasons)
+        accepted = reasons == batch.ACCEPTED
+        if not accepted.all():
+            self._report_codes(reasons, slots, times, closes, origin, rejected)
+        out = self.backend.preview(slots, times, closes, accepted)
+        return StepResult(
+            self._keys_by_slot,
+            slots[accepted],
+            times[accepted],
+            closes[accepted],
+            out[accepted],
+            rejected,
+            provisional=True,
+        )
+
+    # -- warmup -----------------------------------------------------------------------
+
+    def warmup(
+        self,
+        history: Mapping[str, tuple[Sequence[int], Sequence[float]]],
+        *,
+        progress: bool = False,
+    ) -> StepResult:
+        """Apply each symbol's history ``(times, closes)`` in one batched pass per chunk.
+
+        Symbols not registered yet are added (one stream per parameter set). Equal to
+        calling ``step`` bar by bar; streams that already hold state continue from it.
+        Bad bars are rejected as in ``step`` and the rest of the history still applies.
+        Returns the outputs of each stream's last applied bar.
+        """
+        rejected: list[Rejection] = []
+        jobs = []  # (slot, times, closes) with only accepted bars
+        for symbol, series in history.items():
+            parsed = self._parse_history(symbol, series, rejected)
+            if parsed is None:
+                continue
+            times, closes = parsed
+            if symbol not in self._symbol_slots:
+                self.add_symbol(symbol)
+            for slot in self._symbol_slots[symbol]:
+                jobs.append((int(slot), *self._accepted_history(slot, times, closes, rejected)))
+        results = []
+        chunks = range(0, len(jobs), WARMUP_CHUNK)
+        if progress:
+            from tqdm import tqdm
+
+            chunks = tqdm(chunks, desc="warmup", unit="chunk", leave=False)
+        for start in chunks:
+            results.append(self._warmup_chunk(jobs[start : start + WARMUP_CHUNK]))
+        if not results:
+            empty = np.zeros(0, np.int64)
+            return StepResult(
+                self._keys_by_slot, empty, empty, np.zeros(0), np.zeros((0, L.N_OUT)), rejected
+            )
+        slots, times, closes, outs = (np.concatenate(parts) for parts in zip(*results))
+        applied = ~np.isnan(outs[:, L.OUT_BAR_INDEX])
+        return StepResult(
+            self._keys_by_slot, slots[applied], times[applied], closes[applied], outs[applied],
+            rejected,
+        )  # fmt: skip
+
+    def _parse_history(self, symbol, series, rejected):
+        try:
+            times, closes = series
+            times = np.asarray(times)
+            closes = np.asarray(closes, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            self._reject(rejected, -1, BAD_HISTORY, f"{symbol!r}: {exc}", str(symbol))
+            return None
+        if not isinstance(symbol, str) or not symbol:
+            self._reject(rejected, -1, BAD_HISTORY, f"symbol {symbol!r}", None)
+            return None
+        if times.ndim != 1 or closes.shape != times.shape or times.dtype.kind not in "iu":
+            self._reject(
+                rejected, -1, BAD_HISTORY,
+                f"{symbol!r}: times must be 1-D integers and closes the same shape "
+                f"(got {times.dtype}{times.shape}, {closes.shape})",
+                symbol,
+            )  # fmt: skip
+            return None
+        return times.astype(np.int64), closes
+
+    def _accepted_history(self, slot, times, closes, rejected):
+        reasons = np.zeros(times.shape[0], np.int64)
+        last_time = self.store.counters[slot, L.LAST_TIME]
+        batch.check_history(self.store.in_use, slot, times, closes, last_time, reasons)
+        ok = reasons == batch.ACCEPTED
+        if not ok.all():
+            self._report_codes(
+                reasons, np.full(times.shape[0], slot), times, closes,
+                np.arange(times.shape[0]), rejected,
+            )  # fmt: skip
+            return times[ok], closes[ok]
+        return times, closes
+
+    def _warmup_chunk(self, jobs):
+        n = len(jobs)
+        longest = max((len(t) for _, t, _ in jobs), default=0)
+        slots = np.array([slot for slot, _, _ in jobs], np.int64)
+        counts = np.array([len(t) for _, t, _ in jobs], np.int64)
+        times = np.zeros((n, max(longest, 1)), np.int64)
+        closes = np.ones((n, max(longest, 1)), np.float64)
+        for s, (_, t, c) in enumerate(jobs):
+            times[s, : len(t)] = t
+            closes[s, : len(c)] = c
+        out = self.backend.warmup(slots, times, closes, counts, False)[:, 0]
+        last = np.maximum(counts - 1, 0)
+        rows = np.arange(n)
+        return slots, times[rows, last], closes[rows, last], out
+
+
+def _as_update_arrays(slots, times, closes):
+    slots = np.ascontiguousarray(slots, dtype=np.int64)
+    times = np.ascontiguousarray(times, dtype=np.int64)
+    closes = np.ascontiguousarray(closes, dtype=np.float64)
+    if slots.ndim != 1 or times.shape != slots.shape or closes.shape != slots.shape:
+        raise ValueError(
+            "slots, times and closes must be 1-D arrays of one length, got shapes "
+            f"{slots.shape}, {times.shape}, {closes.shape}"
+        )
+    return slots, times, closes
