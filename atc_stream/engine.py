@@ -227,7 +227,7 @@ class Engine:
     # -- step / preview -------------------------------------------------------------
 
     def step(self, bars: Iterable[tuple[str, int, float]]) -> StepResult:
-        """Apply closed bars ``(symbol, bar_time, close)``; several per symbol allowed, in time order."""
+        """Apply closed bars ``(symbol, bar_time, close)``; several per symbol, in time order."""
         rejected: list[Rejection] = []
         slots, times, closes, origin = self._parse_bars(bars, rejected)
         return self._step(slots, times, closes, origin, rejected)
@@ -319,7 +319,7 @@ class Engine:
             return StepResult(
                 self._keys_by_slot, empty, empty, np.zeros(0), np.zeros((0, L.N_OUT)), rejected
             )
-        slots, times, closes, outs = (np.concatenate(parts) for parts in zip(*results))
+        slots, times, closes, outs = (np.concatenate(parts) for parts in zip(*results, strict=True))
         applied = ~np.isnan(outs[:, L.OUT_BAR_INDEX])
         return StepResult(
             self._keys_by_slot, slots[applied], times[applied], closes[applied], outs[applied],

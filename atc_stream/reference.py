@@ -91,7 +91,7 @@ def ema_series(values: Sequence[float], length: int) -> list[float]:
 
     ``values`` must not contain na from index 0 on (DEMA builds its own second EMA).
     """
-    alpha = 2.0 / (length + 2)
+    alpha = 2.0 / (length + 1)
     out = [na] * len(values)
     for i in range(length - 1, len(values)):
         if i == length - 1:
@@ -266,7 +266,7 @@ class Equity:
 
 def round2(x: float) -> float:
     """``floor(x * 100.0 + 0.5) / 100.0``."""
-    return math.floor(x * 100.0 + 0.5) / 100.0
+    return round(x, 2)
 
 
 def cut(x: float, threshold: float) -> float:

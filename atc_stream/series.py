@@ -1,4 +1,4 @@
-"""``compute``: fast full-history ATC for one close series (the warmup kernel, every bar recorded)."""
+"""``compute``: fast full-history ATC for one series (the warmup kernel, every bar kept)."""
 
 from __future__ import annotations
 
