@@ -266,7 +266,7 @@ class Equity:
 
 def round2(x: float) -> float:
     """``floor(x * 100.0 + 0.5) / 100.0``."""
-    return round(x, 2)
+    return math.floor(x * 100.0 + 0.5) / 100.0
 
 
 def cut(x: float, threshold: float) -> float:
