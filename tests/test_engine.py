@@ -1,0 +1,258 @@
+"""Engine behaviour: streams registry, capacity, bad input policy, preview (issue 2)."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from parity_helpers import assert_bit_identical, reference_outputs
+
+from atc_stream import ATCParams, Engine, compute
+
+SHORT = ATCParams(ema_len=8, hma_len=8, wma_len=8, dema_len=8, lsma_len=8, kama_len=8)
+
+
+def walk(seed: int, n: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.round(100 + np.cumsum(rng.integers(-3, 4, n)) * 0.05, 2)
+
+
+def feed(engine: Engine, symbol: str, closes: np.ndarray, start: int = 0) -> np.ndarray:
+    rows = []
+    for t in range(start, len(closes)):
+        res = engine.step([(symbol, t, float(closes[t]))])
+        assert not res.rejected, res.rejected
+        rows.append(res.outputs[0])
+    return np.array(rows)
+
+
+def snapshot_of(engine: Engine, symbol: str):
+    slot = engine.slots_of(symbol)[0]
+    s = engine.store
+    return s.ring[slot].copy(), s.values[slot].copy(), s.counters[slot].copy()
+
+
+def assert_same_state(a, b):
+    for x, y in zip(a, b, strict=True):
+        assert_bit_identical(x, y, "state")
+
+
+# -- streams registry -----------------------------------------------------------
+
+
+def test_streams_added_later_removed_and_readded_do_not_disturb_others():
+    a, b = walk(1, 150), walk(2, 150)
+    engine = Engine(SHORT, backend="cpu", capacity=1)
+    engine.add_symbol("A")
+    got = list(feed(engine, "A", a[:50]))
+    engine.add_symbol("B")  # forces capacity growth while A holds state
+    for t in range(50, 100):
+        res = engine.step([("A", t, float(a[t])), ("B", t, float(b[t]))])
+        got.append(res.outputs[0])
+    engine.remove_symbol("B")
+    assert engine.symbols == ["A"]
+    rejected = engine.step([("B", 100, 1.0)]).rejected
+    assert [r.reason for r in rejected] == ["unknown_symbol"]
+    engine.add_symbol("B")  # re-added: starts from scratch in a recycled slot
+    b_rows = []
+    for t in range(100, 150):
+        res = engine.step([("B", t, float(b[t])), ("A", t, float(a[t]))])
+        b_rows.append(res.outputs[0])
+        got.append(res.outputs[1])
+    assert_bit_identical(np.array(got), reference_outputs(compute(a, SHORT)), "A")
+    assert_bit_identical(np.array(b_rows), reference_outputs(compute(b[100:], SHORT)), "B again")
+
+
+def test_parameter_sweep_fans_out_one_bar_to_every_parameter_set():
+    sets = [SHORT, ATCParams(), ATCParams(robustness="Wide", cutout=20)]
+    engine = Engine(sets, backend="cpu")
+    engine.add_symbol("X")
+    closes = walk(3, 120)
+    rows = {i: [] for i in range(3)}
+    for t in range(120):
+        res = engine.step([("X", t, float(closes[t]))])
+        assert len(res) == 3
+        for key, row in zip(res.keys, res.outputs, strict=True):
+            rows[key.params_id].append(row)
+    for i, p in enumerate(sets):
+        assert_bit_identical(np.array(rows[i]), reference_outputs(compute(closes, p)), str(p))
+
+
+def test_adding_a_longer_parameter_set_later_keeps_existing_streams_exact():
+    closes = walk(4, 200)
+    engine = Engine(SHORT, backend="cpu")
+    engine.add_symbol("X")
+    got = list(feed(engine, "X", closes[:100]))
+    ring_before = engine.store.ring_capacity
+    pid = engine.add_params(ATCParams(ema_len=60))  # longer windows: the ring grows
+    assert engine.store.ring_capacity > ring_before
+    engine.add_stream("X", pid)
+    longer = []
+    for t in range(100, 200):
+        res = engine.step([("X", t, float(closes[t]))])
+        got.append(res.outputs[0])
+        longer.append(res.outputs[1])
+    assert_bit_identical(np.array(got), reference_outputs(compute(closes, SHORT)), "short")
+    assert_bit_identical(
+        np.array(longer), reference_outputs(compute(closes[100:], ATCParams(ema_len=60))), "long"
+    )
+
+
+def test_preview_never_changes_state_and_matches_step():
+    closes = walk(5, 80)
+    engine = Engine(SHORT, backend="cpu")
+    engine.warmup({"X": (np.arange(60), closes[:60])})
+    before = snapshot_of(engine, "X")
+    previews = engine.preview([("X", 60, 99.0), ("X", 60, 101.5), ("X", 61, float(closes[60]))])
+    assert previews.provisional and len(previews) == 3
+    assert_same_state(before, snapshot_of(engine, "X"))
+    res = engine.step([("X", 61, float(closes[60]))])
+    assert_bit_identical(res.outputs, previews.outputs[2:], "preview == step")
+
+
+def test_stream_state_reports_position_and_growth():
+    engine = Engine(ATCParams(cutout=5), backend="cpu")
+    engine.warmup({"X": (np.arange(10) * 60_000, walk(6, 10))})
+    state = engine.stream_state(engine.streams[0])
+    assert state["bar_index"] == 10 and state["last_time"] == 9 * 60_000
+    assert state["growth"] == pytest.approx(np.exp(0.02 / 1000 * (9 - 5)))
+
+
+# -- bad input --------------------------------------------------------------------
+
+
+@pytest.fixture
+def warm_engine():
+    engine = Engine(SHORT, backend="cpu")
+    engine.warmup({"A": (np.arange(30), walk(7, 30)), "B": (np.arange(30), walk(8, 30))})
+    return engine
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        (("A", 30, float("nan")), "non_finite_close"),
+        (("A", 30, float("inf")), "non_finite_close"),
+        (("A", 30, 0.0), "non_positive_close"),
+        (("A", 30, -5.0), "non_positive_close"),
+        (("ZZZ", 30, 10.0), "unknown_symbol"),
+        ((None, 30, 10.0), "unknown_symbol"),
+        (("A", 29, 10.0), "duplicate_bar"),
+        (("A", 3, 10.0), "out_of_order_bar"),
+        (("A", "30", 10.0), "bad_time_type"),
+        (("A", 30.5, 10.0), "bad_time_type"),
+        (("A", 30, "10.0"), "bad_close_type"),
+        (("A", 30, None), "bad_close_type"),
+        (("A", 30), "malformed_update"),
+        (42, "malformed_update"),
+    ],
+)
+def test_each_bad_input_is_rejected_counted_and_the_rest_applies(warm_engine, bad, reason, caplog):
+    engine = warm_engine
+    reference = Engine(SHORT, backend="cpu")
+    reference.warmup({"B": (np.arange(30), walk(8, 30))})
+    expected = reference.step([("B", 30, 100.0)]).outputs
+    a_before = snapshot_of(engine, "A")
+    with caplog.at_level(logging.WARNING, logger="atc_stream"):
+        res = engine.step([bad, ("B", 30, 100.0)])
+    assert [r.reason for r in res.rejected] == [reason]
+    assert res.rejected[0].index == 0
+    assert engine.rejections[reason] == 1
+    assert reason in caplog.text  # logged once per kind, with the offending value
+    assert res.symbols == ["B"]
+    assert_bit_identical(res.outputs, expected, "good input still applies")
+    assert_same_state(a_before, snapshot_of(engine, "A"))  # bad input never touches a stream
+
+
+def test_rejections_are_logged_once_per_reason_but_always_counted(warm_engine, caplog):
+    with caplog.at_level(logging.WARNING, logger="atc_stream"):
+        for _ in range(5):
+            warm_engine.step([("A", 1, 1.0)])
+    assert warm_engine.rejections["out_of_order_bar"] == 5
+    assert caplog.text.count("out_of_order_bar") == 1
+
+
+def test_duplicate_inside_one_batch_is_rejected(warm_engine):
+    res = warm_engine.step([("A", 30, 10.0), ("A", 30, 11.0), ("A", 31, 12.0), ("A", 30, 9.0)])
+    assert [r.reason for r in res.rejected] == ["duplicate_bar", "out_of_order_bar"]
+    assert list(res.times) == [30, 31]
+
+
+def test_bad_bars_in_warmup_history_are_skipped_and_counted():
+    closes = walk(9, 50)
+    dirty = closes.copy()
+    dirty[[10, 20]] = [np.nan, -1.0]
+    times = np.arange(50)
+    engine = Engine(SHORT, backend="cpu")
+    res = engine.warmup({"X": (times, dirty), "Y": ("not", "arrays")})
+    assert engine.rejections["non_finite_close"] == 1
+    assert engine.rejections["non_positive_close"] == 1
+    assert engine.rejections["bad_history"] == 1
+    keep = np.isfinite(dirty) & (dirty > 0)
+    expected = reference_outputs(compute(closes[keep], SHORT))[-1]
+    assert_bit_identical(res.outputs[0], expected, "clean part applied")
+
+
+def test_step_arrays_rejects_unknown_slots_and_raises_on_bad_shapes(warm_engine):
+    slot_a = warm_engine.slots_of("A")[0]
+    res = warm_engine.step_arrays([slot_a, 999, -1], [30, 30, 30], [10.0, 10.0, 10.0])
+    assert [r.reason for r in res.rejected] == ["unknown_stream", "unknown_stream"]
+    assert len(res) == 1
+    with pytest.raises(ValueError, match="slots, times and closes"):
+        warm_engine.step_arrays([slot_a], [30, 31], [1.0])
+
+
+def test_invalid_library_arguments_raise_value_error_naming_them():
+    with pytest.raises(ValueError, match="backend"):
+        Engine(backend="tpu")
+    with pytest.raises(ValueError, match="capacity"):
+        Engine(capacity=0)
+    with pytest.raises(ValueError, match="params"):
+        Engine([ATCParams(), "fast"])
+    with pytest.raises(ValueError, match="closes"):
+        compute([1.0, float("nan")])
+    with pytest.raises(ValueError, match="closes"):
+        compute(np.ones((2, 2)))
+    engine = Engine(backend="cpu")
+    with pytest.raises(ValueError, match="symbol"):
+        engine.add_symbol("")
+    with pytest.raises(ValueError, match="params_id"):
+        engine.add_stream("X", 5)
+
+
+# -- parameters ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"ema_len": 6}, "ema_len"),  # 6 - 6 = 0 with Medium
+        ({"kama_len": 28.0}, "kama_len"),
+        ({"robustness": "Tight"}, "robustness"),
+        ({"La": float("nan")}, "La"),
+        ({"De": 100.0}, "De"),
+        ({"cut": float("inf")}, "cut"),
+        ({"cutout": -1}, "cutout"),
+        ({"long_threshold": -0.2}, "short_threshold"),
+        ({"hma_w": 0.0}, "hma_w"),
+        ({"wma_w": True}, "wma_w"),
+    ],
+)
+def test_params_validation_names_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        ATCParams(**kwargs)
+
+
+def test_params_lengths_and_round_trip():
+    p = ATCParams(robustness="Wide", ema_len=10)
+    assert p.family_lengths("EMA") == (10, 11, 13, 15, 17, 9, 7, 5, 3)
+    assert p.max_length == 35 and p.lam == 0.02 / 1000.0 and p.decay == 1.0 - 0.03 / 100.0
+    assert ATCParams.from_dict(p.to_dict()) == p
+    with pytest.raises(ValueError, match="unknown ATC parameter"):
+        ATCParams.from_dict({"speed": 1})
+
+
+def test_state_is_under_4kb_per_stream_with_defaults():
+    engine = Engine(backend="cpu")
+    assert engine.store.bytes_per_stream <= 4096
