@@ -4,7 +4,9 @@
 arguments, with sensible defaults); ``BarPlayer`` replays a table through an
 ``Engine``: the first ``warmup_bars`` bars of each symbol in one batched warmup, then
 every bar time as one ``step`` batch (all symbols with a bar at that time), as
-fast as possible or at ``speed`` x real time, writing results to a sink.
+fast as possible or at ``speed`` x real time, writing results to a sink. Rows are
+replayed in time order (stable for equal times), so a file need not be sorted; a
+second bar with the same time for a symbol is rejected as a duplicate.
 """
 
 from __future__ import annotations
