@@ -41,18 +41,25 @@ WARMUP_CHUNK = 1024
 
 
 def make_backend(name: str, store: StateStore):
-    """The backend object for ``name`` ("cpu", "cuda" or "auto")."""
+    """The backend object for ``name`` ("cpu", "cuda" or "auto").
+
+    "cuda" also runs under numba's simulator (``NUMBA_ENABLE_CUDASIM=1``). "auto" picks
+    CUDA only on a real device and for at least ``kernels.cuda.AUTO_MIN_STREAMS`` streams
+    (the store's capacity or stream count, whichever is larger); ``Engine.move_to("auto")``
+    decides again later.
+    """
     if name not in ("cpu", "cuda", "auto"):
         raise ValueError(f"backend must be 'cpu', 'cuda' or 'auto', got {name!r}")
     if name in ("cuda", "auto"):
         from .kernels import cuda_available
 
-        available, why = cuda_available()
+        available, why = cuda_available(allow_simulator=name == "cuda")
         if available:
-            from .kernels.cuda import CudaBackend
+            from .kernels.cuda import AUTO_MIN_STREAMS, CudaBackend
 
-            return CudaBackend(store)
-        if name == "cuda":
+            if name == "cuda" or max(store.capacity, store.n_streams) >= AUTO_MIN_STREAMS:
+                return CudaBackend(store)
+        elif name == "cuda":
             raise RuntimeError(f"backend='cuda' was asked for but CUDA is unavailable: {why}")
     from .kernels.cpu import CpuBackend
 
@@ -88,6 +95,21 @@ class Engine:
         for p in param_sets:
             self.add_params(p)
         self.backend = make_backend(backend, self.store)
+
+    def move_to(self, backend: str) -> None:
+        """Move the live state to another backend ("cpu", "cuda" or "auto"); results are unchanged.
+
+        The state is pulled from the current backend into the host store, then pushed
+        to the new one. Raises like the constructor when the backend is unavailable
+        (the engine then stays where it was).
+        """
+        self.backend.pull_state()
+        new = make_backend(backend, self.store)
+        new.push_state()
+        old, self.backend = self.backend, new
+        close = getattr(old, "close", None)
+        if close is not None and old is not new:
+            close()
 
     # -- parameter sets and streams -----------------------------------------------
 
@@ -374,6 +396,83 @@ class Engine:
         last = np.maximum(counts - 1, 0)
         rows = np.arange(n)
         return slots, times[rows, last], closes[rows, last], out
+
+    # -- snapshots (format: state/snapshot.py; stores: state/stores.py) ---------------
+
+    @property
+    def source_offsets(self) -> dict[str, Any]:
+        """Where each input stands (Redis Stream ID, file row, ...): callers update it;
+        saved in every snapshot and restored by ``restore``."""
+        offsets = self.__dict__.get("_source_offsets")
+        if offsets is None:
+            offsets = self.__dict__["_source_offsets"] = {}
+        return offsets
+
+    @source_offsets.setter
+    def source_offsets(self, value: Mapping[str, Any]) -> None:
+        self.__dict__["_source_offsets"] = dict(value)
+
+    def capture_snapshot(self, source_offsets: Mapping[str, Any] | None = None, *, copy=True):
+        """Copy the state (pulled from the device first) for ``snapshot.encode_snapshot``.
+
+        Only array copies: cheap enough for the step loop; encoding can run elsewhere.
+        ``source_offsets`` are merged into ``self.source_offsets`` first.
+        """
+        from .state.snapshot import capture_state, normalize_offsets
+
+        if source_offsets:
+            self.source_offsets.update(normalize_offsets(source_offsets))
+        self.backend.pull_state()
+        s = self.store
+        return capture_state(
+            params=s.params.params, interval=self.interval,
+            backend=getattr(self.backend, "name", type(self.backend).__name__),
+            registry=self._slot_of, ring=s.ring, values=s.values, counters=s.counters,
+            in_use=s.in_use, param_lengths=s.params.lengths, param_values=s.params.values,
+            ring_capacity=s.ring_capacity, source_offsets=self.source_offsets,
+            rejections=self.rejections, copy=copy,
+        )  # fmt: skip
+
+    def snapshot(
+        self, source_offsets: Mapping[str, Any] | None = None, compression: str = "zlib"
+    ) -> bytes:
+        """A versioned, checksummed blob of the whole state; ``Engine.restore`` reads it."""
+        from .state.snapshot import encode_snapshot
+
+        return encode_snapshot(self.capture_snapshot(source_offsets, copy=False), compression)
+
+    @classmethod
+    def restore(cls, blob: bytes, backend: str = "auto") -> Engine:
+        """The engine a snapshot blob was taken from; ``SnapshotError`` if it does not verify."""
+        from .state.snapshot import decode_snapshot
+
+        snap = decode_snapshot(blob)
+        h = snap.header
+        eng = cls(snap.params, backend=backend, interval=h.interval, capacity=h.capacity)
+        store = eng.store
+        reshaped = False
+        for name in ("ring", "values", "counters", "in_use"):
+            current = getattr(store, name)
+            if current.shape == snap.arrays[name].shape:
+                np.copyto(current, snap.arrays[name])  # keeps the backend's host buffers
+            else:
+                setattr(store, name, snap.arrays[name])
+                reshaped = True
+        if reshaped:
+            store.ring_capacity = h.ring_capacity
+            store.generation += 1
+            old, eng.backend = eng.backend, make_backend(backend, store)
+            getattr(old, "close", lambda: None)()
+        by_symbol: dict[str, list[int]] = {}
+        for key, slot in h.registry.items():
+            eng._keys_by_slot[slot] = key
+            eng._slot_of[key] = slot
+            by_symbol.setdefault(key.symbol, []).append(slot)
+        eng._symbol_slots = {sym: np.array(sorted(v), np.int64) for sym, v in by_symbol.items()}
+        eng.rejections.update(h.rejections)
+        eng.source_offsets = h.source_offsets
+        eng.backend.push_state()
+        return eng
 
 
 def _as_update_arrays(slots, times, closes):
