@@ -236,7 +236,12 @@ class Engine:
         )
 
     def _report_codes(self, reasons, slots, times, closes, origin, rejected) -> None:
+        """Report planner rejections once per input, not once per stream it fans out to."""
+        reported: set[tuple[int, int]] = set()
         for u in np.flatnonzero(reasons != batch.ACCEPTED):
+            if (origin[u], reasons[u]) in reported:
+                continue
+            reported.add((origin[u], reasons[u]))
             key = self._keys_by_slot[slots[u]] if 0 <= slots[u] < len(self._keys_by_slot) else None
             self._reject(
                 rejected,

@@ -79,6 +79,18 @@ def test_parameter_sweep_fans_out_one_bar_to_every_parameter_set():
         assert_bit_identical(np.array(rows[i]), reference_outputs(compute(closes, p)), str(p))
 
 
+def test_a_bad_input_fanned_out_to_several_parameter_sets_counts_once():
+    engine = Engine([SHORT, ATCParams()], backend="cpu")
+    engine.add_symbol("X")
+    res = engine.step([("X", 0, float("nan")), ("X", 1, 10.0), ("X", 1, 11.0)])
+    assert [(r.index, r.reason) for r in res.rejected] == [
+        (0, "non_finite_close"),
+        (2, "duplicate_bar"),
+    ]
+    assert engine.rejections == {"non_finite_close": 1, "duplicate_bar": 1}
+    assert len(res) == 2  # the good bar applied to both parameter sets
+
+
 def test_adding_a_longer_parameter_set_later_keeps_existing_streams_exact():
     closes = walk(4, 200)
     engine = Engine(SHORT, backend="cpu")
