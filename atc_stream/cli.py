@@ -7,6 +7,7 @@ go to stderr so stdout stays machine-readable.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -61,22 +62,213 @@ IntervalOption = Annotated[
 ]
 
 
-def _replay_table(table, *, params, output, warmup, speed, progress, backend, interval) -> None:
+RedisOption = Annotated[
+    str | None,
+    typer.Option("--redis", help="Publish signals to this Redis URL (pub/sub + latest hash)."),
+]
+RedisPrefixOption = Annotated[
+    str, typer.Option("--redis-prefix", help="Channel and key prefix used with --redis.")
+]
+SnapshotDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--snapshot-dir",
+        help="Keep snapshots in this directory (else in Redis when --redis is given).",
+    ),
+]
+SnapshotEveryOption = Annotated[
+    int | None,
+    typer.Option("--snapshot-every", min=1, help="Snapshot every N bars (default 10000)."),
+]
+ResumeOption = Annotated[
+    bool,
+    typer.Option(
+        "--resume", help="Restore the latest snapshot and continue from its recorded input offset."
+    ),
+]
+
+
+class _Durability:
+    """Snapshots (store + periodic ``Snapshotter``), the Redis publisher and clean shutdown
+    on SIGINT/SIGTERM for one CLI run."""
+
+    def __init__(
+        self,
+        *,
+        redis: str | None,
+        redis_prefix: str = "atc",
+        snapshot_dir: Path | None,
+        snapshot_every: int | None,
+        resume: bool,
+        publish: bool = True,
+        namespace: str = "default",
+    ) -> None:
+        self.redis = redis
+        self.redis_prefix = redis_prefix
+        self.snapshot_every = snapshot_every
+        self.resume = resume
+        self.publish = publish and redis is not None
+        self.store = None
+        self.snapshotter = None
+        self.publisher = None
+        self.stop_requested = False
+        self.restored = False
+        self._on_stop: list = []
+        target = snapshot_dir if snapshot_dir is not None else redis
+        if target is None:
+            if snapshot_every is not None or resume:
+                raise typer.BadParameter(
+                    "--snapshot-every and --resume need --snapshot-dir or --redis"
+                )
+            return
+        if snapshot_dir is not None or snapshot_every is not None or resume:
+            from .state.stores import open_snapshot_store
+
+            self.store = open_snapshot_store(target, namespace=namespace)
+
+    def restore(self, backend: str):
+        """The engine of the newest good snapshot with ``--resume``; None to start fresh."""
+        if not self.resume or self.store is None:
+            return None
+        from .engine import Engine
+
+        found = self.store.latest()
+        if found is None:
+            _err(f"atc-stream: no snapshot in {self.store!r}; starting from the beginning")
+            return None
+        engine = Engine.restore(found.blob, backend=backend)
+        self.restored = True
+        _err(f"atc-stream: restored snapshot {found.id} ({len(engine.streams)} streams)")
+        return engine
+
+    def start(self, engine) -> None:
+        if self.store is not None:
+            from .state.snapshotter import Snapshotter
+
+            self.snapshotter = Snapshotter(
+                engine, self.store, every_bars=self.snapshot_every or 10_000
+            )
+        if self.publish:
+            from .adapters.redis_pubsub import SignalPublisher
+
+            self.publisher = SignalPublisher(self.redis, prefix=self.redis_prefix)
+
+    def on_stop(self, callback) -> None:
+        self._on_stop.append(callback)
+
+    def _handle(self, signum, frame) -> None:
+        if self.stop_requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop at once
+        self.stop_requested = True
+        _err(f"atc-stream: {signal.Signals(signum).name}: stopping after the current batch")
+        for callback in self._on_stop:
+            callback()
+
+    def __enter__(self) -> _Durability:
+        self._previous = {
+            sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)
+        }
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        clean = exc_type is None or exc_type is _StopRun
+        if self.snapshotter is not None:
+            if clean:  # the state matches the recorded offsets: keep it
+                snapshot_id = self.snapshotter.close()
+                _err(f"atc-stream: final snapshot {snapshot_id}")
+            else:
+                self.snapshotter.wait()
+        if self.publisher is not None:
+            self.publisher.close()
+            stats = self.publisher.stats()
+            _err(
+                f"  redis publish    {stats['delivered']} steps delivered, "
+                f"{stats['dropped']} dropped ({stats['dropped_rows']} rows)"
+            )
+
+
+class _StopRun(Exception):
+    """Raised from a result callback to end a replay early (after SIGINT/SIGTERM)."""
+
+
+def _play_durably(engine, table, *, warmup, speed, progress, on_result, durability, source):
+    """Play ``table`` through ``engine`` with snapshots recording the play position.
+
+    The position is the number of rows played in play order (each symbol's first
+    ``warmup`` rows, then the rest by time, stable): ``source_offsets[source]["rows"]``.
+    With ``--resume`` only the rows after the restored position are played.
+    """
+    import numpy as np
+
+    from .replay.player import BarPlayer, BarTable, _rank_within_symbol
+
+    done = 0
+    recorded = engine.source_offsets.get(source["name"]) if durability.restored else None
+    if durability.restored and recorded is None:
+        raise typer.BadParameter(
+            f"the snapshot holds no {source['name']!r} position (it was taken by another "
+            f"command; offsets: {sorted(engine.source_offsets)})"
+        )
+    if recorded is not None:
+        if recorded.get("input") != source["input"]:
+            raise typer.BadParameter(
+                f"the snapshot was taken on {recorded.get('input')!r}, not {source['input']!r}"
+            )
+        done = int(recorded["rows"])
+    if done:
+        warm = _rank_within_symbol(table.symbols) < warmup
+        order = np.concatenate(
+            [
+                np.flatnonzero(warm),
+                np.flatnonzero(~warm)[np.argsort(table.times[~warm], kind="stable")],
+            ]
+        )[done:]
+        table = BarTable(table.symbols[order], table.times[order], table.closes[order])
+        warmup = 0
+        _err(f"atc-stream: resuming after row {done} of the play order")
+    durability.start(engine)
+    player = BarPlayer(engine, table, warmup_bars=warmup, speed=speed, progress=progress)
+
+    def emit(result) -> None:
+        if on_result is not None:
+            on_result(result)
+        if durability.publisher is not None:
+            durability.publisher.publish(result)
+        if durability.snapshotter is not None:
+            rows = done + player.summary.warmup_bars + player.summary.step_bars
+            offset = {"input": source["input"], "rows": rows}
+            durability.snapshotter.maybe_snapshot(len(result), {source["name"]: offset})
+        if durability.stop_requested:
+            raise _StopRun
+
+    player.on_result = emit
+    with durability:
+        try:
+            summary = player.run()
+        except _StopRun:
+            summary = player.summary
+    return summary
+
+
+def _replay_table(
+    table, *, params, output, warmup, speed, progress, backend, interval, durability=None,
+    source=None,
+) -> None:  # fmt: skip
     from .adapters.sinks import open_sink
     from .engine import Engine
-    from .replay.player import BarPlayer
 
-    engine = Engine(params, backend=backend, interval=interval, capacity=max(len(table), 1))
+    if durability is None:
+        durability = _Durability(redis=None, snapshot_dir=None, snapshot_every=None, resume=False)
+    engine = durability.restore(backend) or Engine(
+        params, backend=backend, interval=interval, capacity=max(len(table), 1)
+    )
     with open_sink(output) as sink:
-        player = BarPlayer(
-            engine,
-            table,
-            warmup_bars=warmup,
-            speed=speed,
-            on_result=sink.write,
-            progress=progress,
-        )
-        summary = player.run()
+        summary = _play_durably(
+            engine, table, warmup=warmup, speed=speed, progress=progress, on_result=sink.write,
+            durability=durability, source=source or {"name": "file", "input": None},
+        )  # fmt: skip
     _err(f"atc-stream: replay done ({engine.backend.name} backend)")
     for line in summary.lines():
         _err("  " + line)
@@ -105,6 +297,11 @@ def replay(
     progress: ProgressOption = True,
     backend: BackendOption = "auto",
     interval: IntervalOption = "1m",
+    redis: RedisOption = None,
+    redis_prefix: RedisPrefixOption = "atc",
+    snapshot_dir: SnapshotDirOption = None,
+    snapshot_every: SnapshotEveryOption = None,
+    resume: ResumeOption = False,
 ) -> None:
     """Feed a bar file through the engine and write one signal row per (stream, bar)."""
     from .replay.player import load_bars
@@ -128,7 +325,12 @@ def replay(
         progress=progress,
         backend=backend,
         interval=interval,
-    )
+        durability=_Durability(
+            redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
+            snapshot_every=snapshot_every, resume=resume,
+        ),
+        source={"name": "file", "input": str(bars.resolve())},
+    )  # fmt: skip
 
 
 @app.command()
@@ -144,6 +346,11 @@ def demo(
     check: Annotated[
         bool, typer.Option("--check/--no-check", help="Compare with a full recomputation.")
     ] = True,
+    redis: RedisOption = None,
+    redis_prefix: RedisPrefixOption = "atc",
+    snapshot_dir: SnapshotDirOption = None,
+    snapshot_every: SnapshotEveryOption = None,
+    resume: ResumeOption = False,
 ) -> None:
     """Generate a deterministic multi-symbol random walk and replay it (needs nothing else)."""
     import numpy as np
@@ -170,26 +377,171 @@ def demo(
             remember(result)
 
         from .engine import Engine
-        from .replay.player import BarPlayer
 
-        engine = Engine(param_sets, backend=backend, capacity=max(symbols * len(param_sets), 1))
-        summary = BarPlayer(
-            engine, table, warmup_bars=warmup, on_result=on_result, progress=progress
-        ).run()
+        durability = _Durability(
+            redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
+            snapshot_every=snapshot_every, resume=resume,
+        )  # fmt: skip
+        engine = durability.restore(backend) or Engine(
+            param_sets, backend=backend, capacity=max(symbols * len(param_sets), 1)
+        )
+        summary = _play_durably(
+            engine, table, warmup=warmup, speed=None, progress=progress, on_result=on_result,
+            durability=durability,
+            source={"name": "demo", "input": f"random-walk {symbols}x{bars} seed {seed}"},
+        )  # fmt: skip
     _err(f"atc-stream: demo done ({engine.backend.name} backend)")
     for line in summary.lines():
         _err("  " + line)
+    if durability.stop_requested:
+        raise typer.Exit(130)
     if check:
         mismatches = 0
-        for symbol in table.symbol_names:
+        checked = [sym for sym in table.symbol_names if sym in last_signal]  # all unless resumed
+        for symbol in checked:
             closes = table.closes[table.symbols == symbol]
-            full = compute(closes, param_sets[0])["Average_Signal"][-1]
+            full = compute(closes, engine.param_sets[0])["Average_Signal"][-1]
             same = np.array_equal(full, last_signal[symbol], equal_nan=True)
             mismatches += not same
         verdict = "identical" if mismatches == 0 else f"{mismatches} MISMATCHES"
-        _err(f"  full recomputation check: last signal of {symbols} symbols {verdict}")
+        _err(f"  full recomputation check: last signal of {len(checked)} symbols {verdict}")
         if mismatches:
             raise typer.Exit(1)
+
+
+@app.command()
+def subscribe(
+    redis: Annotated[str, typer.Option("--redis", help="Redis URL of the publisher.")],
+    symbols: Annotated[
+        list[str] | None,
+        typer.Option("--symbols", help="Symbols to follow (repeat or comma-separate)."),
+    ] = None,
+    events: Annotated[bool, typer.Option("--events", help="Follow the events channel.")] = False,
+    batch: Annotated[
+        bool, typer.Option("--batch", help="Follow the per-step batch channel.")
+    ] = False,
+    latest: Annotated[
+        bool, typer.Option("--latest", help="First print the latest record of every stream.")
+    ] = False,
+    redis_prefix: RedisPrefixOption = "atc",
+    encoding: Annotated[str, typer.Option(help="json or msgpack (as published).")] = "json",
+    count: Annotated[int | None, typer.Option(help="Exit after COUNT messages.", min=1)] = None,
+    timeout: Annotated[
+        float | None, typer.Option(help="Exit when nothing arrived for TIMEOUT seconds.")
+    ] = None,
+) -> None:
+    """Print signals as they arrive (one JSON object per line: channel, kind, data).
+
+    With no --symbols/--events/--batch, every per-symbol channel is followed."""
+    import msgspec
+
+    from .adapters.redis_pubsub import SignalSubscriber
+
+    names = [part for item in symbols or () for part in item.split(",") if part]
+    encoder = msgspec.json.Encoder()
+    out = sys.stdout.buffer
+    try:
+        sub = SignalSubscriber(
+            redis, prefix=redis_prefix, encoding=encoding, symbols=names, events=events,
+            batch=batch, as_dict=True,
+        )  # fmt: skip
+        sub.wait_ready()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    except Exception as exc:  # redis.ConnectionError, TimeoutError: no server there
+        _err(f"atc-stream: cannot subscribe at {redis}: {exc}")
+        raise typer.Exit(1) from exc
+    try:
+        if latest:
+            for key, record in sorted(sub.latest().items()):
+                out.write(encoder.encode({"channel": sub.latest_key, "kind": "latest",
+                                          "key": key, "data": record}) + b"\n")  # fmt: skip
+            out.flush()
+        for msg in sub.messages(timeout=timeout, limit=count):
+            out.write(encoder.encode({"channel": msg.channel, "kind": msg.kind, "data": msg.data}))
+            out.write(b"\n")
+            out.flush()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sub.close()
+
+
+@app.command("run-stream")
+def run_stream(
+    redis: Annotated[str, typer.Option("--redis", help="Redis URL holding the streams.")],
+    input_stream: Annotated[
+        str, typer.Option("--input-stream", help="Stream of bars (fields symbol, time, close).")
+    ],
+    output_stream: Annotated[
+        str | None,
+        typer.Option("--output-stream", help="Stream that receives one entry per (stream, bar)."),
+    ] = None,
+    group: Annotated[str, typer.Option("--group", help="Consumer group name.")] = "atc",
+    consumer: Annotated[str, typer.Option("--consumer", help="Consumer name.")] = "engine-1",
+    snapshot_dir: SnapshotDirOption = None,
+    snapshot_every: SnapshotEveryOption = None,
+    resume: ResumeOption = False,
+    stop_when_idle: Annotated[
+        float | None,
+        typer.Option("--stop-when-idle", help="Exit after SECONDS without new entries."),
+    ] = None,
+    publish: Annotated[
+        bool, typer.Option("--publish/--no-publish", help="Also publish signals over pub/sub.")
+    ] = False,
+    redis_prefix: RedisPrefixOption = "atc",
+    batch_size: Annotated[int, typer.Option(help="Entries read per batch.", min=1)] = 1000,
+    output_maxlen: Annotated[
+        int, typer.Option(help="Approximate MAXLEN of the output stream.", min=1)
+    ] = 1_000_000,
+    namespace: Annotated[
+        str, typer.Option(help="Snapshot namespace (one per engine shard).")
+    ] = "default",
+    params: ParamsOption = None,
+    backend: BackendOption = "auto",
+    interval: IntervalOption = "1m",
+) -> None:
+    """Apply bars from a Redis Stream (consumer group), exactly once across restarts.
+
+    Outputs go to --output-stream (and pub/sub with --publish). Snapshots record the last
+    applied entry; --resume continues from there (see adapters/redis_streams.py)."""
+    import logging
+
+    from redis import exceptions as redis_errors
+
+    from .adapters.redis_streams import RedisStreamRunner
+    from .engine import Engine
+
+    logging.basicConfig(level=logging.WARNING, format="atc-stream: %(levelname)s %(message)s")
+    durability = _Durability(
+        redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
+        snapshot_every=snapshot_every, resume=resume, publish=publish, namespace=namespace,
+    )  # fmt: skip
+    engine = durability.restore(backend) or Engine(
+        load_param_sets(params), backend=backend, interval=interval
+    )
+    durability.start(engine)
+    try:
+        runner = RedisStreamRunner(
+            engine, redis, input_stream, group=group, consumer=consumer,
+            output_stream=output_stream, output_maxlen=output_maxlen, batch_size=batch_size,
+            snapshotter=durability.snapshotter, publisher=durability.publisher,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    durability.on_stop(runner.stop)
+    with durability:
+        try:
+            runner.prepare(resume=resume)
+        except redis_errors.ConnectionError as exc:
+            _err(f"atc-stream: cannot reach Redis at {redis}: {exc}")
+            raise typer.Exit(1) from exc
+        _err(f"atc-stream: reading {input_stream} after entry {runner.offset} "
+             f"({engine.backend.name} backend)")  # fmt: skip
+        stats = runner.run(stop_when_idle=stop_when_idle)
+    _err("atc-stream: run-stream done")
+    for line in stats.lines(engine):
+        _err("  " + line)
 
 
 def main() -> None:

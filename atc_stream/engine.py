@@ -88,6 +88,7 @@ class Engine:
         self._slot_of: dict[StreamKey, int] = {}
         self._symbol_slots: dict[str, np.ndarray] = {}
         self.rejections: Counter[str] = Counter()
+        self._source_offsets: dict[str, Any] = {}
         self._logged_reasons: set[str] = set()
         param_sets = [ATCParams()] if params is None else params
         if isinstance(param_sets, ATCParams):
@@ -408,14 +409,11 @@ class Engine:
     def source_offsets(self) -> dict[str, Any]:
         """Where each input stands (Redis Stream ID, file row, ...): callers update it;
         saved in every snapshot and restored by ``restore``."""
-        offsets = self.__dict__.get("_source_offsets")
-        if offsets is None:
-            offsets = self.__dict__["_source_offsets"] = {}
-        return offsets
+        return self._source_offsets
 
     @source_offsets.setter
     def source_offsets(self, value: Mapping[str, Any]) -> None:
-        self.__dict__["_source_offsets"] = dict(value)
+        self._source_offsets = dict(value)
 
     def capture_snapshot(self, source_offsets: Mapping[str, Any] | None = None, *, copy=True):
         """Copy the state (pulled from the device first) for ``snapshot.encode_snapshot``.

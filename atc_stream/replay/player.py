@@ -26,6 +26,7 @@ from ..results import StepResult
 DEFAULT_SYMBOL_COLUMN = "symbol"
 DEFAULT_TIME_COLUMN = "time"
 DEFAULT_CLOSE_COLUMN = "close"
+BAR_SUFFIXES = (".csv", ".parquet")
 
 
 @dataclass
@@ -85,14 +86,34 @@ def load_bars(
     close_column: str = DEFAULT_CLOSE_COLUMN,
     symbol: str | None = None,
 ) -> BarTable:
-    """Read a CSV or Parquet bar file.
+    """Read a CSV or Parquet bar file, or a directory of them.
 
     ``symbol`` names the single symbol of a file without a symbol column (default: the
     file's stem). Times may be integers (any clock, ms by convention) or ISO-8601.
+    A directory is read file by file (every ``*.csv``/``*.parquet``, sorted by name;
+    per-symbol files: symbol = file stem unless the file has a symbol column) and the
+    rows are put in time order (stable, so file order within one time).
     """
     path = Path(path)
     if not path.exists():
         raise ValueError(f"bar file {str(path)!r} does not exist")
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in BAR_SUFFIXES)
+        if not files:
+            raise ValueError(f"bar directory {str(path)!r} has no .csv or .parquet files")
+        parts = [
+            load_bars(
+                f, symbol_column=symbol_column, time_column=time_column, close_column=close_column
+            )
+            for f in files
+        ]
+        times = np.concatenate([p.times for p in parts])
+        order = np.argsort(times, kind="stable")
+        return BarTable(
+            symbols=np.concatenate([p.symbols for p in parts])[order],
+            times=times[order],
+            closes=np.concatenate([p.closes for p in parts])[order],
+        )
     columns = _read_columns(path)
     for name in (time_column, close_column):
         if name not in columns:
