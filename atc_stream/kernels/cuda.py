@@ -1,0 +1,906 @@
+"""CUDA drivers: the core update compiled with ``numba.cuda.jit(device=True)``, and ``CudaBackend``.
+
+The kernels below call the *same* functions of ``kernels/core.py`` as the CPU drivers
+(``compile_core(cuda.jit(device=True))``), so the GPU runs the arithmetic of the CPU
+operation for operation; what is left to get right is the compiler and the layout:
+
+Numerics (float64 only: every state array, input and output is float64/int64; there
+is no float32 path, on purpose — the parity contract of ATC_SPEC.md is about doubles).
+
+* **No FMA contraction.** NVVM contracts ``a*b + c`` into ``fma.rn.f64`` by default
+  (libNVVM option ``-fma=1``), and numba-cuda 0.30 exposes no switch for it:
+  ``cuda.jit(fastmath=True)`` *adds* ``fma=1``/``ftz``/approximate division, and
+  ``fastmath=False`` (the default) passes nothing, which leaves NVVM's default on.
+  (Upstream: NVIDIA/numba-cuda issue #118, PR #839, not released.) We therefore wrap
+  ``numba.cuda.cudadrv.nvvm.compile_ir`` once and, only while one of *our* kernels
+  is being compiled (the thread-local ``no_fma()`` context around every launch),
+  add ``fma=False``, which numba turns into ``-fma=0``: NVVM then emits ``mul.rn.f64``
+  and ``add.rn.f64``, whose explicit rounding also forbids ptxas from fusing them.
+  Our kernels are compiled with ``lto=False`` so that this PTX is what gets linked
+  (with LTO the final code generation would happen in nvJitLink, which has its own
+  ``-fma`` setting). Checked without a GPU by compiling the kernels to PTX with
+  libNVVM (``kernel_ptx``; CUDA 13.0, sm_90): the step kernel has 23 ``fma.rn.f64``
+  without the option and none with it, and no ``ex2`` (no device ``exp``). The PTX
+  actually linked at launch can only be read on a machine with a device
+  (``tests/test_cuda_gpu.py::test_step_ptx_has_no_fma``, which also checks the SASS
+  for ``DFMA`` where ``nvdisasm`` is installed).
+* **Growth factor from the host.** ``exp`` on the device is libdevice's, not glibc's.
+  The growth ``exp(lam * (i - cutout))`` therefore comes from a table computed on the
+  host with ``cpu.growth_factor`` (the njit-compiled core function, i.e. glibc ``exp``):
+  ``table[param_row, i - cutout]``. The table depends only on the parameter row and the
+  bar index, so one small table serves step, preview and warmup; it is extended (by
+  doubling) when a stream's bar index passes its end. The core's ``update_stream``
+  takes ``growth`` as an argument precisely so that the device never calls ``exp``.
+* Division is IEEE ``div.rn.f64`` and ``floor``/``abs``/comparisons are exact, so with
+  the two points above every operation rounds as on the CPU.
+
+Layout. The core indexes ``[slot, field]``. On the device the state arrays are kept
+in the transposed (Fortran) order, so the 32 threads of a warp (32 neighbouring
+slots) read one field of 32 neighbouring slots: one coalesced transaction. numba
+compiles the same core source for the F-order arrays (and for the C-order local
+arrays of the local-state warmup). Outputs are F-order too (``out[u, col]`` with
+``u`` fastest).
+
+Thread mapping: one thread per stream-update. The core updates a whole stream for
+one bar (54 MAs, their windows, both equity layers, events) in one call; mapping
+threads to (update, family) or (update, MA) would need the core split into phases
+with reductions between them, i.e. a second source of the arithmetic, which is what
+this project refuses. One thread per update keeps parity by construction. Its cost
+is occupancy for small batches (1,000 updates fill a fraction of one wave on an
+H100) and a long per-thread instruction stream; whether a finer mapping pays off
+has NOT been measured (no GPU was lent while this was written); ``THREADS_PER_BLOCK``
+is likewise an unmeasured placeholder.
+
+State on the device, host mirror. ``CudaBackend`` keeps the authoritative state on
+the device; the store's host arrays are the staging copy: ``pull_state`` copies the
+device state into them (through pinned F-order mirrors, async on the backend's CUDA
+stream), ``push_state`` uploads them. The host ``counters`` columns ``BAR_INDEX`` and
+``LAST_TIME`` are kept current after every step/warmup by applying the same
+increments on the host (``batch.plan_rounds`` validates against them), without
+copying anything back. Host-side changes are detected before each launch: a slot
+whose ``(BAR_INDEX, LAST_TIME, PARAM_ROW)`` differs from what the device was last
+given was (re)initialised on the host (``allocate``/``release``/``reset_slot``) and is
+uploaded alone; a new ``store.generation`` (capacity or ring growth, new parameter
+set) means the host arrays were rebuilt from a stale copy, so the device state of
+every untouched stream is merged into the new layout (the ring re-laid out with the
+store's own ``_grow_ring``) and everything is pushed.
+
+Transfers: step inputs go through pinned staging buffers and async copies on one
+CUDA stream; the host counter update runs while the kernel executes; the outputs
+come back through a pinned buffer. Every step returns its outputs, so a step waits
+for its own results and there is nothing to double-buffer across steps; overlapping
+a warmup's upload with compute (time-chunked double buffering) and CUDA graphs for
+the step's copy/launch/copy sequence were NOT evaluated: not measured, no GPU lent.
+
+Arrays: CuPy allocates the device arrays when it is importable (its memory pool;
+real GPU only), wrapped as numba device arrays through ``__cuda_array_interface__``
+so that copies and launches are one code path; otherwise numba device arrays (and
+under ``NUMBA_ENABLE_CUDASIM=1`` the simulator's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import types
+
+import numpy as np
+from numba import cuda, njit
+
+from ..state import layout as L
+from ..state.layout import (
+    BAR_INDEX,
+    CUTOUT_COLUMN,
+    LAST_TIME,
+    N_COUNTER_FIELDS,
+    N_OUT,
+    N_VALUE_FIELDS,
+    PARAM_ROW,
+    PV_LAM,
+)
+from ..state.store import StateStore
+from . import cpu, cuda_simulated
+from .compile import compile_core
+
+log = logging.getLogger("atc_stream")
+
+#: Threads per block of every kernel. Placeholder: not measured (no GPU was lent); the
+#: kernels are register-heavy, so 128 is a conservative guess to be tuned on a device.
+THREADS_PER_BLOCK = 128
+#: ``backend="auto"`` picks CUDA only from this many streams on. Placeholder, NOT
+#: measured (no GPU was lent): run ``benchmarks/bench_cuda.py`` on a GPU machine and
+#: set it where the CUDA step latency crosses below the CPU's.
+AUTO_MIN_STREAMS = 10_000
+#: The local-state warmup keeps a stream's ring in a ``cuda.local.array``; above this
+#: many ring columns (2 x (longest length + 1)) the global-state kernel is used.
+LOCAL_RING_MAX_COLUMNS = 512
+#: First length of the growth table (bars after cutout); it doubles when outgrown.
+GROWTH_TABLE_MIN = 4096
+
+# -- compiling without FMA contraction -------------------------------------------------
+
+_no_fma_state = threading.local()
+
+
+def _install_no_fma_hook() -> None:
+    """Wrap ``nvvm.compile_ir`` (once) so that compiles inside ``no_fma()`` pass ``-fma=0``."""
+    from numba.cuda.cudadrv import nvvm
+
+    if getattr(nvvm.compile_ir, "_atc_stream_no_fma", False):
+        return
+    original = nvvm.compile_ir
+
+    def compile_ir(llvmir, **options):
+        if getattr(_no_fma_state, "depth", 0):
+            # numba's CompilationUnit turns this into the libNVVM option "-fma=0".
+            options["fma"] = False
+        return original(llvmir, **options)
+
+    compile_ir._atc_stream_no_fma = True
+    nvvm.compile_ir = compile_ir
+
+
+@contextlib.contextmanager
+def no_fma():
+    """Kernels compiled (lazily, at their first launch) inside this block get ``-fma=0``."""
+    if cuda_simulated():  # nothing is compiled by the simulator
+        yield
+        return
+    _install_no_fma_hook()
+    _no_fma_state.depth = getattr(_no_fma_state, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _no_fma_state.depth -= 1
+
+
+# The simulator's jit takes no ``lto``; on a device, LTO off keeps NVVM's -fma=0 PTX final.
+_kernel = cuda.jit if cuda_simulated() else cuda.jit(lto=False)
+
+# -- the device functions: the core, compiled for CUDA ----------------------------------
+
+_core = compile_core(cuda.jit(device=True))
+update_stream = _core.update_stream
+
+
+@cuda.jit(device=True)
+def table_growth(growth_table, counters, param_lengths, slot):
+    """``core.stream_growth`` with the exp read from the host-computed table."""
+    param_row = counters[slot, PARAM_ROW]
+    cutout = param_lengths[param_row, CUTOUT_COLUMN]
+    bar_index = counters[slot, BAR_INDEX]
+    if bar_index < cutout:
+        return 1.0
+    return growth_table[param_row, bar_index - cutout]
+
+
+# -- kernels ------------------------------------------------------------------------------
+
+
+@_kernel
+def step_kernel(
+    ring, values, counters, param_lengths, param_values, growth_table,
+    ints, floats, m, start, stop, out,
+):  # fmt: skip
+    """One round of a planned step: update ``k`` in ``[start, stop)`` of the plan order.
+
+    ``ints[k]`` is the slot and ``ints[m + k]`` the bar time of the k-th accepted update
+    (plan order), ``floats[k]`` its close; its outputs go to ``out[k]``.
+    """
+    k = start + cuda.grid(1)
+    if k < stop:
+        slot = ints[k]
+        growth = table_growth(growth_table, counters, param_lengths, slot)
+        update_stream(
+            ring, values, counters, slot, ints[m + k], floats[k], growth,
+            param_lengths, param_values, out, k,
+        )  # fmt: skip
+
+
+@_kernel
+def preview_kernel(
+    ring, values, counters, param_lengths, param_values, growth_table,
+    ints, floats, m, scratch_ring, scratch_values, scratch_counters, out,
+):  # fmt: skip
+    """Like ``cpu.preview``: copy the slot's rows to scratch row ``k`` and update those."""
+    k = cuda.grid(1)
+    if k < m:
+        slot = ints[k]
+        for f in range(ring.shape[1]):
+            scratch_ring[k, f] = ring[slot, f]
+        for f in range(values.shape[1]):
+            scratch_values[k, f] = values[slot, f]
+        for f in range(counters.shape[1]):
+            scratch_counters[k, f] = counters[slot, f]
+        growth = table_growth(growth_table, scratch_counters, param_lengths, k)
+        update_stream(
+            scratch_ring, scratch_values, scratch_counters, k, ints[m + k], floats[k], growth,
+            param_lengths, param_values, out, k,
+        )  # fmt: skip
+
+
+@_kernel
+def warmup_kernel(
+    ring, values, counters, param_lengths, param_values, growth_table,
+    ints, n, closes, out, record_all,
+):  # fmt: skip
+    """Stream ``s`` (slot ``ints[s]``) applies ``ints[n + s]`` bars of ``closes[:, s]``.
+
+    Loops over time inside the kernel on the F-order global state. ``ints[2n + s]`` is
+    the stream's *last* bar time: ``update_stream`` only ever writes ``LAST_TIME`` (never
+    reads it), so passing the last time for every bar leaves the same final state and
+    saves uploading the whole time matrix. Outputs: ``out[t * n + s]`` per bar with
+    ``record_all``, else the last bar's in ``out[s]``.
+    """
+    s = cuda.grid(1)
+    if s < n:
+        slot = ints[s]
+        bar_time = ints[2 * n + s]
+        for t in range(ints[n + s]):
+            growth = table_growth(growth_table, counters, param_lengths, slot)
+            row = t * n + s if record_all else s
+            update_stream(
+                ring, values, counters, slot, bar_time, closes[t, s], growth,
+                param_lengths, param_values, out, row,
+            )  # fmt: skip
+
+
+_local_warmup_kernels: dict[int, object] = {}
+
+
+def local_warmup_kernel(ring_columns: int):
+    """The warmup kernel with the stream's state in ``cuda.local.array``s (one per ring size).
+
+    Local array shapes must be compile-time constants, so one kernel is made per ring
+    width (a closure constant). The state is copied in at the start, the time loop runs
+    the same core functions on the local copies (slot 0), and the state is written back.
+    Local memory is private per thread and interleaved by the hardware, so accesses stay
+    coalesced and cached in L1 without the slot stride. Little can live in registers:
+    the core indexes its arrays with loop variables, so the arrays stay in local memory.
+    Static cost (``ptxas -v``, sm_90, this code): 250 registers and a 3,312-byte stack
+    frame per thread, against 118 registers for ``warmup_kernel`` — about half the
+    occupancy. That is why ``CudaBackend`` defaults to the global-state kernel; the run
+    time of either is NOT measured (no GPU lent): ``benchmarks/bench_cuda.py`` times both.
+    """
+    kernel = _local_warmup_kernels.get(ring_columns)
+    if kernel is not None:
+        return kernel
+    ring_cols = ring_columns
+
+    def warmup_local(
+        ring, values, counters, param_lengths, param_values, growth_table,
+        ints, n, closes, out, record_all,
+    ):  # fmt: skip
+        s = cuda.grid(1)
+        if s < n:
+            slot = ints[s]
+            bar_time = ints[2 * n + s]
+            local_ring = cuda.local.array((1, ring_cols), np.float64)
+            local_values = cuda.local.array((1, N_VALUE_FIELDS), np.float64)
+            local_counters = cuda.local.array((1, N_COUNTER_FIELDS), np.int64)
+            for f in range(ring_cols):
+                local_ring[0, f] = ring[slot, f]
+            for f in range(N_VALUE_FIELDS):
+                local_values[0, f] = values[slot, f]
+            for f in range(N_COUNTER_FIELDS):
+                local_counters[0, f] = counters[slot, f]
+            for t in range(ints[n + s]):
+                growth = table_growth(growth_table, local_counters, param_lengths, 0)
+                row = t * n + s if record_all else s
+                update_stream(
+                    local_ring, local_values, local_counters, 0, bar_time, closes[t, s],
+                    growth, param_lengths, param_values, out, row,
+                )  # fmt: skip
+            for f in range(ring_cols):
+                ring[slot, f] = local_ring[0, f]
+            for f in range(N_VALUE_FIELDS):
+                values[slot, f] = local_values[0, f]
+            for f in range(N_COUNTER_FIELDS):
+                counters[slot, f] = local_counters[0, f]
+
+    kernel = _kernel(warmup_local)
+    _local_warmup_kernels[ring_columns] = kernel
+    return kernel
+
+
+@_kernel
+def scatter_rows_kernel(dst, slots, src):
+    """``dst[slots[i], :] = src[i, :]``: upload of host-initialised slots."""
+    i = cuda.grid(1)
+    if i < slots.shape[0]:
+        slot = slots[i]
+        for f in range(dst.shape[1]):
+            dst[slot, f] = src[i, f]
+
+
+# -- host helpers (njit: they run on every step) ------------------------------------------
+
+_SHADOW_COLUMNS = (BAR_INDEX, LAST_TIME, PARAM_ROW)
+
+
+@njit(cache=True)
+def _find_changed(counters, shadow, slots, changed):
+    """Slots whose host counters differ from what the device holds (each once).
+
+    Writes them to ``changed`` and returns how many; marks them current in ``shadow``.
+    """
+    n = 0
+    for i in range(slots.shape[0]):
+        slot = slots[i]
+        if (
+            counters[slot, BAR_INDEX] != shadow[slot, 0]
+            or counters[slot, LAST_TIME] != shadow[slot, 1]
+            or counters[slot, PARAM_ROW] != shadow[slot, 2]
+        ):
+            shadow[slot, 0] = counters[slot, BAR_INDEX]
+            shadow[slot, 1] = counters[slot, LAST_TIME]
+            shadow[slot, 2] = counters[slot, PARAM_ROW]
+            changed[n] = slot
+            n += 1
+    return n
+
+
+@njit(cache=True)
+def _pack_step(slots, times, closes, order, ints, floats):
+    """Gather the accepted updates in plan order into the staging buffers.
+
+    Returns whether the plan order is the identity (all accepted, one round, in order).
+    """
+    m = order.shape[0]
+    identity = m == slots.shape[0]
+    for k in range(m):
+        u = order[k]
+        identity = identity and u == k
+        ints[k] = slots[u]
+        ints[m + k] = times[u]
+        floats[k] = closes[u]
+    return identity
+
+
+@njit(cache=True)
+def _commit_step(counters, shadow, slots, times, order, max_bar):
+    """Apply a step's counter changes on the host (as the kernel does on the device)."""
+    for k in range(order.shape[0]):  # plan order: rounds ascending, so times ascending
+        u = order[k]
+        slot = slots[u]
+        bar = counters[slot, BAR_INDEX] + 1
+        counters[slot, BAR_INDEX] = bar
+        counters[slot, LAST_TIME] = times[u]
+        shadow[slot, 0] = bar
+        shadow[slot, 1] = times[u]
+        if bar > max_bar:
+            max_bar = bar
+    return max_bar
+
+
+@njit(cache=True)
+def _pack_warmup(slots, times, counts, ints):
+    n = slots.shape[0]
+    for s in range(n):
+        ints[s] = slots[s]
+        ints[n + s] = counts[s]
+        ints[2 * n + s] = times[s, counts[s] - 1] if counts[s] > 0 else 0
+
+
+@njit(cache=True)
+def _commit_warmup(counters, shadow, ints, n, max_bar):
+    for s in range(n):
+        count = ints[n + s]
+        if count == 0:
+            continue
+        slot = ints[s]
+        bar = counters[slot, BAR_INDEX] + count
+        counters[slot, BAR_INDEX] = bar
+        counters[slot, LAST_TIME] = ints[2 * n + s]
+        shadow[slot, 0] = bar
+        shadow[slot, 1] = ints[2 * n + s]
+        if bar > max_bar:
+            max_bar = bar
+    return max_bar
+
+
+_cpu_growth_factor = cpu.growth_factor
+
+
+@njit
+def _fill_growth_table(param_lengths, param_values, table):
+    """``table[row, k] = cpu.growth_factor(lam_row, cutout_row + k, cutout_row)``.
+
+    The same compiled function as the CPU step (glibc ``exp``). The loop is a ``while``
+    with an exit on a NaN so that LLVM cannot vectorise it (a vectorised ``exp``, e.g.
+    numba's SVML path, need not round like glibc's scalar one).
+    """
+    for row in range(table.shape[0]):
+        cutout = param_lengths[row, CUTOUT_COLUMN]
+        lam = param_values[row, PV_LAM]
+        k = 0
+        while k < table.shape[1]:
+            g = _cpu_growth_factor(lam, cutout + k, cutout)
+            table[row, k] = g
+            if g != g:
+                break
+            k += 1
+
+
+def growth_table(param_lengths: np.ndarray, param_values: np.ndarray, length: int) -> np.ndarray:
+    """The host growth table for ``length`` bars after cutout (see the module docstring)."""
+    table = np.empty((max(param_lengths.shape[0], 1), max(length, 1)), np.float64)
+    if param_lengths.shape[0]:
+        _fill_growth_table(param_lengths, param_values, table)
+    else:
+        table[:] = 1.0
+    return table
+
+
+# -- device memory -------------------------------------------------------------------------
+
+
+def _import_cupy():
+    if cuda_simulated():
+        return None
+    try:
+        import cupy
+    except Exception:  # not installed, or no usable CUDA runtime for it
+        return None
+    return cupy
+
+
+def _launch_shape(count: int) -> tuple[int, int]:
+    threads = THREADS_PER_BLOCK
+    if cuda_simulated():  # one Python thread per CUDA thread: do not start idle ones
+        threads = max(1, min(threads, count))
+    return (count + threads - 1) // threads, threads
+
+
+class _Staging:
+    """A pinned host buffer and a device buffer of one dtype, grown by doubling."""
+
+    def __init__(self, backend: CudaBackend, dtype) -> None:
+        self._backend = backend
+        self.dtype = np.dtype(dtype)
+        self.size = 0
+        self.host = None
+        self.device = None
+
+    def reserve(self, size: int) -> None:
+        if size <= self.size:
+            return
+        size = max(size, 2 * self.size, 1024)
+        self.host = cuda.pinned_array(size, self.dtype)
+        self.device = self._backend._device_empty(size, self.dtype)
+        self.size = size
+
+    def upload(self, size: int, stream) -> None:
+        if size:
+            self.device[:size].copy_to_device(self.host[:size], stream=stream)
+
+    def download(self, size: int, stream) -> None:
+        if size:
+            self.device[:size].copy_to_host(self.host[:size], stream=stream)
+
+
+class CudaBackend:
+    """Runs the CUDA kernels on device-resident state; same interface as ``CpuBackend``.
+
+    ``step``/``preview``/``warmup`` take and return host arrays, exactly like the CPU
+    backend (float64 only). ``pull_state``/``push_state`` move the whole state between
+    the device and the store's host arrays; ``close`` frees the device memory.
+
+    Code that writes the store's host arrays directly (a restore) must call
+    ``push_state`` afterwards; slot (re)initialisation and store growth are detected.
+    """
+
+    name = "cuda"
+
+    def __init__(self, store: StateStore, *, warmup_state: str = "global") -> None:
+        if warmup_state not in ("local", "global"):
+            raise ValueError(f"warmup_state must be 'local' or 'global', got {warmup_state!r}")
+        self.store = store
+        #: "global": warmup updates the F-order state in place; "local": in per-thread
+        #: local arrays (``local_warmup_kernel``; see there why it is not the default)
+        self.warmup_state = warmup_state
+        self._cupy = _import_cupy()
+        self.stream = cuda.stream()
+        self._ints = _Staging(self, np.int64)
+        self._floats = _Staging(self, np.float64)
+        self._out = _Staging(self, np.float64)
+        self._rows = _Staging(self, np.float64)  # packed rows of host-initialised slots
+        self._row_counters = _Staging(self, np.int64)
+        self._dev: types.SimpleNamespace | None = None
+        self._mirror: types.SimpleNamespace | None = None
+        self._shadow = np.zeros((0, len(_SHADOW_COLUMNS)), np.int64)
+        self._changed = np.zeros(0, np.int64)
+        self._generation = -1
+        self._max_bar = 0
+        self._table_rows = -1
+        self._table_length = 0
+        self._growth_table = None
+        self._scratch: types.SimpleNamespace | None = None
+        self._local_failed: set[int] = set()
+        #: with ``time_kernels``, each step/preview/warmup stores the device time of its
+        #: kernels (CUDA events on the backend's stream) in ``last_kernel_seconds``
+        self.time_kernels = False
+        self.last_kernel_seconds: float | None = None
+
+    # -- device arrays ---------------------------------------------------------------------
+
+    def _device_empty(self, shape, dtype, order: str = "C"):
+        if self._cupy is not None:
+            # CuPy's pool allocates; a numba view keeps one code path for copies/launches
+            return cuda.as_cuda_array(self._cupy.empty(shape, dtype, order=order))
+        return cuda.device_array(shape, dtype, order=order)
+
+    def _launch(self, kernel, count: int, *args) -> None:
+        if count <= 0:
+            return
+        blocks, threads = _launch_shape(count)
+        with no_fma():
+            kernel[blocks, threads, self.stream](*args)
+
+    def _timer_start(self):
+        if not self.time_kernels:
+            return None
+        start = cuda.event()
+        start.record(self.stream)
+        return start
+
+    def _timer_stop(self, start):
+        if start is None:
+            return None
+        end = cuda.event()
+        end.record(self.stream)
+        return start, end
+
+    def _timer_read(self, events) -> None:
+        """After the stream synchronised: the kernels' device time in seconds."""
+        if events is not None:
+            self.last_kernel_seconds = events[0].elapsed_time(events[1]) / 1e3
+
+    def _params(self):
+        d = self._dev
+        return d.ring, d.values, d.counters, d.param_lengths, d.param_values, self._growth_table
+
+    def close(self) -> None:
+        """Free the device state (the host arrays keep whatever was last pulled)."""
+        self._dev = None
+        self._mirror = None
+        self._scratch = None
+        self._growth_table = None
+        self._table_rows = -1
+        self._generation = -1
+
+    # -- host <-> device -----------------------------------------------------------------
+
+    def push_state(self) -> None:
+        """Upload the store's host arrays (the whole state and the parameter table)."""
+        s = self.store
+        if self._mirror is None or self._mirror.shapes != (s.ring.shape, s.values.shape):
+            self._mirror = types.SimpleNamespace(
+                shapes=(s.ring.shape, s.values.shape),
+                ring=cuda.pinned_array(s.ring.shape, np.float64, order="F"),
+                values=cuda.pinned_array(s.values.shape, np.float64, order="F"),
+                counters=cuda.pinned_array(s.counters.shape, np.int64, order="F"),
+            )
+            self._dev = types.SimpleNamespace(
+                ring=self._device_empty(s.ring.shape, np.float64, "F"),
+                values=self._device_empty(s.values.shape, np.float64, "F"),
+                counters=self._device_empty(s.counters.shape, np.int64, "F"),
+            )
+        m, d = self._mirror, self._dev
+        self.stream.synchronize()  # the mirrors may still be in use by a pending copy
+        for name in ("ring", "values", "counters"):
+            np.copyto(getattr(m, name), getattr(s, name))
+            getattr(d, name).copy_to_device(getattr(m, name), stream=self.stream)
+        lengths = s.params.lengths if len(s.params) else np.zeros((1, L.N_LENGTH_COLUMNS), np.int64)
+        values = s.params.values if len(s.params) else np.zeros((1, L.N_PARAM_VALUES))
+        d.param_lengths = cuda.to_device(np.ascontiguousarray(lengths), stream=self.stream)
+        d.param_values = cuda.to_device(np.ascontiguousarray(values), stream=self.stream)
+        self._shadow = np.ascontiguousarray(s.counters[:, _SHADOW_COLUMNS])
+        self._changed = np.zeros(s.capacity, np.int64)
+        self._max_bar = int(s.counters[:, L.BAR_INDEX].max(initial=0))
+        self._generation = s.generation
+        self.stream.synchronize()
+
+    def pull_state(self) -> None:
+        """Copy the device state into the store's host arrays (the host mirror)."""
+        if self._dev is None:
+            return  # nothing on the device yet: the host arrays are the state
+        self._sync(None)
+        m, d = self._mirror, self._dev
+        for name in ("ring", "values", "counters"):
+            getattr(d, name).copy_to_host(getattr(m, name), stream=self.stream)
+        self.stream.synchronize()
+        for name in ("ring", "values", "counters"):
+            np.copyto(getattr(self.store, name), getattr(m, name))
+
+    def _download_old(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        m, d = self._mirror, self._dev
+        for name in ("ring", "values", "counters"):
+            getattr(d, name).copy_to_host(getattr(m, name), stream=self.stream)
+        self.stream.synchronize()
+        return np.array(m.ring), np.array(m.values), np.array(m.counters)
+
+    def _relayout(self) -> None:
+        """The store was rebuilt (new capacity, ring width or parameter set): merge, push.
+
+        The store copied its *host* rows, stale for every stream the device advanced.
+        Rows whose counters still match what the device was given are replaced by the
+        device's state, re-laid out for a new ring width by the store's own
+        ``_grow_ring``; rows (re)initialised on the host since then are kept.
+        """
+        s = self.store
+        ring, values, counters = self._download_old()
+        old_capacity = values.shape[0]
+        old_ring_capacity = ring.shape[1] // 2
+        if old_ring_capacity != s.ring_capacity:
+            relaid = StateStore(old_capacity)
+            relaid.ring, relaid.counters = ring, counters
+            relaid.ring_capacity = old_ring_capacity
+            relaid._grow_ring(s.ring_capacity)
+            ring, counters = relaid.ring, relaid.counters
+        rows = min(old_capacity, s.capacity)
+        same = (s.counters[:rows, _SHADOW_COLUMNS] == self._shadow[:rows]).all(axis=1)
+        keep = np.flatnonzero(same)
+        s.ring[keep] = ring[keep]
+        s.values[keep] = values[keep]
+        s.counters[keep] = counters[keep]
+        self.push_state()
+
+    def _sync(self, slots: np.ndarray | None) -> None:
+        """Bring the device up to date with host-side changes before a launch or pull.
+
+        ``slots``: the slots about to be used (None: all).
+        """
+        s = self.store
+        if self._dev is None:
+            self.push_state()
+            return
+        if s.generation != self._generation:
+            self._relayout()
+            return
+        if slots is None:
+            slots = np.arange(s.capacity, dtype=np.int64)
+        n = _find_changed(s.counters, self._shadow, slots, self._changed)
+        if n == 0:
+            return
+        changed = self._changed[:n].copy()
+        self._max_bar = max(self._max_bar, int(s.counters[changed, L.BAR_INDEX].max()))
+        self._upload_rows(changed)
+
+    def _upload_rows(self, changed: np.ndarray) -> None:
+        s, d = self.store, self._dev
+        n = changed.shape[0]
+        ring_cols, value_cols = s.ring.shape[1], s.values.shape[1]
+        floats_per_row = ring_cols + value_cols
+        self.stream.synchronize()  # nothing pending may still read the staging buffers
+        self._rows.reserve(n * floats_per_row)
+        self._row_counters.reserve(n * (N_COUNTER_FIELDS + 1))
+        host_rows = self._rows.host[: n * floats_per_row]
+        host_rows[: n * ring_cols] = s.ring[changed].ravel()
+        host_rows[n * ring_cols :] = s.values[changed].ravel()
+        host_ints = self._row_counters.host[: n * (N_COUNTER_FIELDS + 1)]
+        host_ints[:n] = changed
+        host_ints[n:] = s.counters[changed].ravel()
+        self._rows.upload(n * floats_per_row, self.stream)
+        self._row_counters.upload(n * (N_COUNTER_FIELDS + 1), self.stream)
+        dev_rows, dev_ints = self._rows.device, self._row_counters.device
+        dev_slots = dev_ints[:n]
+        self._launch(
+            scatter_rows_kernel,
+            n,
+            d.ring,
+            dev_slots,
+            dev_rows[: n * ring_cols].reshape(n, ring_cols),
+        )
+        self._launch(
+            scatter_rows_kernel, n, d.values, dev_slots,
+            dev_rows[n * ring_cols : n * floats_per_row].reshape(n, value_cols),
+        )  # fmt: skip
+        self._launch(
+            scatter_rows_kernel, n, d.counters, dev_slots,
+            dev_ints[n : n * (N_COUNTER_FIELDS + 1)].reshape(n, N_COUNTER_FIELDS),
+        )  # fmt: skip
+
+    def _ensure_growth(self, bars_ahead: int) -> None:
+        """Make the growth table cover every bar index up to ``max bar_index + bars_ahead``."""
+        s = self.store
+        needed = self._max_bar + bars_ahead + 1
+        rows = len(s.params)
+        if rows == self._table_rows and needed <= self._table_length:
+            return
+        length = self._table_length
+        if needed > length:
+            length = max(needed, 2 * length, GROWTH_TABLE_MIN)
+        table = growth_table(s.params.lengths, s.params.values, length)
+        self._growth_table = cuda.to_device(table, stream=self.stream)
+        self._table_rows, self._table_length = rows, length
+
+    # -- the backend interface -------------------------------------------------------------
+
+    def step(self, slots, times, closes, order, round_starts) -> np.ndarray:
+        """Apply planned rounds (``batch.plan_rounds``); row ``u`` of the result is update u."""
+        n, m = slots.shape[0], order.shape[0]
+        if m == 0:
+            return np.full((n, N_OUT), np.nan)
+        self._sync(slots[order])
+        n_rounds = round_starts.shape[0] - 1
+        self._ensure_growth(n_rounds)
+        self._ints.reserve(2 * m)
+        self._floats.reserve(m)
+        self._out.reserve(m * N_OUT)
+        identity = _pack_step(slots, times, closes, order, self._ints.host, self._floats.host)
+        self._ints.upload(2 * m, self.stream)
+        self._floats.upload(m, self.stream)
+        out = self._out.device[: m * N_OUT].reshape((m, N_OUT), order="F")
+        ints, floats = self._ints.device, self._floats.device
+        timer = self._timer_start()
+        for r in range(n_rounds):
+            start, stop = int(round_starts[r]), int(round_starts[r + 1])
+            self._launch(
+                step_kernel, stop - start, *self._params(), ints, floats, m, start, stop, out
+            )
+        timer = self._timer_stop(timer)
+        self._out.download(m * N_OUT, self.stream)
+        # while the device works: the same counter changes on the host
+        self._max_bar = _commit_step(
+            self.store.counters, self._shadow, slots, times, order, self._max_bar
+        )
+        self.stream.synchronize()
+        self._timer_read(timer)
+        compact = self._out.host[: m * N_OUT].reshape((m, N_OUT), order="F")
+        if identity:
+            return np.ascontiguousarray(compact)
+        result = np.full((n, N_OUT), np.nan)
+        result[order] = compact
+        return result
+
+    def preview(self, slots, times, closes, accepted) -> np.ndarray:
+        """Outputs for in-progress bars on scratch copies of the slots; state is untouched."""
+        n = slots.shape[0]
+        order = np.flatnonzero(accepted)
+        m = order.shape[0]
+        if m == 0:
+            return np.full((n, N_OUT), np.nan)
+        self._sync(slots[order])
+        self._ensure_growth(1)
+        self._ints.reserve(2 * m)
+        self._floats.reserve(m)
+        self._out.reserve(m * N_OUT)
+        identity = _pack_step(slots, times, closes, order, self._ints.host, self._floats.host)
+        self._ints.upload(2 * m, self.stream)
+        self._floats.upload(m, self.stream)
+        scratch = self._scratch_rows(m)
+        out = self._out.device[: m * N_OUT].reshape((m, N_OUT), order="F")
+        timer = self._timer_start()
+        self._launch(
+            preview_kernel, m, *self._params(), self._ints.device, self._floats.device, m,
+            scratch.ring, scratch.values, scratch.counters, out,
+        )  # fmt: skip
+        timer = self._timer_stop(timer)
+        self._out.download(m * N_OUT, self.stream)
+        self.stream.synchronize()
+        self._timer_read(timer)
+        compact = self._out.host[: m * N_OUT].reshape((m, N_OUT), order="F")
+        if identity:
+            return np.ascontiguousarray(compact)
+        result = np.full((n, N_OUT), np.nan)
+        result[order] = compact
+        return result
+
+    def _scratch_rows(self, m: int):
+        ring_cols = self.store.ring.shape[1]
+        sc = self._scratch
+        if sc is None or sc.rows < m or sc.ring_cols != ring_cols:
+            rows = max(m, 2 * sc.rows if sc is not None else 0, 64)
+            sc = self._scratch = types.SimpleNamespace(
+                rows=rows,
+                ring_cols=ring_cols,
+                ring=self._device_empty((rows, ring_cols), np.float64, "F"),
+                values=self._device_empty((rows, N_VALUE_FIELDS), np.float64, "F"),
+                counters=self._device_empty((rows, N_COUNTER_FIELDS), np.int64, "F"),
+            )
+        return sc
+
+    def warmup(self, slots, times, closes, counts, record_all: bool) -> np.ndarray:
+        """Apply ``counts[s]`` bars of ``closes[s]`` to stream ``slots[s]`` (see ``cpu.warmup``)."""
+        n = slots.shape[0]
+        width = times.shape[1] if record_all else 1
+        result = np.full((n, max(width, 1), N_OUT), np.nan)
+        longest = int(counts.max(initial=0))
+        if n == 0 or longest == 0:
+            return result
+        self._sync(np.ascontiguousarray(slots, dtype=np.int64))
+        self._ensure_growth(longest)
+        rows = longest if record_all else 1
+        self._ints.reserve(3 * n)
+        self._floats.reserve(longest * n)
+        self._out.reserve(n * rows * N_OUT)
+        _pack_warmup(slots, times, counts, self._ints.host)
+        # time-major closes: at bar t the threads (streams) read neighbouring addresses
+        host_closes = self._floats.host[: longest * n].reshape(longest, n)
+        np.copyto(host_closes, closes[:, :longest].T)
+        self._ints.upload(3 * n, self.stream)
+        self._floats.upload(longest * n, self.stream)
+        closes_tn = self._floats.device[: longest * n].reshape(longest, n)
+        out = self._out.device[: n * rows * N_OUT].reshape((n * rows, N_OUT), order="F")
+        args = (*self._params(), self._ints.device, n, closes_tn, out, bool(record_all))
+        timer = self._timer_start()
+        self._launch_warmup(n, args)
+        timer = self._timer_stop(timer)
+        self._out.download(n * rows * N_OUT, self.stream)
+        self._max_bar = _commit_warmup(
+            self.store.counters, self._shadow, self._ints.host, n, self._max_bar
+        )
+        self.stream.synchronize()
+        self._timer_read(timer)
+        compact = self._out.host[: n * rows * N_OUT].reshape((n, rows, N_OUT), order="F")
+        result[:, :rows] = compact
+        if record_all:
+            result[np.arange(result.shape[1])[None, :] >= counts[:, None]] = np.nan
+        else:
+            result[counts == 0] = np.nan
+        return result
+
+    def _launch_warmup(self, n: int, args) -> None:
+        ring_cols = self.store.ring.shape[1]
+        use_local = (
+            self.warmup_state == "local"
+            and ring_cols <= LOCAL_RING_MAX_COLUMNS
+            and ring_cols not in self._local_failed
+        )
+        if use_local:
+            try:
+                self._launch(local_warmup_kernel(ring_cols), n, *args)
+                return
+            except Exception as exc:  # a compile error: never expected, but never fatal
+                if cuda_simulated():
+                    raise
+                self._local_failed.add(ring_cols)
+                log.warning("local-state warmup kernel failed (%s); using global state", exc)
+        self._launch(warmup_kernel, n, *args)
+
+
+# -- PTX (needs libNVVM, not a GPU) ------------------------------------------------------
+
+
+def kernel_signatures():
+    """The argument types the backend launches each kernel with (for ``kernel_ptx``)."""
+    from numba import types as nt
+
+    f2f = nt.Array(nt.float64, 2, "F")
+    i2f = nt.Array(nt.int64, 2, "F")
+    f2c = nt.Array(nt.float64, 2, "C")
+    i2c = nt.Array(nt.int64, 2, "C")
+    i1 = nt.Array(nt.int64, 1, "C")
+    f1 = nt.Array(nt.float64, 1, "C")
+    state = (f2f, f2f, i2f, i2c, f2c, f2c)
+    return {
+        "step_kernel": (step_kernel, (*state, i1, f1, nt.int64, nt.int64, nt.int64, f2f)),
+        "preview_kernel": (
+            preview_kernel,
+            (*state, i1, f1, nt.int64, f2f, f2f, i2f, f2f),
+        ),
+        "warmup_kernel": (warmup_kernel, (*state, i1, nt.int64, f2c, f2f, nt.boolean)),
+        "local_warmup_kernel": (
+            local_warmup_kernel(70),
+            (*state, i1, nt.int64, f2c, f2f, nt.boolean),
+        ),
+    }
+
+
+def kernel_ptx(cc: tuple[int, int] = (9, 0), names=None) -> dict[str, str]:
+    """PTX of the backend's kernels, compiled as the backend compiles them (``-fma=0``).
+
+    Needs libNVVM and NVRTC (a CUDA toolkit). numba also asks the current device for its
+    compute capability while compiling the device functions, so without a GPU the
+    caller must stand one in (``tests/test_cuda_gpu.py`` does, with monkeypatch).
+    """
+    out = {}
+    for name, (kernel, argtypes) in kernel_signatures().items():
+        if names is not None and name not in names:
+            continue
+        with no_fma():
+            ptx, _ = cuda.compile_ptx(kernel.py_func, argtypes, cc=cc, lineinfo=False)
+        out[name] = ptx
+    return out

@@ -1,0 +1,381 @@
+#!/usr/bin/env python
+"""CUDA backend benchmarks, side by side with the CPU backend (issue 3).
+
+Run from the repository root on a machine with an NVIDIA GPU::
+
+    .venv/bin/python benchmarks/bench_cuda.py                 # full sizes
+    .venv/bin/python benchmarks/bench_cuda.py --repeats 9 --json cuda.json
+    .venv/bin/python benchmarks/bench_cuda.py --quick         # small sizes (smoke test)
+
+Without a real CUDA device (or under ``NUMBA_ENABLE_CUDASIM=1``) it says so and runs
+the CPU column only; use ``--quick`` there to keep it short.
+
+Workloads (one parameter set, the ATC defaults; deterministic random walks on a 0.01
+price grid, one bar per minute):
+
+step latency, 1,000 / 10,000 / 100,000 streams, one new bar for every stream:
+    ``end to end``  ``Engine.step_arrays(slots, times, closes)``: host arrays in,
+                    validated, planned, uploaded, computed, downloaded, ``StepResult``
+                    out (what a live loop pays per bar);
+    ``kernel only`` CPU: the ``cpu.step`` driver on pre-planned arrays; CUDA: the
+                    device time of the step kernel (CUDA events, ``time_kernels``).
+warmup throughput, 100 x 1,500 / 10,000 x 2,000 / 100,000 x 2,000 (streams x bars):
+    ``backend.warmup`` on fresh state, last-bar outputs only (what ``Engine.warmup``
+    calls per chunk), for the CPU and both CUDA warmup kernels (global / local state),
+    plus ``Engine.warmup`` itself (chunks of ``engine.WARMUP_CHUNK`` streams) at the
+    middle size.
+
+Each figure is the median of ``--repeats`` wall-clock samples after one untimed call
+(which also compiles); the largest CPU warmup takes one sample (minutes per run).
+The ratio column is the row's speed relative to the workload's CPU end-to-end row
+(>1: faster than the CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from atc_stream.engine import WARMUP_CHUNK, Engine  # noqa: E402
+from atc_stream.kernels import batch, cpu, cuda_available  # noqa: E402
+from atc_stream.params import ATCParams  # noqa: E402
+from atc_stream.state.layout import N_OUT  # noqa: E402
+from atc_stream.state.store import StateStore  # noqa: E402
+
+BASE_TIME = 1_700_000_000_000
+BAR_MS = 60_000
+
+FULL_STEP = (1_000, 10_000, 100_000)
+FULL_WARMUP = ((100, 1_500), (10_000, 2_000), (100_000, 2_000))
+QUICK_STEP = (100, 1_000)
+QUICK_WARMUP = ((20, 300), (500, 300))
+STEP_HISTORY = 200  # bars of warmup before the step benchmark (state is then realistic)
+
+
+def random_walks(n: int, t: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    start = rng.uniform(20.0, 200.0, n)
+    steps = rng.normal(0.0, 0.002, (n, t))
+    return np.maximum(np.round(start[:, None] * np.exp(np.cumsum(steps, axis=1)), 2), 0.01)
+
+
+def bar_times(t: int) -> np.ndarray:
+    return BASE_TIME + BAR_MS * np.arange(t, dtype=np.int64)
+
+
+@dataclass
+class Row:
+    workload: str
+    path: str
+    median_s: float | None
+    work: float  # stream-updates or stream-bars per call
+    unit: str
+    samples: int = 0
+    note: str = ""
+    ratio: float | None = None
+
+    @property
+    def rate(self) -> float | None:
+        return None if not self.median_s else self.work / self.median_s
+
+
+def timed(fn: Callable[[], object], repeats: int, warm: bool = True) -> list[float]:
+    if warm:
+        fn()
+    samples = []
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t0)
+    finally:
+        gc.enable()
+    return samples
+
+
+def fmt_time(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 1e-3:
+        return f"{s * 1e6:.1f} µs"
+    if s < 1.0:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s:.2f} s"
+
+
+def fmt_rate(rate: float | None, unit: str) -> str:
+    if rate is None:
+        return "-"
+    for scale, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if rate >= scale:
+            return f"{rate / scale:.3g} {prefix}{unit}/s"
+    return f"{rate:.3g} {unit}/s"
+
+
+def print_table(title: str, rows: list[Row]) -> None:
+    print(f"\n### {title}\n")
+    print("| workload | path | median | throughput | vs CPU end to end | note |")
+    print("|---|---|---:|---:|---:|---|")
+    for r in rows:
+        ratio = "-" if r.ratio is None else f"{r.ratio:.2f}x"
+        print(
+            f"| {r.workload} | {r.path} | {fmt_time(r.median_s)} | {fmt_rate(r.rate, r.unit)} "
+            f"| {ratio} | {r.note} |"
+        )
+
+
+def set_ratios(rows: list[Row]) -> None:
+    base = {r.workload: r.median_s for r in rows if r.path == "cpu end to end"}
+    for r in rows:
+        b = base.get(r.workload)
+        r.ratio = None if not (b and r.median_s) else b / r.median_s
+
+
+# -- step latency -------------------------------------------------------------------------
+
+
+def step_rows(n: int, backend: str, repeats: int) -> list[Row]:
+    """End-to-end and kernel-only step latency for ``n`` streams on ``backend``."""
+    work = f"step, {n:,} streams"
+    total = STEP_HISTORY + 2 * repeats + 8
+    closes = random_walks(n, total, seed=n)
+    times = bar_times(total)
+    eng = Engine(ATCParams(), backend=backend, capacity=n)
+    for i in range(n):
+        eng.add_stream(f"S{i}")
+    slots = np.array([eng.slot_of(k) for k in eng.streams], np.int64)
+    sym = np.array([int(k.symbol[1:]) for k in eng.streams])
+    eng.backend.warmup(
+        slots,
+        np.broadcast_to(times[:STEP_HISTORY], (n, STEP_HISTORY)),
+        np.ascontiguousarray(closes[sym, :STEP_HISTORY]),
+        np.full(n, STEP_HISTORY, np.int64),
+        False,
+    )
+    position = [STEP_HISTORY]
+
+    def one_step():
+        j = position[0]
+        position[0] += 1
+        eng.step_arrays(slots, np.full(n, times[j]), closes[sym, j])
+
+    rows = []
+    kernel_s: list[float] = []
+    if backend == "cuda":
+        eng.backend.time_kernels = True
+        one_step()  # compile
+
+        def one_step_timed():
+            one_step()
+            kernel_s.append(eng.backend.last_kernel_seconds)
+
+        e2e = timed(one_step_timed, repeats, warm=False)
+        rows.append(Row(work, "cuda end to end", float(np.median(e2e)), n, "upd", repeats))
+        rows.append(
+            Row(work, "cuda kernel only", float(np.median(kernel_s)), n, "upd", repeats,
+                "device time (CUDA events)")
+        )  # fmt: skip
+        return rows
+    e2e = timed(one_step, repeats)
+    rows.append(Row(work, "cpu end to end", float(np.median(e2e)), n, "upd", repeats))
+
+    # kernel only: the driver on a pre-planned batch (state advances one bar per call)
+    store = eng.store
+
+    def one_kernel():
+        j = position[0]
+        position[0] += 1
+        t = np.full(n, times[j])
+        c = closes[sym, j]
+        reasons = np.zeros(n, np.int64)
+        order, starts = batch.plan_rounds(
+            store.counters, store.in_use, store.pending_last, store.pending_count,
+            slots, t, c, reasons,
+        )  # fmt: skip
+        out = np.empty((n, N_OUT))
+        t0 = time.perf_counter()
+        cpu.step(store.ring, store.values, store.counters, store.params.lengths,
+                 store.params.values, slots, t, c, order, starts, out)  # fmt: skip
+        kernel_s.append(time.perf_counter() - t0)
+
+    one_kernel()
+    kernel_s.clear()
+    for _ in range(repeats):
+        one_kernel()
+    rows.append(
+        Row(work, "cpu kernel only", float(np.median(kernel_s)), n, "upd", repeats,
+            "cpu.step driver, pre-planned")
+    )  # fmt: skip
+    return rows
+
+
+# -- warmup throughput ---------------------------------------------------------------------
+
+
+def warmup_rows(n: int, t: int, backends: list[str], repeats: int, largest: bool) -> list[Row]:
+    work = f"warmup, {n:,} x {t:,}"
+    closes = random_walks(n, t, seed=t + n)
+    times = np.broadcast_to(bar_times(t), (n, t))
+    counts = np.full(n, t, np.int64)
+    rows = []
+    for path in backends:
+        state = {}
+
+        def fresh(path=path, state=state):
+            store = StateStore(n)
+            store.add_params(ATCParams())
+            slots = np.array([store.allocate(0) for _ in range(n)], np.int64)
+            if path == "cpu":
+                backend = cpu.CpuBackend(store)
+            else:
+                from atc_stream.kernels.cuda import CudaBackend
+
+                # keep one backend (its compiled kernels, pinned buffers) across repeats
+                backend = state.get("backend")
+                if backend is None:
+                    backend = state["backend"] = CudaBackend(store)
+                    backend.time_kernels = True
+                backend.store = store
+                backend.warmup_state = "local" if path == "cuda (local state)" else "global"
+                backend.push_state()
+            state["args"] = (backend, slots)
+
+        def run(state=state):
+            backend, slots = state["args"]
+            backend.warmup(slots, times, closes, counts, False)
+
+        samples: list[float] = []
+        kernel: list[float] = []
+        n_repeats = 1 if (largest and path == "cpu") else repeats
+        if not (largest and path == "cpu"):  # that one compiled at the smaller sizes
+            fresh()
+            run()  # compile / first touch
+        for _ in range(n_repeats):
+            fresh()
+            gc.collect()
+            t0 = time.perf_counter()
+            run()
+            samples.append(time.perf_counter() - t0)
+            b = state["args"][0]
+            if getattr(b, "last_kernel_seconds", None) is not None:
+                kernel.append(b.last_kernel_seconds)
+        note = "1 sample" if n_repeats == 1 else ""
+        if kernel:
+            note = f"kernel {fmt_time(float(np.median(kernel)))}; includes upload/download"
+        label = "cpu end to end" if path == "cpu" else f"{path} end to end"
+        rows.append(Row(work, label, float(np.median(samples)), n * t, "bar", n_repeats, note))
+    return rows
+
+
+def engine_warmup_row(n: int, t: int, backend: str, repeats: int) -> Row:
+    closes = random_walks(n, t, seed=3)
+    times = bar_times(t)
+    history = {f"S{i}": (times, closes[i]) for i in range(n)}
+    samples = []
+    for k in range(repeats + 1):
+        eng = Engine(ATCParams(), backend=backend, capacity=n)
+        t0 = time.perf_counter()
+        eng.warmup(history)
+        if k:
+            samples.append(time.perf_counter() - t0)
+    return Row(
+        f"warmup, {n:,} x {t:,}", f"{backend} Engine.warmup", float(np.median(samples)), n * t,
+        "bar", repeats, f"chunks of {WARMUP_CHUNK} streams",
+    )  # fmt: skip
+
+
+# -- main ------------------------------------------------------------------------------------
+
+
+def environment(have_gpu: bool) -> dict:
+    import numba
+
+    env = {
+        "python": platform.python_version(),
+        "numba": numba.__version__,
+        "cpu_count": os.cpu_count(),
+        "numba_threads": numba.get_num_threads(),
+        "machine": platform.machine(),
+        "gpu": None,
+    }
+    try:
+        import numba_cuda
+
+        env["numba_cuda"] = numba_cuda.__version__
+    except Exception:
+        pass
+    if have_gpu:
+        from numba import cuda
+
+        dev = cuda.get_current_device()
+        name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+        env["gpu"] = f"{name} (cc {dev.compute_capability[0]}.{dev.compute_capability[1]})"
+        try:
+            import cupy
+
+            env["cupy"] = cupy.__version__
+        except Exception:
+            env["cupy"] = None
+    return env
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed samples per figure")
+    parser.add_argument("--json", help="also write the rows and the environment here")
+    args = parser.parse_args(argv)
+
+    have_gpu, why = cuda_available()
+    if not have_gpu:
+        print(f"No CUDA device: {why}. The CUDA columns are skipped; CPU column only.")
+        if not args.quick:
+            print("(full sizes on the CPU take several minutes; --quick for small ones)")
+    step_sizes = QUICK_STEP if args.quick else FULL_STEP
+    warmup_sizes = QUICK_WARMUP if args.quick else FULL_WARMUP
+    backends = ["cpu"] + (["cuda"] if have_gpu else [])
+    env = environment(have_gpu)
+    print("environment:", json.dumps(env))
+
+    step = []
+    for n in step_sizes:
+        for backend in backends:
+            step += step_rows(n, backend, args.repeats)
+    set_ratios(step)
+    print_table("Step latency (one bar for every stream)", step)
+
+    warm = []
+    paths = ["cpu"] + (["cuda (global state)", "cuda (local state)"] if have_gpu else [])
+    for i, (n, t) in enumerate(warmup_sizes):
+        largest = i == len(warmup_sizes) - 1
+        warm += warmup_rows(n, t, paths, max(1, args.repeats // 2), largest and not args.quick)
+        if i == 1:
+            for backend in backends:
+                warm.append(engine_warmup_row(n, t, backend, max(1, args.repeats // 2)))
+    set_ratios(warm)
+    print_table("Warmup throughput (stream-bars/s; last-bar outputs)", warm)
+
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            rows = [asdict(r) | {"rate": r.rate} for r in step + warm]
+            json.dump({"environment": env, "rows": rows}, fh, indent=1)
+    if not have_gpu:
+        print(f"\nNo GPU measured ({why}).")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,263 @@
+"""The CUDA backend on a real GPU: exact parity with the CPU at scale, and the compiler.
+
+Every test here is marked ``gpu``. The device tests are skipped unless
+``cuda_available()`` is true (a real device, not the simulator). The PTX test at the
+end needs only libNVVM and NVRTC (a CUDA toolkit), not a device, and is skipped when
+they cannot be loaded. Under ``NUMBA_ENABLE_CUDASIM=1`` nothing here runs.
+"""
+
+from __future__ import annotations
+
+import shutil
+import types
+
+import numpy as np
+import pytest
+
+from atc_stream.engine import Engine
+from atc_stream.kernels import cpu, cuda_available, cuda_simulated
+from atc_stream.params import ATCParams
+
+HAVE_GPU, WHY_NOT = cuda_available()
+pytestmark = pytest.mark.gpu
+needs_device = pytest.mark.skipif(not HAVE_GPU, reason=f"no CUDA device: {WHY_NOT}")
+
+BASE_TIME = 1_700_000_000_000
+BAR_MS = 60_000
+N_SYMBOLS = 10_000
+NARROW = ATCParams(
+    ema_len=10, hma_len=12, wma_len=14, dema_len=9, lsma_len=20, kama_len=8,
+    robustness="Narrow", La=0.05, De=0.1, cutout=40,
+)  # fmt: skip
+PARAMS = [ATCParams(), NARROW]
+
+
+def walks(n, t, seed):
+    rng = np.random.default_rng(seed)
+    prices = rng.uniform(20, 200, n)[:, None] * np.exp(np.cumsum(rng.normal(0, 0.003, (n, t)), 1))
+    return np.maximum(np.round(prices, 2), 0.01)  # a 0.01 grid: exact ties happen
+
+
+def times_of(t):
+    return BASE_TIME + BAR_MS * np.arange(t, dtype=np.int64)
+
+
+def assert_same(got, expected, what=""):
+    got, expected = np.asarray(got), np.asarray(expected)
+    assert got.shape == expected.shape, f"{what}: shape {got.shape} != {expected.shape}"
+    differ = ~((got == expected) | (np.isnan(got) & np.isnan(expected)))
+    assert not differ.any(), (
+        f"{what}: {int(differ.sum())} entries differ, first {np.argwhere(differ)[:5]}"
+    )
+
+
+def assert_same_state(a, b):
+    a.backend.pull_state()
+    b.backend.pull_state()
+    for name in ("ring", "values", "counters"):
+        assert_same(getattr(a.store, name), getattr(b.store, name), name)
+
+
+def names(n):
+    return [f"S{i:05d}" for i in range(n)]
+
+
+def warmed(backend, closes, bars, **kwargs):
+    eng = Engine(PARAMS, backend=backend, capacity=2 * closes.shape[0], **kwargs)
+    t = times_of(closes.shape[1])
+    eng.warmup({s: (t[:bars], closes[i, :bars]) for i, s in enumerate(names(closes.shape[0]))})
+    return eng
+
+
+@pytest.fixture(scope="module")
+def closes():
+    return walks(N_SYMBOLS, 400, seed=7)
+
+
+@needs_device
+def test_auto_picks_cuda_only_for_many_streams():
+    from atc_stream.kernels.cuda import AUTO_MIN_STREAMS, CudaBackend
+
+    assert Engine(PARAMS, backend="auto").backend.name == "cpu"
+    assert isinstance(
+        Engine(PARAMS, backend="auto", capacity=AUTO_MIN_STREAMS).backend, CudaBackend
+    )
+
+
+@needs_device
+def test_parity_at_scale(closes):
+    """20,000 streams (10,000 symbols x 2 parameter sets): warmup, steps, rounds, rejections."""
+    engines = [warmed("cuda", closes, 250), warmed("cpu", closes, 250)]
+    t = times_of(closes.shape[1])
+    slots = engines[0].store.in_use.nonzero()[0]
+    assert_same(slots, engines[1].store.in_use.nonzero()[0])
+    symbol_of = np.array([int(engines[0]._keys_by_slot[s].symbol[1:]) for s in slots])
+    j = 250
+    while j < closes.shape[1]:
+        k = 1 if j % 7 else 3  # now and then three bars per stream in one batch
+        batch_slots = np.tile(slots, k)
+        batch_times = np.repeat(t[j : j + k], slots.shape[0])
+        batch_closes = closes[symbol_of, j : j + k].T.ravel()
+        if j % 5 == 0:  # a duplicate and a bad close
+            batch_slots = np.append(batch_slots, [slots[0], slots[1]])
+            batch_times = np.append(batch_times, [t[j], t[j + k - 1] + 1])
+            batch_closes = np.append(batch_closes, [1.0, np.nan])
+        outs = [e.step_arrays(batch_slots, batch_times, batch_closes).outputs for e in engines]
+        assert_same(outs[0], outs[1], f"bar {j}")
+        j += k
+    assert_same_state(*engines)
+
+
+@needs_device
+def test_preview_at_scale(closes):
+    engines = [warmed("cuda", closes, 300), warmed("cpu", closes, 300)]
+    engines[0].backend.pull_state()
+    before = [getattr(engines[0].store, n).copy() for n in ("ring", "values", "counters")]
+    t = times_of(301)
+    bars = [(s, int(t[300]), float(closes[i, 300] * 1.002)) for i, s in enumerate(names(N_SYMBOLS))]
+    pv = [e.preview(bars).outputs for e in engines]
+    assert_same(pv[0], pv[1], "preview")
+    engines[0].backend.pull_state()
+    for name, old in zip(("ring", "values", "counters"), before, strict=True):
+        assert_same(getattr(engines[0].store, name), old, f"{name} after preview")
+    assert_same(pv[0], engines[0].step(bars).outputs, "preview vs step of the same bar")
+
+
+@needs_device
+@pytest.mark.parametrize("warmup_state", ["global", "local"])
+def test_warmup_then_step_equals_longer_warmup(closes, warmup_state):
+    t = times_of(closes.shape[1])
+    a = warmed("cuda", closes, 300)
+    b = Engine(PARAMS, backend="cuda", capacity=2 * N_SYMBOLS)
+    a.backend.warmup_state = b.backend.warmup_state = warmup_state
+    symbols = names(N_SYMBOLS)
+    for j in range(300, 400):
+        last = a.step([(s, int(t[j]), float(closes[i, j])) for i, s in enumerate(symbols)])
+    full = b.warmup({s: (t, closes[i]) for i, s in enumerate(symbols)})
+    assert_same(last.outputs, full.outputs, "last bar")
+    assert_same_state(a, b)
+    c = warmed("cpu", closes, 400)
+    assert_same_state(b, c)
+
+
+@needs_device
+def test_move_cpu_gpu_cpu_at_scale(closes):
+    t = times_of(closes.shape[1])
+    moving, staying = warmed("cpu", closes, 200), warmed("cpu", closes, 200)
+    symbols = names(N_SYMBOLS)
+    for j in range(200, 260):
+        if j == 210:
+            moving.move_to("cuda")
+            assert moving.backend.name == "cuda"
+        if j == 240:
+            moving.move_to("cpu")
+            assert moving.backend.name == "cpu"
+        bars = [(s, int(t[j]), float(closes[i, j])) for i, s in enumerate(symbols)]
+        assert_same(moving.step(bars).outputs, staying.step(bars).outputs, f"bar {j}")
+    assert_same_state(moving, staying)
+
+
+# -- the compiler: no FMA contraction, no device exp ----------------------------------------
+
+
+def _launched_ptx(kernel) -> list[str]:
+    """PTX of every specialisation the kernel was launched with (what was linked)."""
+    from atc_stream.kernels.cuda import no_fma
+
+    ptxes = []
+    for overload in kernel.overloads.values():
+        cache = getattr(overload.library, "_ptx_cache", None)
+        if cache:
+            for strings in cache.values():
+                ptxes.extend(strings)
+        else:  # numba-cuda internals moved: ask again (compiled with the same options)
+            with no_fma():
+                ptxes.append(overload.inspect_asm(None))
+    return ptxes
+
+
+@needs_device
+def test_step_ptx_has_no_fma():
+    from atc_stream.kernels import cuda as kc
+
+    closes = walks(64, 80, seed=1)
+    eng = warmed("cuda", closes, 60)
+    t = times_of(80)
+    for j in range(60, 62):
+        eng.step([(s, int(t[j]), float(closes[i, j])) for i, s in enumerate(names(64))])
+    eng.preview([("S00000", int(t[62]), 10.0)])
+    for kernel in (kc.step_kernel, kc.preview_kernel, kc.warmup_kernel):
+        ptxes = _launched_ptx(kernel)
+        assert ptxes, kernel
+        for ptx in ptxes:
+            assert "fma.rn.f64" not in ptx, "FMA contraction in the parity path"
+            assert "mul.rn.f64" in ptx  # explicit rounding: ptxas may not fuse these either
+    # the machine code too, where nvdisasm is installed
+    if shutil.which("nvdisasm"):
+        for overload in kc.step_kernel.overloads.values():
+            assert "DFMA" not in overload.library.get_sass()
+
+
+def _toolkit_available() -> str:
+    """'' when numba can compile PTX here (libNVVM + NVRTC), else why not."""
+    if cuda_simulated():
+        return "NUMBA_ENABLE_CUDASIM=1"
+    from numba import cuda
+
+    def probe(out):
+        out[0] = 1.0
+
+    try:
+        cuda.compile_ptx(probe, "void(float64[:])", cc=(8, 0))
+    except Exception as exc:  # no toolkit: DynamicLibNotFoundError, NvvmSupportError, ...
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+    return ""
+
+
+@pytest.fixture
+def toolkit(monkeypatch):
+    why = _toolkit_available()
+    if why:
+        pytest.skip(f"cannot compile PTX here ({why})")
+    if not HAVE_GPU:  # numba asks the current device's compute capability even for PTX
+        import numba.cuda.dispatcher as dispatcher
+
+        fake = types.SimpleNamespace(compute_capability=(9, 0))
+        monkeypatch.setattr(dispatcher, "get_current_device", lambda: fake)
+
+
+def test_kernel_ptx_has_no_fma_and_no_device_exp(toolkit):
+    """Needs a CUDA toolkit (libNVVM + NVRTC), not a GPU."""
+    from numba import cuda
+
+    from atc_stream.kernels import cuda as kc
+
+    def contractible(a, b, c, out):
+        out[0] = a[0] * b[0] + c[0]
+
+    sig = "void(float64[:], float64[:], float64[:], float64[:])"
+    # the control: numba-cuda's default contracts this into an FMA; no_fma() does not
+    assert "fma.rn.f64" in cuda.compile_ptx(contractible, sig, cc=(9, 0))[0]
+    with kc.no_fma():
+        assert "fma.rn.f64" not in cuda.compile_ptx(contractible, sig, cc=(9, 0))[0]
+    for name, ptx in kc.kernel_ptx(cc=(9, 0)).items():
+        assert "fma.rn.f64" not in ptx, name
+        assert "mul.rn.f64" in ptx and "add.rn.f64" in ptx, name
+        assert "ex2." not in ptx, f"{name}: exp on the device (growth must come from the host)"
+
+
+def test_growth_table_matches_cpu_growth_factor_exactly():
+    """Host-only: the table the kernels read is the CPU's glibc exp, entry for entry."""
+    if cuda_simulated():
+        pytest.skip("covered by test_cuda_sim.py")
+    from atc_stream.kernels.cuda import growth_table
+    from atc_stream.state.store import StateStore
+
+    store = StateStore()
+    for p in (*PARAMS, ATCParams(La=0.9, cutout=3)):
+        store.add_params(p)
+    table = growth_table(store.params.lengths, store.params.values, 20_000)
+    for row, p in enumerate(store.params.params):
+        for k in (0, 1, 2, 4765, 4766, 19_999):
+            assert table[row, k] == cpu.growth_factor(p.lam, p.cutout + k, p.cutout)
+    assert table.shape == (3, 20_000)

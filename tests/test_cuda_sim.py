@@ -1,0 +1,378 @@
+"""The CUDA kernels under numba's CUDA simulator: exactly the CPU driver's results.
+
+Run in their own process (the variable must be set before numba is imported)::
+
+    NUMBA_ENABLE_CUDASIM=1 .venv/bin/python -m pytest -q -m cudasim tests/
+
+The simulator runs the kernels' Python source one Python thread per CUDA thread, with
+numpy float64 scalars, so it checks the kernels' logic (indexing, the F-order layout,
+rounds, scratch rows, the host/device bookkeeping, the growth table), not the GPU
+compiler: FMA contraction and the device ``exp`` are covered by ``test_cuda_gpu.py``.
+Sizes are tiny (a handful of streams, short lengths) because every simulated thread is
+interpreted Python. Outputs and states are compared with ``np.array_equal(...,
+equal_nan=True)``: equal values, NaN at the same places.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from golden_data import load_golden_cases
+
+from atc_stream.engine import Engine
+from atc_stream.kernels import batch, cpu
+from atc_stream.params import FAMILIES, ATCParams
+from atc_stream.state import layout as L
+from atc_stream.state.store import StateStore
+
+pytestmark = [
+    pytest.mark.cudasim,
+    pytest.mark.skipif(
+        os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
+        reason="needs NUMBA_ENABLE_CUDASIM=1 set before numba is imported",
+    ),
+]
+
+BASE_TIME = 1_700_000_000_000
+BAR_MS = 60_000
+
+SHORT = ATCParams(
+    ema_len=6, hma_len=7, wma_len=5, dema_len=6, lsma_len=8, kama_len=5,
+    robustness="Narrow", La=0.05, De=0.1, cutout=3,
+    ema_w=1.5, kama_w=0.5, cut=0.3, long_threshold=0.05, short_threshold=-0.05,
+)  # fmt: skip
+SHORT2 = ATCParams(
+    ema_len=9, hma_len=5, wma_len=8, dema_len=5, lsma_len=6, kama_len=10,
+    robustness="Narrow", La=0.03, cutout=0,
+)  # fmt: skip
+LONGER = ATCParams(
+    ema_len=12, hma_len=12, wma_len=12, dema_len=12, lsma_len=12, kama_len=12,
+    robustness="Wide",
+)  # fmt: skip
+
+
+def assert_same(got, expected, what=""):
+    got, expected = np.asarray(got), np.asarray(expected)
+    assert got.shape == expected.shape, f"{what}: shape {got.shape} != {expected.shape}"
+    if not np.array_equal(got, expected, equal_nan=True):
+        bad = np.argwhere(~((got == expected) | (np.isnan(got) & np.isnan(expected))))
+        raise AssertionError(f"{what}: {len(bad)} entries differ, first at {bad[:5].tolist()}")
+
+
+def walks(n, t, seed, step=0.01):
+    rng = np.random.default_rng(seed)
+    prices = rng.uniform(50, 150, n)[:, None] * np.exp(np.cumsum(rng.normal(0, step, (n, t)), 1))
+    return np.round(prices, 2)  # a price grid makes exact ties (close == MA) happen
+
+
+def times_of(t):
+    return BASE_TIME + BAR_MS * np.arange(t, dtype=np.int64)
+
+
+def pulled_state(engine):
+    engine.backend.pull_state()
+    s = engine.store
+    return s.ring.copy(), s.values.copy(), s.counters.copy()
+
+
+def assert_same_state(a, b):
+    for name, x, y in zip(
+        ("ring", "values", "counters"), pulled_state(a), pulled_state(b), strict=True
+    ):
+        assert_same(x, y, name)
+
+
+@pytest.fixture(scope="module")
+def cuda_mod():
+    from atc_stream.kernels import cuda as kc
+
+    return kc
+
+
+# -- backend choice ---------------------------------------------------------------------
+
+
+def test_backend_choice_under_the_simulator(cuda_mod):
+    assert type(Engine(SHORT, backend="cuda").backend) is cuda_mod.CudaBackend
+    # auto never picks the simulator, whatever the size
+    assert type(Engine(SHORT, backend="auto", capacity=10**5).backend) is cpu.CpuBackend
+    with pytest.raises(ValueError, match="warmup_state"):
+        cuda_mod.CudaBackend(StateStore(), warmup_state="registers")
+
+
+# -- golden vectors -------------------------------------------------------------------------
+
+GOLDEN = load_golden_cases()
+COLUMNS = {
+    "bar_index": L.OUT_BAR_INDEX,
+    "Average_Signal": L.OUT_SIGNAL,
+    "long": L.OUT_LONG,
+    "short": L.OUT_SHORT,
+    **{f"{f}_Signal": L.OUT_LAYER1 + i for i, f in enumerate(FAMILIES)},
+    **{f"{f}_S": L.OUT_LAYER2 + i for i, f in enumerate(FAMILIES)},
+}
+
+
+def run_history(backend, params, closes, record_cuts):
+    """All bars of one stream: warmup (record_all) / step / warmup in three parts."""
+    eng = Engine(params, backend=backend)
+    eng.add_symbol("G")
+    slot = eng.slots_of("G")
+    t = times_of(closes.shape[0])
+    a, b = record_cuts
+    rows = []
+    out = eng.backend.warmup(slot, t[None, :a], closes[None, :a], np.array([a]), True)
+    rows.append(out[0])
+    for i in range(a, b):
+        rows.append(eng.step([("G", int(t[i]), float(closes[i]))]).outputs)
+    n = closes.shape[0] - b
+    if n:
+        out = eng.backend.warmup(slot, t[None, b:], closes[None, b:], np.array([n]), True)
+        rows.append(out[0])
+    return np.concatenate(rows), eng
+
+
+@pytest.mark.parametrize("case", GOLDEN, ids=[c[0] for c in GOLDEN])
+def test_golden_vectors_cuda_equals_cpu(case):
+    name, params, closes, expected = case
+    cuts = (closes.shape[0] // 2, min(closes.shape[0] // 2 + 40, closes.shape[0]))
+    got, eng_cuda = run_history("cuda", params, closes, cuts)
+    ref, eng_cpu = run_history("cpu", params, closes, cuts)
+    assert_same(got, ref, f"{name}: cuda vs cpu")
+    assert_same_state(eng_cuda, eng_cpu)
+    for column, index in COLUMNS.items():
+        want = expected[column].astype(np.float64)
+        if column in ("bar_index", "long", "short"):
+            assert_same(got[:, index], want, f"{name}/{column}")
+        else:
+            np.testing.assert_allclose(got[:, index], want, rtol=0, atol=1e-9, err_msg=column)
+
+
+def test_growth_table_is_the_cpu_growth_factor(cuda_mod):
+    store = StateStore()
+    for p in (ATCParams(), SHORT, ATCParams(La=0.37, cutout=17)):
+        store.add_params(p)
+    table = cuda_mod.growth_table(store.params.lengths, store.params.values, 3000)
+    for row, p in enumerate(store.params.params):
+        expected = [cpu.growth_factor(p.lam, p.cutout + k, p.cutout) for k in range(3000)]
+        assert table[row].tolist() == expected
+
+
+# -- many streams, mixed parameter sets --------------------------------------------------------
+
+
+def drive(backend, closes, params, *, warm=40, extra_ops=True):
+    """Warmup, steps (one and several bars per stream), rejections and previews."""
+    eng = Engine(params, backend=backend)
+    n, t_total = closes.shape
+    t = times_of(t_total)
+    names = [f"S{i}" for i in range(n)]
+    outs = [eng.warmup({s: (t[:warm], closes[i, :warm]) for i, s in enumerate(names)}).outputs]
+    i = warm
+    while i < t_total:
+        k = 1 if i % 3 else 3  # several bars of each stream in one batch: 3 rounds
+        bars = [
+            (s, int(t[j]), float(closes[m, j]))
+            for j in range(i, min(i + k, t_total))
+            for m, s in enumerate(names)
+        ]
+        if extra_ops and i % 5 == 0:
+            bars += [("S0", int(t[i - 1]), 100.0), ("nope", int(t[i]), 1.0), ("S1", int(t[i]), -1)]
+            bars += [("S2", int(t[i]) + 1, float("nan"))]
+        res = eng.step(bars)
+        outs.append(res.outputs)
+        outs.append(res.slots.astype(np.float64)[:, None])
+        if extra_ops and i % 4 == 0 and i + k < t_total:
+            moved = [(s, int(t[i + k]), float(closes[m, i] * 1.001)) for m, s in enumerate(names)]
+            pv = eng.preview([*moved, ("S0", int(t[i]), 5.0)])  # the last one: a duplicate
+            outs.append(pv.outputs)
+        i += k
+    return outs, eng
+
+
+def test_random_streams_mixed_params_cuda_equals_cpu():
+    closes = walks(4, 100, seed=3)
+    params = [ATCParams(), SHORT, SHORT2]
+    got, eng_cuda = drive("cuda", closes, params)
+    ref, eng_cpu = drive("cpu", closes, params)
+    assert len(got) == len(ref)
+    for i, (a, b) in enumerate(zip(got, ref, strict=True)):
+        assert_same(a, b, f"output block {i}")
+    # the host counters that batch planning reads are current without any pull
+    columns = [L.BAR_INDEX, L.LAST_TIME]
+    assert_same(eng_cuda.store.counters[:, columns], eng_cpu.store.counters[:, columns], "host")
+    assert_same_state(eng_cuda, eng_cpu)
+    assert dict(eng_cuda.rejections) == dict(eng_cpu.rejections)
+
+
+def test_backend_step_rounds_and_rejected_rows(cuda_mod):
+    """Backend level: same planned batch on two stores; rejected rows are NaN."""
+    stores = []
+    for _ in range(2):
+        store = StateStore(8)
+        store.add_params(SHORT)
+        store.add_params(SHORT2)
+        for k in range(5):
+            store.allocate(k % 2)
+        stores.append(store)
+    backends = [cpu.CpuBackend(stores[0]), cuda_mod.CudaBackend(stores[1])]
+    closes = walks(5, 30, seed=9)
+    t = times_of(30)
+    for step in range(12):
+        # a shuffled batch: 2 bars for some streams, a duplicate, an unknown slot
+        slots = np.array([3, 0, 1, 3, 4, 2, 0, 7, 1], np.int64)
+        j = 2 * step
+        times = np.array([t[j], t[j], t[j], t[j + 1], t[j], t[j], t[j + 1], t[j], t[j]], np.int64)
+        px = closes[slots % 5, j]
+        outs = []
+        for store, backend in zip(stores, backends, strict=True):
+            reasons = np.zeros(slots.shape[0], np.int64)
+            order, starts = batch.plan_rounds(
+                store.counters, store.in_use, store.pending_last, store.pending_count,
+                slots, times, px, reasons,
+            )  # fmt: skip
+            assert order.shape[0] == 7 and starts.shape[0] == 3
+            outs.append(backend.step(slots, times, px, order, starts))
+        assert_same(outs[1], outs[0], f"step {step}")
+        assert np.isnan(outs[1][[7, 8]]).all()  # unknown slot 7, duplicate bar of slot 1
+        columns = [L.BAR_INDEX, L.LAST_TIME]
+        assert_same(stores[1].counters[:, columns], stores[0].counters[:, columns], "host")
+    backends[1].pull_state()
+    for name in ("ring", "values", "counters"):
+        assert_same(getattr(stores[1], name), getattr(stores[0], name), name)
+
+
+# -- preview -------------------------------------------------------------------------------
+
+
+def test_preview_leaves_state_untouched_and_equals_the_step():
+    closes = walks(3, 50, seed=5)
+    t = times_of(51)
+    eng = Engine([SHORT, SHORT2], backend="cuda")
+    ref = Engine([SHORT, SHORT2], backend="cpu")
+    hist = {f"S{i}": (t[:50], closes[i]) for i in range(3)}
+    eng.warmup(hist)
+    ref.warmup(hist)
+    before = pulled_state(eng)
+    bars = [(f"S{i}", int(t[50]), float(closes[i, -1] * 0.997)) for i in range(3)]
+    pv = eng.preview(bars + [("S1", int(t[49]), 1.0)])
+    assert len(pv) == 6 and [r.symbol for r in pv.rejected] == ["S1"]
+    for a, b in zip(before, pulled_state(eng), strict=True):
+        assert_same(b, a, "state after preview")
+    assert_same(pv.outputs, ref.preview(bars).outputs, "preview cuda vs cpu")
+    assert_same(pv.outputs, eng.step(bars).outputs, "preview vs step of the same bar")
+
+
+# -- warmup --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("warmup_state", ["global", "local"])
+def test_warmup_then_step_equals_longer_warmup(cuda_mod, warmup_state):
+    closes = walks(3, 90, seed=11)
+    t = times_of(90)
+
+    def engine():
+        eng = Engine([SHORT, LONGER], backend="cuda")
+        eng.backend.warmup_state = warmup_state
+        return eng
+
+    a, b = engine(), engine()
+    a.warmup({f"S{i}": (t[:70], closes[i, :70]) for i in range(3)})
+    for j in range(70, 90):
+        last_a = a.step([(f"S{i}", int(t[j]), float(closes[i, j])) for i in range(3)])
+    last_b = b.warmup({f"S{i}": (t, closes[i]) for i in range(3)})
+    assert_same(last_a.outputs, last_b.outputs, "last bar")
+    assert_same_state(a, b)
+    cpu_eng = Engine([SHORT, LONGER], backend="cpu")
+    on_cpu = cpu_eng.warmup({f"S{i}": (t, closes[i]) for i in range(3)})
+    assert_same(on_cpu.outputs, last_b.outputs, "cpu")
+    assert_same_state(b, cpu_eng)
+
+
+def test_warmup_ragged_histories_record_all(cuda_mod):
+    """Different history lengths in one launch (padding), every bar recorded."""
+    closes = walks(4, 40, seed=13)
+    t = np.tile(times_of(40), (4, 1))
+    counts = np.array([40, 0, 17, 33])
+    outs = []
+    for backend_cls in (cpu.CpuBackend, cuda_mod.CudaBackend):
+        store = StateStore(4)
+        store.add_params(SHORT)
+        slots = np.array([store.allocate(0) for _ in range(4)])
+        outs.append((backend_cls(store).warmup(slots, t, closes, counts, True), store))
+    assert_same(outs[1][0], outs[0][0], "outputs")
+    assert np.isnan(outs[1][0][1]).all() and np.isnan(outs[1][0][2, 17:]).all()
+    columns = [L.BAR_INDEX, L.LAST_TIME]
+    assert_same(outs[1][1].counters[:, columns], outs[0][1].counters[:, columns], "host")
+
+
+# -- moving and reshaping live state ---------------------------------------------------------
+
+
+def test_move_cpu_cuda_cpu_keeps_results():
+    closes = walks(3, 80, seed=17)
+    t = times_of(80)
+    hist = {f"S{i}": (t[:40], closes[i, :40]) for i in range(3)}
+    moving = Engine([SHORT, SHORT2], backend="cpu")
+    staying = Engine([SHORT, SHORT2], backend="cpu")
+    moving.warmup(hist)
+    staying.warmup(hist)
+    for j in range(40, 80):
+        if j == 50:
+            moving.move_to("cuda")
+            assert moving.backend.name == "cuda"
+        if j == 65:
+            moving.move_to("cpu")
+            assert moving.backend.name == "cpu"
+        bars = [(f"S{i}", int(t[j]), float(closes[i, j])) for i in range(3)]
+        assert_same(moving.step(bars).outputs, staying.step(bars).outputs, f"bar {j}")
+    assert_same_state(moving, staying)
+
+
+def test_move_to_unavailable_backend_keeps_the_engine():
+    eng = Engine(SHORT, backend="cuda")
+    with pytest.raises(ValueError, match="backend must be"):
+        eng.move_to("tpu")
+    assert eng.backend.name == "cuda"
+
+
+def test_streams_and_params_added_while_live():
+    """Slot reuse, capacity growth and a longer parameter set (ring growth) mid-run."""
+    closes = walks(12, 60, seed=19)
+    t = times_of(60)
+
+    def run(backend):
+        eng = Engine(SHORT, backend=backend, capacity=4)
+        outs = [eng.warmup({f"S{i}": (t[:20], closes[i, :20]) for i in range(3)}).outputs]
+        active = [0, 1, 2]
+        for j in range(20, 60):
+            if j == 25:
+                eng.remove_symbol("S1")  # frees a slot ...
+                active.remove(1)
+            if j == 27:
+                eng.add_symbol("S3")  # ... reused by a fresh stream
+                active.append(3)
+            if j == 30:
+                for i in range(4, 10):  # capacity 4 -> 16
+                    eng.add_symbol(f"S{i}")
+                active += list(range(4, 10))
+            if j == 40:
+                eng.add_params(LONGER)  # longer windows: every ring grows
+                eng.add_symbol("S10")
+                eng.add_symbol("S0", [1])
+                active.append(10)
+            if j == 45:
+                eng.warmup({"S11": (t[:j], closes[11, :j])})
+                active.append(11)
+            bars = [(f"S{i}", int(t[j]), float(closes[i, j])) for i in active]
+            outs.append(eng.step(bars).outputs)
+        return outs, eng
+
+    got, eng_cuda = run("cuda")
+    ref, eng_cpu = run("cpu")
+    for i, (a, b) in enumerate(zip(got, ref, strict=True)):
+        assert_same(a, b, f"output block {i}")
+    assert_same_state(eng_cuda, eng_cpu)
+    assert eng_cuda.stream_state(eng_cuda.streams[0]) == eng_cpu.stream_state(eng_cpu.streams[0])
