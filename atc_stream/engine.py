@@ -14,6 +14,7 @@ runs on a bare GPU machine.
 from __future__ import annotations
 
 import logging
+import math
 import numbers
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -36,7 +37,8 @@ BAD_CLOSE_TYPE = "bad_close_type"
 UNKNOWN_SYMBOL = "unknown_symbol"
 BAD_HISTORY = "bad_history"
 
-#: Streams per warmup call chunk (bounds the padded history arrays; drives the progress bar).
+#: Streams per warmup call chunk unless the backend sets ``warmup_chunk`` (bounds the
+#: padded history arrays; drives the progress bar).
 WARMUP_CHUNK = 1024
 
 
@@ -180,15 +182,23 @@ class Engine:
         return self._symbol_slots[symbol]
 
     def stream_state(self, key: StreamKey) -> dict[str, Any]:
-        """A stream's position: bar_index (bars seen), last bar time, growth factor."""
-        self.backend.pull_state()
+        """A stream's position: bar_index (bars seen), last bar time, growth factor of its last bar.
+
+        Read from the host counters, which every backend keeps current, so no device copy.
+        """
+        from .kernels.cpu import growth_factor
+
         slot = self._slot_of[key]
         counters = self.store.counters[slot]
         last = int(counters[L.LAST_TIME])
+        bar_index = int(counters[L.BAR_INDEX])
+        params = self.store.params.params[int(counters[L.PARAM_ROW])]
+        last_bar = bar_index - 1
+        active = bar_index > 0 and last_bar >= params.cutout
         return {
-            "bar_index": int(counters[L.BAR_INDEX]),
+            "bar_index": bar_index,
             "last_time": None if last == L.NO_TIME else last,
-            "growth": float(self.store.values[slot, L.GROWTH]),
+            "growth": growth_factor(params.lam, last_bar, params.cutout) if active else math.nan,
         }
 
     # -- bad input ------------------------------------------------------------------
@@ -335,13 +345,14 @@ class Engine:
             for slot in self._symbol_slots[symbol]:
                 jobs.append((int(slot), *self._accepted_history(slot, times, closes, rejected)))
         results = []
-        chunks = range(0, len(jobs), WARMUP_CHUNK)
+        chunk = getattr(self.backend, "warmup_chunk", WARMUP_CHUNK)
+        chunks = range(0, len(jobs), chunk)
         if progress:
             from tqdm import tqdm
 
             chunks = tqdm(chunks, desc="warmup", unit="chunk", leave=False)
         for start in chunks:
-            results.append(self._warmup_chunk(jobs[start : start + WARMUP_CHUNK]))
+            results.append(self._warmup_chunk(jobs[start : start + chunk]))
         if not results:
             empty = np.zeros(0, np.int64)
             return StepResult(

@@ -9,6 +9,7 @@ import pytest
 from parity_helpers import assert_bit_identical, reference_outputs
 
 from atc_stream import ATCParams, Engine, compute
+from atc_stream.state.layout import GROWTH
 
 SHORT = ATCParams(ema_len=8, hma_len=8, wma_len=8, dema_len=8, lsma_len=8, kama_len=8)
 
@@ -128,6 +129,7 @@ def test_stream_state_reports_position_and_growth():
     engine.warmup({"X": (np.arange(10) * 60_000, walk(6, 10))})
     state = engine.stream_state(engine.streams[0])
     assert state["bar_index"] == 10 and state["last_time"] == 9 * 60_000
+    assert state["growth"] == engine.store.values[engine.slot_of(engine.streams[0]), GROWTH]
     assert state["growth"] == pytest.approx(np.exp(0.02 / 1000 * (9 - 5)))
 
 

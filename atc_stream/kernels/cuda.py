@@ -492,6 +492,8 @@ class CudaBackend:
     """
 
     name = "cuda"
+    #: streams per warmup launch: enough threads to fill a large GPU (DESIGN.md, warmup)
+    warmup_chunk = 131_072
 
     def __init__(self, store: StateStore, *, warmup_state: str = "global") -> None:
         if warmup_state not in ("local", "global"):
