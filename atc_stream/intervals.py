@@ -1,0 +1,58 @@
+"""Bar interval labels ("1s", "1m", "4h", "1d", "1w", "1M") and their arithmetic.
+
+Fixed-length intervals are ``<count><unit>`` with unit ``ms``, ``s``, ``m`` (minute),
+``h``, ``d`` or ``w``; ``<count>M`` is calendar months (as on exchanges: ``1M`` bars
+open at 00:00 UTC on the first of each month), which has no fixed length.
+Times are integer milliseconds since the Unix epoch. Pure Python, no dependencies.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+
+_UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+_PATTERN = re.compile(r"^([1-9][0-9]*)(ms|s|m|h|d|w|M)$")
+
+
+def _split(interval: str) -> tuple[int, str]:
+    match = _PATTERN.match(interval) if isinstance(interval, str) else None
+    if match is None:
+        raise ValueError(f"interval must look like 1s, 1m, 15m, 4h, 1d, 1w or 1M, got {interval!r}")
+    return int(match.group(1)), match.group(2)
+
+
+def validate_interval(interval: str) -> str:
+    """Return ``interval`` unchanged, or raise ``ValueError`` naming it."""
+    _split(interval)
+    return interval
+
+
+def is_calendar(interval: str) -> bool:
+    """True for month intervals (``1M``), whose length varies."""
+    return _split(interval)[1] == "M"
+
+
+def interval_ms(interval: str) -> int:
+    """Length in ms of a fixed-length interval; ``ValueError`` for months."""
+    count, unit = _split(interval)
+    if unit == "M":
+        raise ValueError(f"interval {interval!r} (months) has no fixed length")
+    return count * _UNIT_MS[unit]
+
+
+def approx_interval_ms(interval: str) -> int:
+    """Length in ms, months counted as 31 days (an upper bound, for ranges and lags)."""
+    count, unit = _split(interval)
+    return count * (31 * 86_400_000 if unit == "M" else _UNIT_MS[unit])
+
+
+def next_open(open_time: int, interval: str) -> int:
+    """Open time of the bar after the one opening at ``open_time``."""
+    count, unit = _split(interval)
+    if unit != "M":
+        return open_time + count * _UNIT_MS[unit]
+    d = _dt.datetime.fromtimestamp(open_time / 1000, tz=_dt.timezone.utc)
+    months = d.year * 12 + (d.month - 1) + count
+    nxt = _dt.datetime(months // 12, months % 12 + 1, 1, tzinfo=_dt.timezone.utc)
+    return int(nxt.timestamp()) * 1000

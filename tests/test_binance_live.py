@@ -1,0 +1,803 @@
+"""Live kline client against real local servers (websocket + HTTP on 127.0.0.1, no mocks).
+
+``FakeExchange`` speaks the exchange's combined-stream kline format and serves
+``/api/v3/klines`` from one fixed, deterministic bar set. Its ticker publishes bar
+after bar (a few in-progress klines, then the closed one) to whoever is connected,
+and can misbehave on cue: close connections (cleanly, abruptly, mid-message), stall,
+inject hostile messages, and answer REST with 429/500/timeouts/garbage. Every test
+checks that the client's closed-bar outputs hold every bar exactly once and equal
+``atc_stream.compute`` over the same closes, bit for bit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+import time
+from collections import Counter
+from urllib.parse import parse_qs, urlparse
+
+import numpy as np
+import pytest
+
+pytest.importorskip("websockets")
+pytest.importorskip("aiohttp")
+
+from aiohttp import web  # noqa: E402
+from websockets.asyncio.server import serve  # noqa: E402
+from websockets.exceptions import ConnectionClosed  # noqa: E402
+
+from atc_stream import ATCParams, Engine, compute  # noqa: E402
+
+try:  # a real redis-server for the --redis test (skipped without one)
+    from redis_fixtures import redis_server, redis_url  # noqa: E402, F401
+except ImportError:  # pragma: no cover
+
+    @pytest.fixture
+    def redis_url():
+        pytest.skip("tests/redis_fixtures.py is not available")
+
+
+from atc_stream.adapters.binance import (  # noqa: E402
+    KlineClient,
+    KlineParser,
+    LiveConfig,
+    TokenBucket,
+    backoff_delay,
+)
+from atc_stream.intervals import interval_ms, next_open  # noqa: E402
+
+INTERVAL = "1m"
+IMS = 60_000
+T0 = 1_700_000_040_000 - 1_700_000_040_000 % IMS
+
+
+def make_bars(symbols, n_bars, seed=3):
+    """Deterministic random walks on a 0.01 grid (ties happen, as with real prices)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for s in symbols:
+        steps = rng.normal(0, 0.004, n_bars)
+        steps[rng.random(n_bars) < 0.05] = 0.0
+        out[s] = np.maximum(np.round(rng.uniform(20, 500) * np.exp(np.cumsum(steps)), 2), 0.01)
+    return out
+
+
+def fmt(x: float) -> str:
+    return repr(float(x))
+
+
+class FakeExchange:
+    """A Binance-like kline exchange on 127.0.0.1 in its own thread and event loop."""
+
+    def __init__(
+        self,
+        closes: dict[str, np.ndarray],
+        start: int,
+        *,
+        previews_per_bar: int = 2,
+        bar_pause: float = 0.006,
+        wait_connections: int = 1,
+        faults: dict[int, list] | None = None,
+        rest_faults: list[str] | None = None,
+        slow_seconds: float = 1.0,
+        t0: int = T0,
+    ) -> None:
+        self.t0 = t0  # open time of bar 0
+        self.closes = closes
+        self.n_bars = len(next(iter(closes.values())))
+        self.cursor = start  # bars < cursor are closed; bar `cursor` is in progress
+        self.previews_per_bar = previews_per_bar
+        self.bar_pause = bar_pause
+        self.wait_connections = wait_connections
+        self.faults = faults or {}  # bar index -> actions done before its closed kline
+        self.rest_faults = list(rest_faults or [])
+        self.slow_seconds = slow_seconds
+        self._conns: list[dict] = []
+        self._all_ws: list = []
+        self.ws_connections = 0
+        self.paths: list[str] = []
+        self.rest_requests: list[dict] = []
+        self.rest_answers = Counter()
+        self.done = False
+        self.applied: Counter = Counter()  # fault actions that hit a connection
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, daemon=True)
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def __enter__(self) -> FakeExchange:
+        self._thread.start()
+        assert self._ready.wait(10), "fake exchange did not start"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.loop.call_soon_threadsafe(self._stopping.set)
+        self._thread.join(10)
+        assert not self._thread.is_alive(), "fake exchange did not stop"
+
+    def _main(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        app = web.Application()
+        app.router.add_get("/api/v3/klines", self._klines)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        self.rest_port = runner.addresses[0][1]
+        async with serve(self._handler, "127.0.0.1", 0, close_timeout=0.2) as server:
+            self.ws_port = server.sockets[0].getsockname()[1]
+            ticker = asyncio.ensure_future(self._ticker())
+            self._ready.set()
+            await self._stopping.wait()
+            ticker.cancel()
+            for conn in self._conns:
+                conn["queue"].put_nowait(("abort",))
+            for ws in self._all_ws:
+                ws.transport.abort()
+        await runner.cleanup()
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.ws_port}"
+
+    @property
+    def rest_url(self) -> str:
+        return f"http://127.0.0.1:{self.rest_port}"
+
+    @property
+    def now_ms(self) -> int:
+        """The exchange clock: the middle of the bar in progress."""
+        return self.t0 + self.cursor * IMS + IMS // 2
+
+    # -- data ------------------------------------------------------------------------------
+
+    def kline(self, symbol: str, i: int, close: float, closed: bool) -> list:
+        t = self.t0 + i * IMS
+        return [t, close, close, close, close, 1.5, t + IMS - 1, closed]
+
+    def ws_message(self, symbol: str, i: int, close: float, closed: bool) -> str:
+        t = self.t0 + i * IMS
+        k = {
+            "t": t, "T": t + IMS - 1, "s": symbol, "i": INTERVAL, "f": 1, "L": 2,
+            "o": fmt(close), "c": fmt(close), "h": fmt(close), "l": fmt(close),
+            "v": "1.5", "n": 2, "x": closed, "q": "0", "V": "0", "Q": "0", "B": "0",
+        }  # fmt: skip
+        data = {"e": "kline", "E": self.now_ms, "s": symbol, "k": k}
+        return json.dumps({"stream": f"{symbol.lower()}@kline_{INTERVAL}", "data": data})
+
+    def preview_close(self, symbol: str, i: int, p: int) -> float:
+        base = self.closes[symbol][min(i, self.n_bars - 1)]
+        return round(base * (1 + 0.002 * (p + 1)), 2)
+
+    # -- websocket -------------------------------------------------------------------------
+
+    async def _handler(self, ws) -> None:
+        query = parse_qs(urlparse(ws.request.path).query)
+        self.paths.append(ws.request.path)
+        streams = query.get("streams", [""])[0].split("/")
+        symbols = {s.split("@")[0].upper() for s in streams if s}
+        conn = {"ws": ws, "symbols": symbols, "queue": asyncio.Queue()}
+        self._all_ws.append(ws)
+        self._conns.append(conn)
+        self.ws_connections += 1
+        try:
+            while True:
+                item = await conn["queue"].get()
+                if isinstance(item, str):
+                    await ws.send(item)
+                    continue
+                action = item[0]
+                if action == "close":
+                    await ws.close()
+                    return
+                if action == "abort":
+                    ws.transport.abort()
+                    return
+                if action == "midmessage":  # a frame header promising 256 bytes, then 15
+                    ws.transport.write(b"\x81\x7e\x01\x00" + b'{"stream": "xx')
+                    ws.transport.abort()
+                    return
+                if action == "stall":  # keep the socket open, never send again
+                    self._conns.remove(conn)
+                    conn = None
+                    await ws.wait_closed()
+                    return
+        except ConnectionClosed:
+            pass
+        finally:
+            if conn is not None:
+                self._conns.remove(conn)
+
+    def _broadcast(self, symbol: str, message: str) -> None:
+        for conn in self._conns:
+            if symbol in conn["symbols"]:
+                conn["queue"].put_nowait(message)
+
+    def _act(self, action) -> bool:
+        """Fault actions: ('close'|'abort'|'midmessage'|'stall', n) hits n connections;
+        ('raw', symbol, message) sends a raw message to the symbol's connection.
+        False when there was no connection to act on (the action waits for one)."""
+        if action[0] == "raw":
+            self._broadcast(action[1], action[2])
+            return True
+        alive = [c for c in self._conns if not c.get("doomed")]
+        targets = alive[: action[1] if len(action) > 1 else None]
+        if not targets:
+            return False
+        for conn in targets:
+            conn["doomed"] = True
+            conn["queue"].put_nowait((action[0],))
+            self.applied[action[0]] += 1
+        return True
+
+    async def _ticker(self) -> None:
+        while len(self._conns) < self.wait_connections:
+            await asyncio.sleep(0.005)
+        for i in range(self.cursor, self.n_bars):
+            for p in range(self.previews_per_bar):
+                for s in self.closes:
+                    self._broadcast(s, self.ws_message(s, i, self.preview_close(s, i, p), False))
+                await asyncio.sleep(self.bar_pause / max(self.previews_per_bar, 1))
+            for action in self.faults.get(i, []):
+                deadline = time.monotonic() + 10
+                while not self._act(action) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.005)  # wait for the client to reconnect
+            for s in self.closes:
+                self._broadcast(s, self.ws_message(s, i, self.closes[s][i], True))
+            self.cursor = i + 1
+        self.done = True
+        while True:  # the next bar stays in progress: clients learn they are up to date
+            for s in self.closes:
+                close = self.preview_close(s, self.n_bars, 0)
+                self._broadcast(s, self.ws_message(s, self.n_bars, close, False))
+            await asyncio.sleep(0.02)
+
+    # -- REST ------------------------------------------------------------------------------
+
+    async def _klines(self, request: web.Request) -> web.Response:
+        q = request.query
+        self.rest_requests.append(dict(q))
+        fault = self.rest_faults.pop(0) if self.rest_faults else None
+        if fault is not None:
+            self.rest_answers[fault] += 1
+        if fault == "429":
+            return web.Response(status=429, headers={"Retry-After": "0"}, text="slow down")
+        if fault == "500":
+            return web.Response(status=502, text="bad gateway")
+        if fault == "garbage":
+            return web.Response(status=200, text="<html>oops</html>")
+        if fault == "slow":
+            await asyncio.sleep(self.slow_seconds)
+        symbol = q.get("symbol", "")
+        if symbol not in self.closes or q.get("interval") != INTERVAL:
+            return web.json_response({"code": -1121, "msg": "Invalid symbol."}, status=400)
+        limit = min(int(q.get("limit", 500)), 1000)
+        start = int(q["startTime"]) if "startTime" in q else None
+        end = int(q["endTime"]) if "endTime" in q else None
+        closes = self.closes[symbol]
+        rows = []
+        for i in range(0, min(self.cursor, self.n_bars - 1) + 1):
+            t = self.t0 + i * IMS
+            if (start is not None and t < start) or (end is not None and t > end):
+                continue
+            in_progress = i >= self.cursor
+            close = self.preview_close(symbol, i, 0) if in_progress else closes[i]
+            row = [t, fmt(close), fmt(close), fmt(close), fmt(close), "1.5", t + IMS - 1]
+            rows.append(row + ["0", 2, "0", "0", "0"])
+        if self.cursor >= self.n_bars and (end is None or self.t0 + self.n_bars * IMS <= end):
+            t = self.t0 + self.n_bars * IMS  # the bar in progress after the data set ends
+            c = fmt(self.preview_close(symbol, self.n_bars, 0))
+            rows.append([t, c, c, c, c, "1.5", t + IMS - 1, "0", 2, "0", "0", "0"])
+        rows = rows[:limit] if start is not None else rows[-limit:]
+        if fault == "badrow":
+            rows.insert(0, ["x", "nan", None])
+        return web.json_response(rows)
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def expected_outputs(closes: np.ndarray, first: int) -> dict[str, np.ndarray]:
+    return compute(closes[first:], ATCParams())
+
+
+def collect(results, provisional=False):
+    """(symbol, time) -> output row, asserting each appears exactly once."""
+    rows: dict = {}
+    for res in results:
+        assert res.provisional is provisional
+        for j, (sym, t) in enumerate(zip(res.symbols, res.times.tolist(), strict=True)):
+            assert (sym, t) not in rows, f"bar {sym} {t} emitted twice"
+            rows[(sym, t)] = res.outputs[j]
+    return rows
+
+
+def assert_exact(
+    rows: dict, closes: dict[str, np.ndarray], first: int, emitted_from: int, last: int
+) -> None:
+    """``rows`` hold bars ``emitted_from..last`` of every symbol exactly once (the warmup
+    emits its last bar only), each equal to ``compute`` over the closes from ``first``."""
+    from atc_stream.results import StepResult
+
+    span = range(emitted_from, last + 1)
+    assert set(rows) == {(s, T0 + i * IMS) for s in closes for i in span}
+    for s, series in closes.items():
+        full = expected_outputs(series, first)
+        idx = np.array([i - first for i in span])
+        got = np.stack([rows[(s, T0 + i * IMS)] for i in span])
+        n = len(idx)
+        res = StepResult([None], np.zeros(n, np.int64), np.zeros(n), np.zeros(n), got)
+        assert np.array_equal(res.signal, full["Average_Signal"][idx], equal_nan=True), s
+        for j, fam in enumerate(("EMA", "HMA", "WMA", "DEMA", "LSMA", "KAMA")):
+            assert np.array_equal(res.layer1_signals[:, j], full[f"{fam}_Signal"][idx], True)
+            assert np.array_equal(res.layer2_equities[:, j], full[f"{fam}_S"][idx], True)
+        assert np.array_equal(res.growth, full["growth"][idx], equal_nan=True)
+        assert np.array_equal(res.long_events, full["long"][idx] == 1)
+        assert np.array_equal(res.short_events, full["short"][idx] == 1)
+        assert np.array_equal(res.bar_index, idx)
+
+
+def fast_config(ex: FakeExchange, **kw) -> LiveConfig:
+    base = dict(
+        ws_url=ex.ws_url,
+        rest_url=ex.rest_url,
+        history=200,
+        idle_timeout=5.0,
+        open_timeout=3.0,
+        close_timeout=0.5,
+        backoff_initial=0.02,
+        backoff_max=0.2,
+        rest_rate=None,
+        rest_timeout=3.0,
+        gap_confirm_delay=0.05,
+    )
+    base.update(kw)
+    return LiveConfig(**base)
+
+
+def run_client(client: KlineClient, **kw):
+    return asyncio.run(client.run(**kw))
+
+
+SYMBOLS = ["BTCUSDT", "ETHUSDT", "XRPUSDT"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compiled_kernels():
+    """Compile the engine's kernels first, so no test's client stalls for seconds on it."""
+    engine = Engine(backend="cpu", interval=INTERVAL)
+    engine.warmup({"X": (np.arange(50), np.linspace(1.0, 2.0, 50))})
+    engine.step([("X", 50, 1.5)])
+    engine.preview([("X", 51, 1.6)])
+    compute(np.linspace(1.0, 2.0, 50))
+
+
+# -- tests ---------------------------------------------------------------------------------------
+
+
+def test_warmup_stream_previews_equal_compute():
+    closes = make_bars(SYMBOLS, 320)
+    start, history = 260, 200
+    with FakeExchange(closes, start, wait_connections=2, previews_per_bar=3) as ex:
+        engine = Engine(backend="cpu", interval=INTERVAL)
+        results, previews = [], []
+        client = KlineClient(
+            engine, ",".join(s.lower() for s in SYMBOLS), fast_config(ex, history=history,
+            max_streams_per_connection=2), on_result=results.append, on_preview=previews.append,
+            clock_ms=lambda: ex.now_ms, seed=1,
+        )  # fmt: skip
+        stats = run_client(client, max_bars=len(SYMBOLS) * (320 - start), max_seconds=60)
+    # two connections (2 + 1 streams), each asking for its own streams
+    assert stats.connections == 2 and len(ex.paths) == 2
+    assert sorted(p.count("@kline_1m") for p in ex.paths) == [1, 2]
+    assert all(p.startswith("/stream?streams=") for p in ex.paths)
+    assert stats.warmup_bars == len(SYMBOLS) * history
+    assert stats.bars == len(SYMBOLS) * (320 - start)
+    assert stats.closed_klines == stats.bars and stats.backfilled_bars == 0
+    assert not stats.rejections and not stats.engine_rejections
+    # warmup row (bar start-1) + every streamed bar, exactly once, bit-identical
+    assert_exact(collect(results), closes, start - history, start - 1, 319)
+    # previews: provisional, never changed state, equal a full computation with that close
+    assert stats.previews > 0
+    pv = collect_previews(previews)
+    assert pv
+    for (sym, t), (close, signal) in list(pv.items())[:: max(1, len(pv) // 12)]:
+        i = (t - T0) // IMS
+        series = np.append(closes[sym][start - history : i], close)
+        assert np.array_equal(signal, compute(series)["Average_Signal"][-1], equal_nan=True)
+    # stream state ends at the last closed bar, not at any previewed one
+    for key in engine.streams:
+        assert engine.stream_state(key)["last_time"] == T0 + 319 * IMS
+
+
+def collect_previews(previews):
+    out = {}
+    for res in previews:
+        assert res.provisional
+        for j, (sym, t) in enumerate(zip(res.symbols, res.times.tolist(), strict=True)):
+            out[(sym, t)] = (float(res.closes[j]), float(res.signal[j]))
+    return out
+
+
+def test_disconnects_and_stall_every_bar_once():
+    closes = make_bars(SYMBOLS, 300, seed=5)
+    start = 220
+    rng = random.Random(11)
+    actions = ["close", "abort", "midmessage", "close", "abort", "midmessage", "stall"]
+    rng.shuffle(actions)
+    at = sorted(rng.sample(range(start + 2, 290), len(actions)))
+    faults: dict[int, list] = {i: [(a, 1)] for i, a in zip(at, actions, strict=True)}
+    faults[299] = [("abort", 1)]  # the very last closed bar is missed
+    with FakeExchange(closes, start, faults=faults, bar_pause=0.008) as ex:
+        engine = Engine(backend="cpu", interval=INTERVAL)
+        results = []
+        client = KlineClient(
+            engine, SYMBOLS, fast_config(ex, history=150, idle_timeout=0.3),
+            on_result=results.append, clock_ms=lambda: ex.now_ms, seed=2,
+        )  # fmt: skip
+        stats = run_client(client, max_bars=len(SYMBOLS) * (300 - start), max_seconds=60)
+        applied = ex.applied
+    assert stats.bars == len(SYMBOLS) * (300 - start)
+    assert_exact(collect(results), closes, start - 150, start - 1, 299)
+    assert applied["stall"] == 1 and applied["abort"] >= 2 and applied["midmessage"] == 2
+    d = stats.disconnects
+    assert d["closed_by_server"] == applied["close"] >= 1
+    # abrupt aborts and the frame cut mid-message
+    assert d["connection_lost"] == applied["abort"] + applied["midmessage"]
+    assert d["idle_timeout"] == 1  # the stall
+    assert stats.reconnects == sum(applied.values())
+    assert stats.backfilled_bars > 0 and stats.backfill_failures == 0
+    assert stats.closed_klines + stats.backfilled_bars == stats.bars
+    assert not stats.engine_rejections
+
+
+def test_hostile_stream_inputs_counted_and_survived():
+    closes = make_bars(["BTCUSDT", "ETHUSDT"], 290, seed=9)
+    start = 240
+    ex0 = FakeExchange(closes, start)  # only used to format messages
+    good = ex0.ws_message("BTCUSDT", 250, closes["BTCUSDT"][250], True)
+    msg = json.loads(good)
+
+    def variant(**k_changes) -> str:
+        m = json.loads(good)
+        m["data"]["k"].update(k_changes)
+        return json.dumps(m)
+
+    def without(field) -> str:
+        m = json.loads(good)
+        del m["data"]["k"][field]
+        return json.dumps(m)
+
+    unsub = json.loads(good)
+    unsub["stream"] = "dogeusdt@kline_1m"
+    unsub["data"]["s"] = unsub["data"]["k"]["s"] = "DOGEUSDT"
+    hostile = {
+        "malformed_json": ['{"stream": "btcusdt@kline_1m", "data": {', "not json at all", "\x00"],
+        "not_a_kline": ["[1, 2, 3]", '{"result": null, "id": 1}', json.dumps(
+            {"stream": "btcusdt@kline_1m", "data": {"e": "trade", "s": "BTCUSDT"}})],
+        "missing_field": [without("c"), without("t"), without("x")],
+        "bad_type": [variant(x="true"), variant(s=123)],
+        "bad_time": [variant(t="1700000000000"), variant(t=1.5e12), variant(T=None)],
+        "bad_number": [variant(c="abc"), variant(o="NaN"), variant(h=[1]), variant(v="1e999")],
+        "non_positive_price": [variant(c="0"), variant(c="-5.0")],
+        "unsubscribed_symbol": [json.dumps(unsub)],
+        "wrong_interval": [variant(i="5m")],
+        "inconsistent_message": [json.dumps({**msg, "stream": "ethusdt@kline_1m"})],
+    }  # fmt: skip
+    faults: dict[int, list] = {}
+    i = 246
+    for messages in hostile.values():
+        for m in messages:
+            faults.setdefault(i, []).append(("raw", "BTCUSDT", m))
+        i += 2
+    # duplicates and out-of-order closed klines of already applied bars, a stale preview
+    faults.setdefault(270, []).extend(
+        [
+            ("raw", "BTCUSDT", ex0.ws_message("BTCUSDT", 268, closes["BTCUSDT"][268], True)),
+            ("raw", "BTCUSDT", ex0.ws_message("BTCUSDT", 269, closes["BTCUSDT"][269], True)),
+            ("raw", "ETHUSDT", ex0.ws_message("ETHUSDT", 260, closes["ETHUSDT"][260], True)),
+            ("raw", "ETHUSDT", ex0.ws_message("ETHUSDT", 261, 1.0, False)),
+        ]
+    )
+    # a closed kline corrupted in transit (the real one never comes): refetched over REST
+    corrupt = json.loads(ex0.ws_message("ETHUSDT", 275, closes["ETHUSDT"][275], True))
+    corrupt["data"]["k"]["c"] = "12,5"
+    with FakeExchange(closes, start, faults=faults) as ex:
+        ex.faults.setdefault(275, []).append(("raw", "ETHUSDT", json.dumps(corrupt)))
+        engine = Engine(backend="cpu", interval=INTERVAL)
+        results = []
+        client = KlineClient(
+            engine, ["BTCUSDT", "ETHUSDT"], fast_config(ex, history=120),
+            on_result=results.append, clock_ms=lambda: ex.now_ms, seed=3,
+        )  # fmt: skip
+        # the real closed kline of ETHUSDT bar 275 is not sent: drop it from the feed
+        original = ex.ws_message
+
+        def ws_message(symbol, i, close, closed):
+            if symbol == "ETHUSDT" and i == 275 and closed:
+                return json.dumps(corrupt)
+            return original(symbol, i, close, closed)
+
+        ex.ws_message = ws_message
+        stats = run_client(client, max_bars=2 * (290 - start), max_seconds=60)
+    rej = stats.rejections
+    for reason, messages in hostile.items():
+        expected = len(messages) + (reason == "bad_number") * 2  # + the corrupted close x2
+        assert rej[reason] == expected, (reason, rej[reason], expected)
+    assert rej["duplicate_kline"] == 1 and rej["out_of_order_kline"] == 2
+    assert rej["stale_preview"] == 1
+    assert stats.backfilled_bars == 1  # ETHUSDT bar 275, from REST
+    assert not stats.engine_rejections
+    assert_exact(collect(results), closes, start - 120, start - 1, 289)
+
+
+def test_rest_faults_retried_paged_and_rate_limited():
+    closes = make_bars(["BTCUSDT", "ETHUSDT"], 1300, seed=4)
+    start, history = 1250, 1100  # > 1000: two pages per symbol
+    faults = ["429", "500", "garbage", "slow", "badrow"]
+    with FakeExchange(closes, start, rest_faults=faults, slow_seconds=0.6) as ex:
+        engine = Engine(backend="cpu", interval=INTERVAL)
+        results = []
+        cfg = fast_config(ex, history=history, rest_timeout=0.3, rest_rate=50.0, rest_burst=1,
+                          rest_concurrency=1)  # fmt: skip
+        client = KlineClient(
+            engine, ["BTCUSDT", "ETHUSDT"], cfg, on_result=results.append,
+            clock_ms=lambda: ex.now_ms, seed=4,
+        )  # fmt: skip
+        stats = run_client(client, max_bars=2 * (1300 - start), max_seconds=60)
+        requests = list(ex.rest_requests)
+    retries = stats.http_retries
+    assert retries["status_429"] == 1 and retries["status_5xx"] == 1
+    assert retries["bad_response"] == 1 and retries["timeout"] == 1
+    assert stats.rejections["rest_bad_row"] == 1
+    assert all(int(r["limit"]) == 1000 for r in requests)
+    assert len(requests) == 4 + len(faults) - 1  # 2 pages x 2 symbols + retried faults
+    assert stats.warmup_bars == 2 * history
+    assert client.rest.bucket.waited > 0  # 50 requests/s with a burst of 1
+    assert_exact(collect(results), closes, start - history, start - 1, 1299)
+
+
+def test_restart_from_snapshot_every_bar_once():
+    pytest.importorskip("atc_stream.state.snapshot")
+    closes = make_bars(SYMBOLS, 300, seed=8)
+    start = 230
+    faults = {262: [("abort", 1)]}
+    with FakeExchange(closes, start, faults=faults, bar_pause=0.01) as ex:
+        engine = Engine(backend="cpu", interval=INTERVAL)
+        first, second = [], []
+        cfg = fast_config(ex, history=150)
+        c1 = KlineClient(engine, SYMBOLS, cfg, on_result=first.append,
+                         clock_ms=lambda: ex.now_ms, seed=5)  # fmt: skip
+        s1 = run_client(c1, max_bars=len(SYMBOLS) * 25, max_seconds=60)
+        blob = engine.snapshot()
+        time.sleep(0.15)  # the exchange moves on while we are down
+        restored = Engine.restore(blob, backend="cpu")
+        c2 = KlineClient(restored, SYMBOLS, cfg, on_result=second.append,
+                         clock_ms=lambda: ex.now_ms, seed=6)  # fmt: skip
+        remaining = len(SYMBOLS) * (300 - start) - s1.bars
+        s2 = run_client(c2, max_bars=remaining, max_seconds=60)
+    assert s2.warmup_bars == 0 and s2.backfilled_bars > 0
+    rows = collect(first + second)
+    assert_exact(rows, closes, start - 150, start - 1, 299)
+
+
+def test_connect_failures_back_off():
+    import socket
+
+    with socket.socket() as sock:  # a port where nobody listens
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    engine = Engine(backend="cpu", interval=INTERVAL)
+    cfg = LiveConfig(
+        ws_url=f"ws://127.0.0.1:{port}", rest_url=f"http://127.0.0.1:{port}", history=0,
+        backoff_initial=0.05, backoff_max=0.4, backoff_jitter=0.0,
+    )  # fmt: skip
+    client = KlineClient(engine, ["BTCUSDT"], cfg)
+    t0 = time.monotonic()
+    stats = run_client(client, max_seconds=1.0)
+    assert 0.9 < time.monotonic() - t0 < 5
+    # delays 0.05, 0.1, 0.2, 0.4, 0.4 ...: about 5 tries in a second, not hundreds
+    assert 3 <= stats.disconnects["connect_failed"] <= 8
+    assert stats.connects == 0 and stats.bars == 0
+    # a server that accepts TCP connections but never answers the handshake
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)  # never accept(): the kernel completes TCP, nobody answers HTTP
+        port = silent.getsockname()[1]
+        cfg.ws_url = f"ws://127.0.0.1:{port}"
+        cfg.open_timeout = 0.2
+        client = KlineClient(Engine(backend="cpu", interval=INTERVAL), ["BTCUSDT"], cfg)
+        stats = run_client(client, max_seconds=1.0)
+    assert stats.connects == 0 and 2 <= stats.disconnects["connect_failed"] <= 6
+
+
+def test_backoff_and_token_bucket_units():
+    rng = random.Random(0)
+    delays = [backoff_delay(a, 0.5, 10.0, 2.0, 0.0, rng) for a in range(8)]
+    assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0, 10.0]
+    jittered = [backoff_delay(3, 0.5, 10.0, 2.0, 0.5, rng) for _ in range(200)]
+    assert 2.0 <= min(jittered) < 2.3 and 3.7 < max(jittered) <= 4.0
+
+    async def burst():
+        bucket = TokenBucket(rate=40.0, burst=2)
+        t0 = time.monotonic()
+        for _ in range(10):
+            await bucket.acquire()
+        return time.monotonic() - t0
+
+    assert 0.17 < asyncio.run(burst()) < 1.0  # 2 at once, then 8 at 40/s
+
+
+def test_config_and_argument_validation():
+    with pytest.raises(ValueError, match="max_streams_per_connection"):
+        LiveConfig(max_streams_per_connection=0)
+    with pytest.raises(ValueError, match="idle_timeout"):
+        LiveConfig(idle_timeout=-1)
+    with pytest.raises(ValueError, match="rest_url"):
+        LiveConfig(rest_url="api.binance.com")
+    with pytest.raises(ValueError, match="symbols"):
+        KlineClient(Engine(backend="cpu"), ["BTC/USDT"])
+    with pytest.raises(ValueError, match="interval"):
+        interval_ms("1x")
+    assert next_open(T0, "1m") == T0 + IMS
+    # months: calendar arithmetic (2024-01-01 → 2024-02-01 → 2024-03-01)
+    jan = 1_704_067_200_000
+    assert next_open(jan, "1M") == jan + 31 * 86_400_000
+    assert next_open(next_open(jan, "1M"), "1M") == jan + 60 * 86_400_000
+
+
+def test_parser_counts_each_hostile_class():
+    rejections: Counter = Counter()
+    parser = KlineParser(["BTCUSDT"], "1m", rejections)
+    ex = FakeExchange({"BTCUSDT": np.array([10.0, 11.0])}, 1)
+    good = ex.ws_message("BTCUSDT", 0, 10.5, True)
+    k = parser.parse(good)
+    assert k is not None and k.close == 10.5 and k.closed and k.open_time == T0
+    raw_event = json.dumps(json.loads(good)["data"])  # the /ws raw-stream format
+    assert parser.parse(raw_event.encode()) == k
+    cases = {
+        b"\xff\xfe": "malformed_json",
+        '{"data": 1}': "missing_field",
+        '{"stream": 5, "data": {}}': "bad_type",
+        '{"stream": "btcusdt@kline_1m", "data": {"e": "kline", "k": 7}}': "bad_type",
+        '{"stream": "btcusdt@kline_1m", "data": {"k": {}}}': "missing_field",
+        good.replace('"x": true', '"x": 1'): "bad_type",
+        good.replace('"c": "10.5"', '"c": "1e400"'): "bad_number",
+        good.replace('"v": "1.5"', '"v": "-1"'): "bad_number",
+        good.replace('"t": 1700000040000', '"t": -5'): "bad_time",
+        good.replace('"t": 1700000040000', '"t": 99999999999999999999999'): "bad_time",
+        good.replace('"T": 1700000099999', '"T": 1700000000000'): "inconsistent_message",
+    }
+    for raw, reason in cases.items():
+        before = rejections[reason]
+        assert parser.parse(raw) is None, raw
+        assert rejections[reason] == before + 1, (raw, reason, rejections)
+    assert parser.parse(good.replace('"c": "10.5"', '"c": 10.5')).close == 10.5  # numbers too
+
+
+def test_cli_live_streams_to_file(tmp_path):
+    from typer.testing import CliRunner
+
+    from atc_stream.cli import app
+
+    closes = make_bars(["BTCUSDT", "ETHUSDT"], 260, seed=12)
+    start = 230
+    out = tmp_path / "live.jsonl"
+    # the CLI uses the real clock: put the bar in progress at the start into the present
+    t0 = int(time.time() * 1000) - start * IMS - 1000  # bar `start` opened a second ago
+    with FakeExchange(closes, start, t0=t0) as ex:
+        result = CliRunner().invoke(
+            app,
+            [
+                "live", "--symbols", "BTCUSDT,ETHUSDT", "--interval", "1m", "--history", "100",
+                "--ws-url", ex.ws_url, "--rest-url", ex.rest_url, "--output", str(out),
+                "--max-bars", str(2 * (260 - start)), "--max-seconds", "60",
+                "--backend", "cpu", "--no-previews", "--status-every", "0.2",
+            ],
+        )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert all(not r["provisional"] for r in rows)
+    assert len(rows) == 2 + 2 * (260 - start)  # warmup rows + every streamed bar
+    for sym in ("BTCUSDT", "ETHUSDT"):
+        mine = [r for r in rows if r["symbol"] == sym]
+        full = compute(closes[sym][start - 100 :])["Average_Signal"]
+        for r in mine:
+            i = (r["time"] - t0) // IMS - (start - 100)
+            want = full[i]
+            assert (r["signal"] is None and np.isnan(want)) or r["signal"] == want
+    assert "live 2 symbols" in result.stderr
+    assert "reconnects" in result.stderr
+
+
+def test_cli_live_snapshot_resume_every_bar_once(tmp_path):
+    pytest.importorskip("atc_stream.state.stores")
+    from typer.testing import CliRunner
+
+    from atc_stream.cli import app
+
+    closes = make_bars(["BTCUSDT", "ETHUSDT"], 270, seed=13)
+    start, history = 230, 100
+    t0 = int(time.time() * 1000) - start * IMS - 1000
+    snaps = tmp_path / "snaps"
+    common = ["live", "--symbols", "BTCUSDT,ETHUSDT", "--history", str(history),
+              "--backend", "cpu", "--no-previews", "--status-every", "0", "--max-seconds", "60",
+              "--snapshot-dir", str(snaps)]  # fmt: skip
+    with FakeExchange(closes, start, t0=t0, bar_pause=0.01) as ex:
+        urls = ["--ws-url", ex.ws_url, "--rest-url", ex.rest_url]
+        first = CliRunner().invoke(
+            app, [*common, *urls, "--output", str(tmp_path / "a.jsonl"), "--max-bars", "24"]
+        )
+        assert first.exit_code == 0, first.output
+        rows = [json.loads(x) for x in (tmp_path / "a.jsonl").read_text().splitlines()]
+        live_rows = len(rows) - 2  # the first two are the warmup's last bars
+        time.sleep(0.1)  # the exchange moves on while we are down
+        second = CliRunner().invoke(
+            app,
+            [*common, *urls, "--resume", "--output", str(tmp_path / "b.jsonl"),
+             "--max-bars", str(2 * (270 - start) - live_rows)],
+        )  # fmt: skip
+        assert second.exit_code == 0, second.output
+    assert "restored snapshot" in second.stderr and "final snapshot" in first.stderr
+    rows += [json.loads(x) for x in (tmp_path / "b.jsonl").read_text().splitlines()]
+    seen = Counter((r["symbol"], r["time"]) for r in rows)
+    assert set(seen.values()) == {1}  # every bar exactly once across the restart
+    for sym in ("BTCUSDT", "ETHUSDT"):
+        full = compute(closes[sym][start - history :])["Average_Signal"]
+        mine = sorted((r["time"], r["signal"]) for r in rows if r["symbol"] == sym)
+        assert [(t - t0) // IMS for t, _ in mine] == list(range(start - 1, 270))
+        for t, signal in mine:
+            want = full[(t - t0) // IMS - (start - history)]
+            assert (signal is None and np.isnan(want)) or signal == want
+
+
+@pytest.mark.redis
+def test_cli_live_publishes_closed_bars_to_redis(tmp_path, redis_url):  # noqa: F811
+    import threading
+
+    import msgspec
+    from typer.testing import CliRunner
+
+    from atc_stream.adapters.redis_pubsub import SignalSubscriber
+    from atc_stream.cli import app
+
+    closes = make_bars(["BTCUSDT", "ETHUSDT"], 250, seed=14)
+    start = 235
+    t0 = int(time.time() * 1000) - start * IMS - 1000
+    sub = SignalSubscriber(redis_url, batch=True)
+    sub.wait_ready()
+    got, done = [], threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            got.extend(sub.messages(timeout=0.2))
+        got.extend(sub.messages(timeout=1.0))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    out = tmp_path / "live.jsonl"
+    with FakeExchange(closes, start, t0=t0) as ex:
+        result = CliRunner().invoke(
+            app,
+            ["live", "--symbols", "BTCUSDT,ETHUSDT", "--history", "80", "--ws-url", ex.ws_url,
+             "--rest-url", ex.rest_url, "--output", str(out), "--redis", redis_url,
+             "--max-bars", str(2 * (250 - start)), "--max-seconds", "60", "--backend", "cpu",
+             "--status-every", "0"],
+        )  # fmt: skip
+    done.set()
+    reader.join()
+    sub.close()
+    assert result.exit_code == 0, result.output
+    published = [msgspec.to_builtins(r) for m in got for r in m.data.records]
+    closed = [json.loads(x) for x in out.read_text().splitlines()]
+    assert any(r["provisional"] for r in closed)  # previews went to the file only
+    closed = [r for r in closed if not r["provisional"]]
+    assert len(closed) == 2 + 2 * (250 - start)
+    assert published == [dict(r, v=1) for r in closed]
