@@ -270,10 +270,19 @@ class Engine:
         slots, times, closes, origin = self._parse_bars(bars, rejected)
         return self._step(slots, times, closes, origin, rejected)
 
-    def step_arrays(self, slots, times, closes) -> StepResult:
-        """Array fast path: ``slots`` from ``slot_of``/``slots_of``; no per-item Python work."""
+    def step_arrays(self, slots, times, closes, inputs=None) -> StepResult:
+        """Array fast path: ``slots`` from ``slot_of``/``slots_of``; no per-item Python work.
+
+        ``inputs[u]`` is the position of the input update ``u`` came from, when one input
+        fans out to several slots (default: its own position); rejections count per input.
+        """
         slots, times, closes = _as_update_arrays(slots, times, closes)
-        return self._step(slots, times, closes, np.arange(slots.shape[0]), [])
+        inputs = np.arange(slots.shape[0]) if inputs is None else np.asarray(inputs, np.int64)
+        if inputs.shape != slots.shape:
+            raise ValueError(
+                f"inputs must have the shape of slots {slots.shape}, got {inputs.shape}"
+            )
+        return self._step(slots, times, closes, inputs, [])
 
     def _step(self, slots, times, closes, origin, rejected) -> StepResult:
         store = self.store

@@ -208,9 +208,8 @@ class BarPlayer:
         rejected_before = Counter(self.engine.rejections)
         table = self.table
         symbols = table.symbol_names
-        for symbol in symbols:
-            if symbol not in self.engine.symbols:
-                self.engine.add_symbol(symbol)
+        for symbol in symbols:  # one stream per parameter set; existing streams stay
+            self.engine.add_symbol(symbol)
         self.summary.symbols = len(symbols)
         step_rows = np.arange(start_row, len(table))
         if self.warmup_bars and start_row == 0:
@@ -250,17 +249,17 @@ class BarPlayer:
             bar = tqdm(total=rows.size, desc="replay", unit="bar", leave=False)
         previous_time = None
         wall_start = time.perf_counter()
+        slot_table, row_codes = self._slot_table()
         for group in groups:
             bar_time = int(table.times[group[0]])
             if self.speed is not None:
                 previous_time = self._pace(previous_time, bar_time, wall_start)
-            result = self.engine.step(
-                zip(
-                    table.symbols[group],
-                    table.times[group].tolist(),
-                    table.closes[group].tolist(),
-                    strict=True,
-                )
+            fan = slot_table.shape[1]
+            result = self.engine.step_arrays(
+                slot_table[row_codes[group]].ravel(),
+                np.repeat(table.times[group], fan),
+                np.repeat(table.closes[group], fan),
+                inputs=np.repeat(group, fan),
             )
             self.summary.step_bars += group.size
             self._emit(result)
@@ -268,6 +267,16 @@ class BarPlayer:
                 bar.update(group.size)
         if bar is not None:
             bar.close()
+
+    def _slot_table(self) -> tuple[np.ndarray, np.ndarray]:
+        """``slot_table[code]``: the slots a bar of symbol ``code`` fans out to; codes per row.
+
+        Every symbol of the table has one stream per parameter set (``run`` adds them), so
+        the table is rectangular and each batch is built with array indexing alone.
+        """
+        names, row_codes = np.unique(self.table.symbols.astype(str), return_inverse=True)
+        slot_table = np.stack([self.engine.slots_of(str(name)) for name in names])
+        return slot_table, row_codes
 
     def _pace(self, previous_time, bar_time, wall_start):
         """Sleep so bar times advance at ``speed`` x real time (bar times in ms)."""
