@@ -277,7 +277,30 @@ def _replay_table(
 
 @app.command()
 def replay(
-    bars: Annotated[Path, typer.Argument(help="CSV or Parquet file of bars.")],
+    bars: Annotated[
+        Path | None,
+        typer.Argument(
+            help="CSV or Parquet file of bars, or a directory of them (one per symbol: "
+            "symbol = file stem). Leave out with --ticks."
+        ),
+    ] = None,
+    ticks: Annotated[
+        Path | None,
+        typer.Option(
+            "--ticks",
+            help="Trade file (CSV/Parquet: time, symbol, price, size) or directory of them, "
+            "aggregated into --interval bars (bar time = interval start) instead of BARS.",
+        ),
+    ] = None,
+    price_column: Annotated[str, typer.Option(help="Ticks: column with the price.")] = "price",
+    size_column: Annotated[str, typer.Option(help="Ticks: column with the size.")] = "size",
+    empty: Annotated[
+        str,
+        typer.Option(
+            help="Ticks: an interval without trades gives no bar ('skip') or a bar at the "
+            "previous close with zero volume ('carry')."
+        ),
+    ] = "skip",
     symbol_column: Annotated[str, typer.Option(help="Column with the symbol.")] = "symbol",
     time_column: Annotated[
         str, typer.Option(help="Column with the bar time (int or ISO).")
@@ -303,19 +326,30 @@ def replay(
     snapshot_every: SnapshotEveryOption = None,
     resume: ResumeOption = False,
 ) -> None:
-    """Feed a bar file through the engine and write one signal row per (stream, bar)."""
+    """Feed bars (or ticks aggregated to bars) through the engine; one signal row per
+    (stream, bar)."""
     from .replay.player import load_bars
 
-    try:
-        table = load_bars(
-            bars,
-            symbol_column=symbol_column,
-            time_column=time_column,
-            close_column=close_column,
+    if (bars is None) == (ticks is None):
+        raise typer.BadParameter("give either a bar file BARS or --ticks FILE (exactly one)")
+    if ticks is not None:
+        table, source_input = _tick_table(
+            ticks, interval=interval, empty=empty, time_column=time_column,
+            symbol_column=symbol_column, price_column=price_column, size_column=size_column,
             symbol=symbol,
-        )
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="BARS") from exc
+        )  # fmt: skip
+    else:
+        try:
+            table = load_bars(
+                bars,
+                symbol_column=symbol_column,
+                time_column=time_column,
+                close_column=close_column,
+                symbol=symbol,
+            )
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="BARS") from exc
+        source_input = str(bars.resolve())
     _replay_table(
         table,
         params=load_param_sets(params),
@@ -329,8 +363,175 @@ def replay(
             redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
             snapshot_every=snapshot_every, resume=resume,
         ),
-        source={"name": "file", "input": str(bars.resolve())},
+        source={"name": "file", "input": source_input},
     )  # fmt: skip
+
+
+def _tick_table(path: Path, *, interval: str, empty: str, symbol: str | None, **columns):
+    """Ticks → a BarTable of ``interval`` bars, and the input's name for snapshots."""
+    from .replay.ticks import aggregate_ticks, load_ticks
+
+    try:
+        ticks = load_ticks(path, symbol=symbol, **columns)
+        tick_bars = aggregate_ticks(ticks, interval, empty=empty)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    bad = ", ".join(f"{k}={v}" for k, v in sorted(ticks.rejected.items()) if v)
+    _err(
+        f"atc-stream: {len(ticks)} ticks -> {len(tick_bars)} {interval} bars of "
+        f"{len(ticks.names)} symbols (empty intervals: {empty})"
+        + (f"; dropped ticks: {bad}" if bad else "")
+    )
+    return tick_bars.to_bar_table(), f"{path.resolve()} (ticks, {interval}, empty={empty})"
+
+
+@app.command()
+def live(
+    symbols: Annotated[
+        str, typer.Option("--symbols", help="Comma-separated symbols, e.g. BTCUSDT,ETHUSDT.")
+    ],
+    interval: IntervalOption = "1m",
+    history: Annotated[
+        int,
+        typer.Option(
+            "--history", min=0, help="Closed bars per symbol fetched over REST for the warmup."
+        ),
+    ] = 1000,
+    ws_url: Annotated[
+        str | None,
+        typer.Option(
+            "--ws-url",
+            help="Websocket base URL; /stream?streams=... is added "
+            "(default wss://stream.binance.com:9443).",
+        ),
+    ] = None,
+    rest_url: Annotated[
+        str | None,
+        typer.Option(
+            "--rest-url",
+            help="REST base URL; /api/v3/klines is added (default https://api.binance.com).",
+        ),
+    ] = None,
+    output: OutputOption = "-",
+    previews: Annotated[
+        bool,
+        typer.Option(
+            "--previews/--no-previews",
+            help="Also write provisional rows for in-progress klines (JSONL output only; "
+            "not published to Redis).",
+        ),
+    ] = True,
+    max_seconds: Annotated[
+        float | None, typer.Option("--max-seconds", help="Stop after SECONDS.")
+    ] = None,
+    max_bars: Annotated[
+        int | None,
+        typer.Option("--max-bars", min=1, help="Stop after N closed bars applied after warmup."),
+    ] = None,
+    max_streams_per_connection: Annotated[
+        int, typer.Option(min=1, help="Streams per websocket connection.")
+    ] = 1024,
+    idle_timeout: Annotated[
+        float, typer.Option(help="Reconnect after SECONDS without a message.")
+    ] = 60.0,
+    rest_rate: Annotated[float, typer.Option(help="REST requests per second at most.")] = 10.0,
+    status_every: Annotated[
+        float, typer.Option(help="Status line on stderr every SECONDS (0: none).")
+    ] = 1.0,
+    params: ParamsOption = None,
+    backend: BackendOption = "auto",
+    redis: RedisOption = None,
+    redis_prefix: RedisPrefixOption = "atc",
+    snapshot_dir: SnapshotDirOption = None,
+    snapshot_every: SnapshotEveryOption = None,
+    resume: ResumeOption = False,
+) -> None:
+    """Stream exchange klines (Binance combined-stream format) through the engine.
+
+    Warms up over REST, then applies closed klines as bars and previews in-progress ones;
+    reconnects with backoff and backfills every missed closed bar over REST. With
+    --resume the latest snapshot is restored and each stream is backfilled from its
+    last bar. A status line goes to stderr; signals to --output (and Redis with --redis).
+    """
+    import asyncio
+    import logging
+
+    from .adapters.binance import KlineClient, LiveConfig, RestError
+    from .adapters.sinks import open_sink
+    from .engine import Engine
+    from .intervals import validate_interval
+
+    logging.basicConfig(level=logging.WARNING, format="atc-stream: %(levelname)s %(message)s")
+    previews = previews and not str(output).endswith(".parquet")  # Parquet: no provisional flag
+    try:
+        config_args = {"ws_url": ws_url, "rest_url": rest_url}
+        config = LiveConfig(
+            history=history, max_streams_per_connection=max_streams_per_connection,
+            previews=previews, idle_timeout=idle_timeout, rest_rate=rest_rate,
+            **{k: v for k, v in config_args.items() if v is not None},
+        )  # fmt: skip
+        if max_seconds is not None and not max_seconds > 0:
+            raise ValueError(f"--max-seconds must be > 0, got {max_seconds}")
+        validate_interval(interval)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    durability = _Durability(
+        redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
+        snapshot_every=snapshot_every, resume=resume,
+    )  # fmt: skip
+    engine = durability.restore(backend) or Engine(
+        load_param_sets(params), backend=backend, interval=interval
+    )
+    if engine.interval != interval:
+        raise typer.BadParameter(
+            f"the snapshot holds {engine.interval!r} streams, not --interval {interval!r}"
+        )
+    tty = sys.stderr.isatty()
+
+    def show_status(stats) -> None:
+        line = stats.status_line()
+        print(f"\r{line:<110}" if tty else line, end="" if tty else "\n", file=sys.stderr)
+
+    with open_sink(output) as sink:
+        durability.start(engine)
+
+        def on_result(result) -> None:
+            sink.write(result)
+            if durability.publisher is not None:
+                durability.publisher.publish(result)
+
+        try:
+            client = KlineClient(
+                engine, symbols, config, on_result=on_result,
+                on_preview=sink.write if previews else None,
+                snapshotter=durability.snapshotter,
+            )  # fmt: skip
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--symbols") from exc
+        durability.on_stop(client.stop)
+        _err(
+            f"atc-stream: live {len(client.symbols)} symbols x {interval} from "
+            f"{config.ws_url} ({engine.backend.name} backend)"
+        )
+        failed = None
+        with durability:
+            try:
+                stats = asyncio.run(
+                    client.run(
+                        max_seconds=max_seconds, max_bars=max_bars,
+                        on_status=show_status if status_every > 0 else None,
+                        status_every=status_every or 1.0,
+                    )
+                )  # fmt: skip
+            except (RestError, ValueError) as exc:
+                failed, stats = exc, client.stats
+    if tty and status_every > 0:
+        _err("")
+    _err("atc-stream: live done" + (f" (failed: {failed})" if failed else ""))
+    for line in stats.lines():
+        _err("  " + line)
+    if failed is not None:
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -1,0 +1,681 @@
+"""Signals out to Redis pub/sub (and a "latest" hash), plus a small subscriber helper.
+
+This is the only module besides ``redis_streams`` (and the snapshot store) that imports
+``redis``; the engine and kernels never do.
+
+Channels and keys (``prefix`` defaults to ``"atc"``)
+------------------------------------------------------
+
+``{prefix}:signal:{symbol}``
+    one message per (stream, bar): an encoded :class:`SignalRecord`. A symbol that
+    is registered with several parameter sets gets one message per set
+    (``params_id`` tells them apart).
+``{prefix}:batch``
+    one message per engine step: an encoded :class:`SignalBatch` holding every record
+    of that step, in the step's row order, with a per-publisher sequence number
+    ``seq`` (1, 2, 3, ...; a gap means steps were dropped).
+``{prefix}:events``
+    one message per record whose bar raised a long or short event (a
+    :class:`SignalRecord` with ``long`` or ``short`` true).
+``{prefix}:latest`` (a hash)
+    field = stream key ``"{symbol}:{interval}:{params_id}"``, value = the encoded
+    latest :class:`SignalRecord` of that stream, for late joiners (read it with
+    ``HGETALL`` or :meth:`SignalSubscriber.latest`).
+
+Message schema (version :data:`SCHEMA_VERSION`; full description in
+``docs/messages.md``). Encoding is msgspec JSON by default (UTF-8 objects, NaN written
+as ``null``) or MessagePack (``encoding="msgpack"``, the same field names)::
+
+    SignalRecord {v: int, symbol: str, interval: str, params_id: int, time: int,
+                  close: float, bar_index: int, signal: float|null,
+                  layer1: {EMA, HMA, WMA, DEMA, LSMA, KAMA: float|null},
+                  layer2: {EMA, HMA, WMA, DEMA, LSMA, KAMA: float|null},
+                  long: bool, short: bool, growth: float|null, provisional: bool}
+    SignalBatch  {v: int, seq: int, published_at: int (ns since epoch),
+                  count: int, records: [SignalRecord, ...]}
+
+The record's fields are those of ``StepResult.records()`` (the JSONL sink) plus ``v``.
+A reader should accept unknown fields (msgspec does) so that later minor versions
+can add fields without breaking it.
+
+Delivery
+--------
+
+:meth:`SignalPublisher.publish` never blocks the step loop: it puts the
+``StepResult`` into a bounded queue and returns. A background thread turns queued
+results into messages and sends them pipelined (one round trip per group of steps).
+If the queue is full, the step is dropped and counted (``dropped``); while Redis is
+unreachable the thread retries with exponential backoff, and every step it could not
+send is counted as dropped too. Pub/sub is at-most-once: a subscriber that needs
+every bar uses the batch ``seq`` to notice gaps and the Redis Streams output
+(``adapters/redis_streams.py``) or the latest hash to catch up. :meth:`close`
+flushes what is queued, within a timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from ..params import FAMILIES
+from ..results import StepResult
+from ..state import layout as L
+
+log = logging.getLogger("atc_stream.redis")
+
+#: Version of the message schema written by this build (field ``v`` of every message).
+SCHEMA_VERSION = 1
+ENCODINGS = ("json", "msgpack")
+
+
+class FamilyValues(msgspec.Struct, gc=False):
+    """One value per MA family (a JSON object keyed by family, in ``FAMILIES`` order)."""
+
+    EMA: float | None
+    HMA: float | None
+    WMA: float | None
+    DEMA: float | None
+    LSMA: float | None
+    KAMA: float | None
+
+
+assert tuple(FamilyValues.__struct_fields__) == FAMILIES
+
+
+class SignalRecord(msgspec.Struct, kw_only=True, gc=False):
+    """One (stream, bar) output: the message on the per-symbol and events channels."""
+
+    v: int = SCHEMA_VERSION
+    symbol: str
+    interval: str
+    params_id: int
+    time: int  #: bar open time (ms since epoch by convention)
+    close: float
+    bar_index: int  #: 0-based index of this bar in its stream
+    signal: float | None  #: final signal (Average_Signal); null before cutout
+    layer1: FamilyValues  #: layer-1 signal per MA family
+    layer2: FamilyValues  #: layer-2 equity per MA family
+    long: bool  #: a long event fired on this bar
+    short: bool  #: a short event fired on this bar
+    growth: float | None
+    provisional: bool = False  #: true for previews of a bar that has not closed
+
+    @property
+    def key(self) -> str:
+        """The stream key string (the field name in the ``latest`` hash)."""
+        return f"{self.symbol}:{self.interval}:{self.params_id}"
+
+
+class SignalBatch(msgspec.Struct, kw_only=True):
+    """Every record of one engine step: the message on the batch channel."""
+
+    v: int = SCHEMA_VERSION
+    seq: int  #: 1, 2, 3, ... per publisher; a gap means steps were dropped
+    published_at: int  #: ns since the epoch, when the publisher encoded the batch
+    count: int
+    records: list[SignalRecord]
+
+
+class _BatchOut(msgspec.Struct, kw_only=True):
+    """SignalBatch with already encoded records (each record is encoded only once)."""
+
+    v: int = SCHEMA_VERSION
+    seq: int
+    published_at: int
+    count: int
+    records: list[msgspec.Raw]
+
+
+def _codec(encoding: str):
+    if encoding == "json":
+        return msgspec.json
+    if encoding == "msgpack":
+        return msgspec.msgpack
+    raise ValueError(f"encoding must be one of {ENCODINGS}, got {encoding!r}")
+
+
+def records_from_result(result: StepResult) -> list[SignalRecord]:
+    """The :class:`SignalRecord` of every row of ``result`` (NaN becomes None).
+
+    Works column-wise so that it creates no per-row lists (which would wake the cyclic
+    garbage collector thousands of times per step).
+    """
+    n = len(result)
+    if n == 0:
+        return []
+    out = np.asarray(result.outputs)
+    values = out.astype(object)
+    values[np.isnan(out)] = None
+    cols = values.T.tolist()
+    keys_by_slot = result._keys_by_slot
+    keys = [keys_by_slot[s] for s in result.slots.tolist()]
+    bar_index = out[:, L.OUT_BAR_INDEX].astype(np.int64).tolist()
+    longs = (out[:, L.OUT_LONG] == 1.0).tolist()
+    shorts = (out[:, L.OUT_SHORT] == 1.0).tolist()
+    a1, a2, nf = L.OUT_LAYER1, L.OUT_LAYER2, len(FAMILIES)
+    layer1 = [FamilyValues(*v) for v in zip(*cols[a1 : a1 + nf], strict=True)]
+    layer2 = [FamilyValues(*v) for v in zip(*cols[a2 : a2 + nf], strict=True)]
+    provisional = bool(result.provisional)
+    return [
+        SignalRecord(
+            symbol=key.symbol,
+            interval=key.interval,
+            params_id=key.params_id,
+            time=t,
+            close=c,
+            bar_index=bi,
+            signal=sig,
+            layer1=f1,
+            layer2=f2,
+            long=lg,
+            short=sh,
+            growth=gr,
+            provisional=provisional,
+        )
+        for key, t, c, bi, sig, f1, f2, lg, sh, gr in zip(
+            keys,
+            result.times.tolist(),
+            result.closes.tolist(),
+            bar_index,
+            cols[L.OUT_SIGNAL],
+            layer1,
+            layer2,
+            longs,
+            shorts,
+            cols[L.OUT_GROWTH],
+            strict=True,
+        )
+    ]
+
+
+def signal_channel(prefix: str, symbol: str) -> str:
+    return f"{prefix}:signal:{symbol}"
+
+
+def _client(url: str, socket_timeout: float) -> redis.Redis:
+    """A client that fails fast (no built-in retries: the caller owns the retry policy)."""
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=socket_timeout,
+        retry=Retry(NoBackoff(), 0),
+    )
+
+
+def pack_command(args: Sequence[bytes | str | int]) -> bytes:
+    """One command in the Redis protocol (RESP). Much cheaper than redis-py's generic
+    packing for commands with thousands of arguments."""
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        if isinstance(arg, str):
+            arg = arg.encode()
+        elif isinstance(arg, int):
+            arg = b"%d" % arg
+        parts.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
+    return b"".join(parts)
+
+
+def send_packed(client: redis.Redis, commands: Sequence[bytes]) -> list[Any]:
+    """Send pre-packed commands in one write and read their replies (a raw pipeline).
+
+    Raises ``redis.ResponseError`` for the first error reply and ``redis.ConnectionError``
+    when the server is unreachable; the connection is dropped on any failure so that
+    no unread reply is left behind.
+    """
+    pool = client.connection_pool
+    conn = pool.get_connection()
+    try:
+        conn.send_packed_command(list(commands))
+        replies = []
+        error = None
+        for _ in commands:
+            try:
+                replies.append(conn.read_response(disconnect_on_error=True))
+            except redis.ResponseError as exc:  # keep reading: the stream stays in sync
+                error = error or exc
+                replies.append(exc)
+        if error is not None:
+            raise error
+        return replies
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        conn.disconnect()
+        raise
+    finally:
+        pool.release(conn)
+
+
+#: PUBLISH every (channel, message) pair of ARGV in one command (Lua scripts run atomically).
+PUBLISH_SCRIPT = (
+    b"for i = 1, #ARGV, 2 do redis.call('PUBLISH', ARGV[i], ARGV[i + 1]) end return #ARGV / 2"
+)
+
+
+class SignalPublisher:
+    """Publishes step results to Redis without ever blocking the caller.
+
+    >>> pub = SignalPublisher("redis://127.0.0.1:6379/0")
+    >>> pub.publish(engine.step(bars))   # returns at once; False if the queue was full
+    >>> pub.close()                      # flush (within ``close_timeout``) and stop
+
+    Counters (read any time, or ``stats()``): ``enqueued``/``delivered``/``dropped``
+    steps, ``dropped_rows``, ``messages`` (pub/sub messages and hash fields written),
+    ``errors`` (failed sends), ``reconnects`` (outages that ended) and ``connected``.
+
+    Up to ``max_steps_per_send`` queued steps go out in one round trip (one Lua script
+    that publishes them, plus one HSET); the cap keeps each script short, since Redis
+    serves nobody else while a script runs.
+    """
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        prefix: str = "atc",
+        encoding: str = "json",
+        queue_size: int = 4096,
+        per_symbol: bool = True,
+        batch: bool = True,
+        events: bool = True,
+        latest: bool = True,
+        max_steps_per_send: int = 16,
+        socket_timeout: float = 2.0,
+        backoff_initial: float = 0.05,
+        backoff_max: float = 2.0,
+        close_timeout: float = 10.0,
+    ) -> None:
+        if not isinstance(prefix, str) or not prefix:
+            raise ValueError(f"prefix must be a non-empty str, got {prefix!r}")
+        codec = _codec(encoding)
+        if not isinstance(queue_size, int) or queue_size < 1:
+            raise ValueError(f"queue_size must be an int >= 1, got {queue_size!r}")
+        if max_steps_per_send < 1:
+            raise ValueError(f"max_steps_per_send must be >= 1, got {max_steps_per_send!r}")
+        if not backoff_initial > 0 or not backoff_max >= backoff_initial:
+            raise ValueError("backoff_initial must be > 0 and backoff_max >= backoff_initial")
+        self.url = url
+        self.prefix = prefix
+        self.encoding = encoding
+        self.per_symbol = per_symbol
+        self.batch = batch
+        self.events = events
+        self.latest = latest
+        self.batch_channel = f"{prefix}:batch"
+        self.events_channel = f"{prefix}:events"
+        self.latest_key = f"{prefix}:latest"
+        self.close_timeout = close_timeout
+        self._encoder = codec.Encoder()
+        self._client = _client(url, socket_timeout)
+        self._queue: queue.Queue[tuple[int, StepResult]] = queue.Queue(maxsize=queue_size)
+        self._max_steps = max_steps_per_send
+        self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
+        self._lock = threading.Condition()
+        self._closing = threading.Event()
+        self._abandon = threading.Event()
+        self._closed = False
+        self._drop_logged = False
+        self._seq = 0
+        self.enqueued = 0
+        self.delivered = 0
+        self.dropped = 0
+        self.dropped_rows = 0
+        self.messages = 0
+        self.errors = 0
+        self.reconnects = 0
+        self.connected = True
+        self._thread = threading.Thread(target=self._run, name="atc-redis-publisher", daemon=True)
+        self._thread.start()
+
+    # -- caller side ---------------------------------------------------------------------
+
+    def publish(self, result: StepResult) -> bool:
+        """Queue ``result`` for publishing; False (and counted in ``dropped``) if it is full."""
+        if self._closed:
+            raise RuntimeError("publish() after close()")
+        if len(result) == 0:
+            return True
+        with self._lock:
+            self.enqueued += 1
+            self._seq += 1
+            seq = self._seq
+        try:
+            self._queue.put_nowait((seq, result))
+        except queue.Full:
+            self._count_dropped([result], "the publish queue is full (Redis slow or down)")
+            return False
+        return True
+
+    def write(self, result: StepResult) -> None:
+        """Sink protocol: same as :meth:`publish`."""
+        self.publish(result)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued step is delivered or dropped; False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while self.delivered + self.dropped < self.enqueued:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._lock.wait(0.05 if remaining is None else min(remaining, 0.05))
+        return True
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Flush within ``timeout`` (default ``close_timeout``), stop the thread; True if all
+        queued steps were handled (delivered or counted as dropped) in time."""
+        if self._closed:
+            return True
+        timeout = self.close_timeout if timeout is None else timeout
+        flushed = self.flush(timeout)
+        self._closed = True
+        if not flushed:
+            self._abandon.set()
+        self._closing.set()
+        self._thread.join(max(timeout, 1.0))
+        leftover = []
+        while True:
+            try:
+                leftover.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        if leftover:
+            self._count_dropped(leftover, "closing before they could be sent")
+        self._client.close()
+        return flushed
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "enqueued": self.enqueued,
+                "delivered": self.delivered,
+                "dropped": self.dropped,
+                "dropped_rows": self.dropped_rows,
+                "messages": self.messages,
+                "errors": self.errors,
+                "reconnects": self.reconnects,
+                "queued": self._queue.qsize(),
+            }
+
+    def __enter__(self) -> SignalPublisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- publisher thread ---------------------------------------------------------------
+
+    def _count_dropped(self, results: Sequence, why: str) -> None:
+        """Count dropped steps (``StepResult`` or queued ``(seq, StepResult)`` items)."""
+        with self._lock:
+            self.dropped += len(results)
+            self.dropped_rows += sum(len(r[1] if isinstance(r, tuple) else r) for r in results)
+            self._lock.notify_all()
+        if not self._drop_logged:
+            self._drop_logged = True
+            log.warning("dropping signal messages: %s (further drops are only counted)", why)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                first = self._queue.get(timeout=0.05)
+            except queue.Empty:
+                if self._closing.is_set():
+                    return
+                continue
+            items = [first]
+            while len(items) < self._max_steps:
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            if self._abandon.is_set():
+                self._count_dropped(items, "closing before they could be sent")
+                continue
+            try:
+                sent = self._send(items)
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                self._count_dropped(items, f"redis unreachable ({exc})")
+                self._outage(exc)
+                continue
+            except Exception as exc:  # a reply error or an encoding bug: drop, never die
+                self.errors += 1
+                log.error("cannot publish signal messages (%s); dropping them", exc)
+                self._count_dropped(items, f"publish failed ({exc})")
+                continue
+            with self._lock:
+                self.delivered += len(items)
+                self.messages += sent
+                self._lock.notify_all()
+
+    def _outage(self, exc: BaseException) -> None:
+        """Redis is unreachable: drop (and count) every step queued meanwhile, and PING
+        with exponential backoff until it answers (or ``close``)."""
+        with self._lock:
+            self.errors += 1
+            self.connected = False
+        log.warning("redis publish failed (%s); reconnecting with backoff", exc)
+        backoff = self._backoff_initial
+        while True:
+            deadline = time.monotonic() + backoff
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    item = self._queue.get(timeout=min(remaining, 0.05))
+                except queue.Empty:
+                    if self._closing.is_set():
+                        self._abandon.set()
+                        return
+                    continue
+                self._count_dropped([item], "redis unreachable")
+            try:
+                self._client.ping()
+            except (redis.RedisError, OSError):
+                backoff = min(backoff * 2, self._backoff_max)
+                continue
+            with self._lock:
+                self.connected = True
+                self.reconnects += 1
+            log.warning("redis publish resumed")
+            return
+
+    def _send(self, items: list[tuple[int, StepResult]]) -> int:
+        """Encode ``items`` and send them in one round trip; returns messages sent."""
+        encode = self._encoder.encode
+        prefix = self.prefix
+        publish: list[bytes | str] = []  # channel, message, channel, message, ...
+        latest: dict[str, bytes] = {}
+        for seq, result in items:
+            records = records_from_result(result)
+            encoded = [encode(r) for r in records]
+            if self.per_symbol:
+                for rec, data in zip(records, encoded, strict=True):
+                    publish.append(f"{prefix}:signal:{rec.symbol}")
+                    publish.append(data)
+            if self.events:
+                for rec, data in zip(records, encoded, strict=True):
+                    if rec.long or rec.short:
+                        publish.append(self.events_channel)
+                        publish.append(data)
+            if self.batch:
+                message = _BatchOut(
+                    seq=seq,
+                    published_at=time.time_ns(),
+                    count=len(records),
+                    records=[msgspec.Raw(d) for d in encoded],
+                )
+                publish.append(self.batch_channel)
+                publish.append(encode(message))
+            if self.latest:
+                for rec, data in zip(records, encoded, strict=True):
+                    latest[rec.key] = data
+        commands = []
+        if publish:
+            commands.append(pack_command([b"EVAL", PUBLISH_SCRIPT, b"0", *publish]))
+        if latest:
+            flat = [b"HSET", self.latest_key]
+            for field, data in latest.items():
+                flat.append(field)
+                flat.append(data)
+            commands.append(pack_command(flat))
+        if commands:
+            send_packed(self._client, commands)
+        return len(publish) // 2 + len(latest)
+
+
+# -- subscriber -------------------------------------------------------------------------
+
+
+class Message(msgspec.Struct):
+    """One received message: its channel, kind (``signal``, ``event`` or ``batch``) and
+    decoded payload (a Struct, or a dict with ``as_dict=True``)."""
+
+    channel: str
+    kind: str
+    data: Any
+
+
+class SignalSubscriber:
+    """Subscribe to a publisher's channels and iterate decoded messages.
+
+    With no ``symbols``, ``events`` or ``batch`` selected it subscribes to every
+    per-symbol channel (pattern ``{prefix}:signal:*``). ``channels``/``patterns`` add
+    raw channel names or glob patterns.
+
+    >>> with SignalSubscriber(url, symbols=["BTCUSDT"], events=True) as sub:
+    ...     for msg in sub.messages(timeout=5):
+    ...         print(msg.channel, msg.data.signal)
+    """
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        prefix: str = "atc",
+        encoding: str = "json",
+        symbols: Iterable[str] | None = None,
+        events: bool = False,
+        batch: bool = False,
+        all_symbols: bool = False,
+        channels: Iterable[str] = (),
+        patterns: Iterable[str] = (),
+        as_dict: bool = False,
+    ) -> None:
+        codec = _codec(encoding)
+        self.prefix = prefix
+        self.as_dict = as_dict
+        self.batch_channel = f"{prefix}:batch"
+        self.events_channel = f"{prefix}:events"
+        self.latest_key = f"{prefix}:latest"
+        self._record_decoder = codec.Decoder(SignalRecord)
+        self._batch_decoder = codec.Decoder(SignalBatch)
+        self._client = redis.Redis.from_url(url)
+        self._pubsub = self._client.pubsub()
+        names = [signal_channel(prefix, s) for s in (symbols or ())]
+        if events:
+            names.append(self.events_channel)
+        if batch:
+            names.append(self.batch_channel)
+        names.extend(channels)
+        globs = list(patterns)
+        if all_symbols or not names and not globs:
+            globs.append(signal_channel(prefix, "*"))
+        self.channels = names
+        self.patterns = globs
+        if names:
+            self._pubsub.subscribe(*names)
+        if globs:
+            self._pubsub.psubscribe(*globs)
+        self._pending_confirmations = len(names) + len(globs)
+        self._buffer: deque[dict] = deque()
+
+    def wait_ready(self, timeout: float = 5.0) -> None:
+        """Block until the server confirmed every subscription (messages published after
+        this returns are received)."""
+        deadline = time.monotonic() + timeout
+        while self._pending_confirmations > 0:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("subscriptions were not confirmed in time")
+            raw = self._pubsub.get_message(timeout=remaining)
+            self._take(raw)
+
+    def _take(self, raw: dict | None) -> None:
+        if raw is None:
+            return
+        if raw["type"] in ("subscribe", "psubscribe"):
+            self._pending_confirmations -= 1
+        elif raw["type"] in ("message", "pmessage"):
+            self._buffer.append(raw)
+
+    def decode(self, channel: str, data: bytes) -> Message:
+        """Decode one payload received on ``channel``."""
+        if channel == self.batch_channel:
+            kind, value = "batch", self._batch_decoder.decode(data)
+        else:
+            kind = "event" if channel == self.events_channel else "signal"
+            value = self._record_decoder.decode(data)
+        if self.as_dict:
+            value = msgspec.to_builtins(value)
+        return Message(channel, kind, value)
+
+    def get_raw(self, timeout: float | None = 1.0) -> tuple[str, bytes] | None:
+        """The next message undecoded, as ``(channel, payload)``; None after ``timeout`` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._buffer:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return None
+            # get_message(timeout=None) would block forever; poll in slices instead
+            self._take(self._pubsub.get_message(timeout=1.0 if remaining is None else remaining))
+        raw = self._buffer.popleft()
+        channel = raw["channel"].decode() if isinstance(raw["channel"], bytes) else raw["channel"]
+        return channel, raw["data"]
+
+    def get(self, timeout: float | None = 1.0) -> Message | None:
+        """The next message, or None if none arrived within ``timeout`` seconds."""
+        raw = self.get_raw(timeout)
+        return None if raw is None else self.decode(*raw)
+
+    def messages(self, timeout: float | None = None, limit: int | None = None) -> Iterator[Message]:
+        """Yield messages until ``limit`` were yielded or none arrived for ``timeout`` s."""
+        count = 0
+        while limit is None or count < limit:
+            msg = self.get(timeout)
+            if msg is None:
+                return
+            count += 1
+            yield msg
+
+    def __iter__(self) -> Iterator[Message]:
+        return self.messages()
+
+    def latest(self) -> dict[str, Any]:
+        """The latest record of every stream (the ``{prefix}:latest`` hash), by stream key."""
+        out = {}
+        for field, data in self._client.hgetall(self.latest_key).items():
+            value = self._record_decoder.decode(data)
+            out[field.decode()] = msgspec.to_builtins(value) if self.as_dict else value
+        return out
+
+    def close(self) -> None:
+        self._pubsub.close()
+        self._client.close()
+
+    def __enter__(self) -> SignalSubscriber:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,310 @@
+"""Signals over Redis pub/sub (issue 4), against a real redis-server (no mocks)."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import msgspec
+import numpy as np
+import pytest
+from redis_fixtures import private_redis, redis_server, redis_url  # noqa: F401
+
+from atc_stream import ATCParams, Engine
+from atc_stream.adapters.redis_pubsub import (
+    SCHEMA_VERSION,
+    SignalBatch,
+    SignalPublisher,
+    SignalRecord,
+    SignalSubscriber,
+    records_from_result,
+)
+from atc_stream.replay.player import random_walk_table
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(300)]
+
+
+def bars_of(table, rows):
+    return list(
+        zip(
+            table.symbols[rows],
+            table.times[rows].tolist(),
+            table.closes[rows].tolist(),
+            strict=True,
+        )
+    )
+
+
+def step_results(n_symbols, n_bars, params=None, seed=1):
+    """One StepResult per bar time of a random walk (all symbols each step)."""
+    table = random_walk_table(n_symbols, n_bars, seed=seed)
+    engine = Engine(params or ATCParams(), backend="cpu")
+    for symbol in table.symbol_names:
+        engine.add_symbol(symbol)
+    return [engine.step(bars_of(table, table.times == t)) for t in np.unique(table.times)]
+
+
+@pytest.fixture(scope="module")
+def results():
+    # two parameter sets: each symbol's channel carries one record per set and bar
+    return step_results(4, 400, params=[ATCParams(), ATCParams(ema_len=14, robustness="Wide")])
+
+
+class Collector(threading.Thread):
+    """Reads a subscriber in the background (so the server never has to buffer for it)."""
+
+    def __init__(self, sub: SignalSubscriber) -> None:
+        super().__init__(daemon=True)
+        self.sub = sub
+        self.messages = []
+        self.running = True
+
+    def run(self) -> None:
+        while self.running:
+            msg = self.sub.get(timeout=0.1)
+            if msg is not None:
+                self.messages.append(msg)
+
+    def drain(self, quiet: float = 0.5, limit: float = 30.0) -> list:
+        """Wait until nothing arrived for ``quiet`` seconds, stop, return the messages."""
+        deadline = time.monotonic() + limit
+        seen = -1
+        while len(self.messages) != seen and time.monotonic() < deadline:
+            seen = len(self.messages)
+            time.sleep(quiet)
+        self.running = False
+        self.join(5)
+        return self.messages
+
+
+def test_records_match_stepresult_records(results):
+    result = results[-1]
+    mine = [msgspec.to_builtins(r) for r in records_from_result(result)]
+    theirs = result.records()
+    for m, t in zip(mine, theirs, strict=True):
+        assert m.pop("v") == SCHEMA_VERSION
+        assert m == t
+
+
+@pytest.mark.parametrize("encoding", ["json", "msgpack"])
+def test_subscribers_receive_every_message_in_order(redis_url, results, encoding):  # noqa: F811
+    every = SignalSubscriber(redis_url, encoding=encoding, all_symbols=True, events=True)
+    one = SignalSubscriber(redis_url, encoding=encoding, symbols=["SYM001"])
+    batches = SignalSubscriber(redis_url, encoding=encoding, batch=True)
+    collectors = []
+    for sub in (every, one, batches):
+        sub.wait_ready()
+        collectors.append(Collector(sub))
+        collectors[-1].start()
+    with SignalPublisher(redis_url, encoding=encoding) as pub:
+        for result in results:
+            assert pub.publish(result)
+        assert pub.flush(30)
+        assert pub.stats()["dropped"] == 0 and pub.delivered == len(results)
+    got_every, got_one, got_batches = (c.drain() for c in collectors)
+
+    expected = [r for result in results for r in records_from_result(result)]
+    # per-symbol channels: every record of that symbol, in bar order
+    for symbol in ("SYM000", "SYM001", "SYM002", "SYM003"):
+        want = [r for r in expected if r.symbol == symbol]
+        have = [m.data for m in got_every if m.kind == "signal" and m.data.symbol == symbol]
+        assert have == want
+        assert {m.channel for m in got_every if m.kind == "signal" and m.data.symbol == symbol} == {
+            f"atc:signal:{symbol}"
+        }
+    assert [m.data for m in got_one] == [r for r in expected if r.symbol == "SYM001"]
+    # events channel: exactly the rows with a long or short event, in order
+    events = [r for r in expected if r.long or r.short]
+    assert events, "the data set should raise some events"
+    assert [m.data for m in got_every if m.kind == "event"] == events
+    # batch channel: one message per step, seq 1..N, same records
+    assert [m.kind for m in got_batches] == ["batch"] * len(results)
+    assert [m.data.seq for m in got_batches] == list(range(1, len(results) + 1))
+    for message, result in zip(got_batches, results, strict=True):
+        assert isinstance(message.data, SignalBatch) and message.data.v == SCHEMA_VERSION
+        assert message.data.count == len(result)
+        assert message.data.records == records_from_result(result)
+    # latest hash: the last record of every stream, for late joiners
+    late = SignalSubscriber(redis_url, encoding=encoding, as_dict=True)
+    latest = late.latest()
+    assert sorted(latest) == sorted(r.key for r in records_from_result(results[-1]))
+    for record in records_from_result(results[-1]):
+        assert latest[record.key] == msgspec.to_builtins(record)
+    for sub in (every, one, batches, late):
+        sub.close()
+
+
+def test_json_message_is_documented_shape(redis_url):  # noqa: F811
+    engine = Engine(ATCParams(cutout=5), backend="cpu")  # NaN outputs before the cutout
+    engine.add_symbol("SYM000")
+    sub = SignalSubscriber(redis_url, symbols=["SYM000"])
+    sub.wait_ready()
+    with SignalPublisher(redis_url, batch=False, events=False, latest=False) as pub:
+        pub.publish(engine.step([("SYM000", 60_000, 101.5)]))
+    raw = None
+    deadline = time.monotonic() + 5
+    while raw is None and time.monotonic() < deadline:
+        m = sub._pubsub.get_message(timeout=0.5)
+        if m and m["type"] == "message":
+            raw = m["data"]
+    sub.close()
+    obj = msgspec.json.decode(raw)
+    assert set(obj) == {
+        "v", "symbol", "interval", "params_id", "time", "close", "bar_index", "signal",
+        "layer1", "layer2", "long", "short", "growth", "provisional",
+    }  # fmt: skip
+    assert list(obj["layer1"]) == ["EMA", "HMA", "WMA", "DEMA", "LSMA", "KAMA"]
+    assert obj["signal"] is None and obj["growth"] is None  # NaN is written as null
+    assert obj["time"] == 60_000 and obj["close"] == 101.5 and obj["v"] == SCHEMA_VERSION
+    assert msgspec.json.decode(raw, type=SignalRecord).symbol == "SYM000"
+
+
+def bar_batches(n_symbols, n_bars, seed):
+    table = random_walk_table(n_symbols, n_bars, seed=seed)
+    return table.symbol_names, [
+        bars_of(table, rows) for rows in np.split(np.arange(len(table)), n_bars)
+    ]
+
+
+def _timed_loop(engine, batches, pub):
+    """Seconds for the step loop (step + publish), and the slowest publish() call."""
+    worst = 0.0
+    start = time.perf_counter()
+    for bars in batches:
+        result = engine.step(bars)
+        t = time.perf_counter()
+        pub.publish(result)
+        worst = max(worst, time.perf_counter() - t)
+    return time.perf_counter() - start, worst
+
+
+def test_slow_and_killed_subscribers_do_not_slow_the_step_loop(redis_url):  # noqa: F811
+    symbols, batches = bar_batches(200, 150, seed=2)
+    host, port = redis_url.split("//")[1].split("/")[0].split(":")
+
+    def engine():
+        eng = Engine(backend="cpu")
+        for symbol in symbols:
+            eng.add_symbol(symbol)
+        return eng
+
+    engine().step(batches[0])  # compile before timing anything
+    # baseline: nobody listening
+    with SignalPublisher(redis_url) as pub:
+        base, base_worst = _timed_loop(engine(), batches, pub)
+    # a subscriber that never reads (raw socket: subscribed, then silent) ...
+    silent = socket.create_connection((host, int(port)))
+    silent.sendall(b"PSUBSCRIBE atc:*\r\n")
+    # ... and one that is killed mid-run
+    killed = subprocess.Popen(
+        [sys.executable, "-m", "atc_stream.cli", "subscribe", "--redis", redis_url, "--batch"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(1.0)
+    eng = engine()
+    with SignalPublisher(redis_url) as pub:
+        half = len(batches) // 2
+        t1, w1 = _timed_loop(eng, batches[:half], pub)
+        killed.send_signal(signal.SIGKILL)
+        t2, w2 = _timed_loop(eng, batches[half:], pub)
+        flushed = pub.flush(60)
+        stats = pub.stats()
+    killed.wait(10)
+    silent.close()
+    slow, slow_worst = t1 + t2, max(w1, w2)
+    print(f"step loop: {base:.3f} s alone, {slow:.3f} s with a silent + a killed subscriber")
+    assert flushed and stats["dropped"] == 0
+    # publish() only enqueues: it never waits for Redis or a subscriber (generous bounds)
+    assert slow_worst < 0.25 and base_worst < 0.25
+    assert slow < 3 * base + 2.0
+
+
+def test_full_queue_drops_and_counts_instead_of_blocking(private_redis):  # noqa: F811
+    results = step_results(50, 40, seed=3)
+    pub = SignalPublisher(private_redis.url, queue_size=2, max_steps_per_send=1)
+    admin = private_redis.client()
+    admin.execute_command("CLIENT", "PAUSE", 1500, "ALL")  # Redis stalls for 1.5 s
+    time.sleep(0.05)
+    t = time.perf_counter()
+    accepted = [pub.publish(r) for r in results]
+    elapsed = time.perf_counter() - t
+    assert elapsed < 0.5  # never blocked on the stalled server
+    assert accepted.count(False) >= len(results) - 3
+    assert pub.close(timeout=10)
+    stats = pub.stats()
+    assert stats["dropped"] == accepted.count(False)
+    assert stats["delivered"] + stats["dropped"] == len(results)
+    assert stats["dropped_rows"] == 50 * stats["dropped"]
+
+
+def test_redis_outage_is_survived_and_counted(private_redis):  # noqa: F811
+    results = step_results(10, 60, seed=4)
+    before, during, after = results[:20], results[20:40], results[40:]
+    pub = SignalPublisher(private_redis.url, backoff_initial=0.02, backoff_max=0.2)
+    sub = SignalSubscriber(private_redis.url, batch=True)
+    sub.wait_ready()
+    for r in before:
+        pub.publish(r)
+    assert pub.flush(10) and pub.delivered == 20
+    got_before = list(sub.messages(timeout=1.0))
+    assert [m.data.seq for m in got_before] == list(range(1, 21))
+    sub.close()
+
+    private_redis.stop()
+    for r in during:
+        pub.publish(r)
+        time.sleep(0.01)
+    assert pub.flush(10)  # handled = dropped: nobody to deliver to
+    assert pub.dropped == len(during) and pub.dropped_rows == 10 * len(during)
+    assert not pub.connected
+
+    private_redis.start()  # same port
+    deadline = time.monotonic() + 10
+    while not pub.connected and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert pub.connected and pub.reconnects == 1
+    sub = SignalSubscriber(private_redis.url, batch=True)
+    sub.wait_ready()
+    for r in after:
+        assert pub.publish(r)
+    assert pub.close(10)
+    got_after = list(sub.messages(timeout=1.0))
+    sub.close()
+    # delivery resumed; the batch seq shows the gap of the dropped steps
+    assert [m.data.seq for m in got_after] == list(range(41, 61))
+    assert [m.data.records for m in got_after] == [records_from_result(r) for r in after]
+    stats = pub.stats()
+    assert stats["delivered"] == 40 and stats["dropped"] == 20 and stats["errors"] >= 1
+    # the latest hash is written again after the restart
+    assert private_redis.client().hlen("atc:latest") == 10
+
+
+def test_subscribe_cli_prints_messages(redis_url, results):  # noqa: F811
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "atc_stream.cli", "subscribe", "--redis", redis_url,
+            "--symbols", "SYM000,SYM002", "--events", "--count", "6",
+        ],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    deadline = time.monotonic() + 20
+    while client.pubsub_numsub("atc:signal:SYM002")[0][1] == 0:  # wait for the subscriber
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    with SignalPublisher(redis_url) as pub:
+        for result in results[:5]:
+            pub.publish(result)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    lines = [msgspec.json.decode(line) for line in out.splitlines()]
+    assert len(lines) == 6
+    assert {line["channel"] for line in lines} <= {"atc:signal:SYM000", "atc:signal:SYM002"}
+    assert lines[0]["kind"] == "signal" and lines[0]["data"]["symbol"] in ("SYM000", "SYM002")
