@@ -144,12 +144,12 @@ class Engine:
             self._keys_by_slot.extend([None] * (self.store.capacity - len(self._keys_by_slot)))
         self._keys_by_slot[slot] = key
         self._slot_of[key] = slot
-        self._refresh_symbol(symbol)
+        self._set_symbol_slots(symbol, [*self._symbol_slots.get(symbol, ()), slot])
         return key
 
     def remove_symbol(self, symbol: str) -> None:
-        for key in [k for k in self._slot_of if k.symbol == symbol]:
-            self.remove_stream(key)
+        for slot in self._symbol_slots.get(symbol, ()):
+            self.remove_stream(self._keys_by_slot[slot])
 
     def remove_stream(self, key: StreamKey) -> None:
         slot = self._slot_of.pop(key, None)
@@ -157,12 +157,11 @@ class Engine:
             raise ValueError(f"unknown stream {key}")
         self.store.release(slot)
         self._keys_by_slot[slot] = None
-        self._refresh_symbol(key.symbol)
+        self._set_symbol_slots(key.symbol, [s for s in self._symbol_slots[key.symbol] if s != slot])
 
-    def _refresh_symbol(self, symbol: str) -> None:
-        slots = sorted(s for k, s in self._slot_of.items() if k.symbol == symbol)
-        if slots:
-            self._symbol_slots[symbol] = np.array(slots, np.int64)
+    def _set_symbol_slots(self, symbol: str, slots) -> None:
+        if len(slots):
+            self._symbol_slots[symbol] = np.array(sorted(slots), np.int64)
         else:
             self._symbol_slots.pop(symbol, None)
 
@@ -294,6 +293,8 @@ class Engine:
         if order.shape[0] != slots.shape[0]:
             self._report_codes(reasons, slots, times, closes, origin, rejected)
         out = self.backend.step(slots, times, closes, order, round_starts)
+        if order.shape[0] == slots.shape[0]:  # all accepted: every row is a result
+            return StepResult(self._keys_by_slot, slots, times, closes, out, rejected)
         keep = np.sort(order)
         return StepResult(
             self._keys_by_slot, slots[keep], times[keep], closes[keep], out[keep], rejected

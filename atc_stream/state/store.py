@@ -68,6 +68,8 @@ class StateStore:
         self.pending_count = np.zeros(capacity, np.int64)
         #: bumped whenever array shapes or the parameter table change
         self.generation = 0
+        #: every slot below this one is in use (so allocation never rescans them)
+        self._free_hint = 0
 
     # -- capacity ---------------------------------------------------------------------
 
@@ -139,13 +141,14 @@ class StateStore:
         """A fresh slot (the lowest free one) initialised for parameter row ``param_row``."""
         if not 0 <= param_row < len(self.params):
             raise ValueError(f"param_row {param_row} is not in the parameter table")
-        free = np.flatnonzero(~self.in_use)
-        if free.size == 0:
+        slot = self._free_hint
+        while slot < self.capacity and self.in_use[slot]:
+            slot += 1
+        if slot == self.capacity:
             self.reserve(self.capacity + 1)
-            free = np.flatnonzero(~self.in_use)
-        slot = int(free[0])
         self.reset_slot(slot, param_row)
         self.in_use[slot] = True
+        self._free_hint = slot + 1
         return slot
 
     def release(self, slot: int) -> None:
@@ -153,6 +156,7 @@ class StateStore:
             raise ValueError(f"slot {slot} is not in use")
         self.in_use[slot] = False
         self.reset_slot(slot, 0)
+        self._free_hint = min(self._free_hint, slot)
 
     def reset_slot(self, slot: int, param_row: int) -> None:
         """State of a stream that has seen no bar (ATC_SPEC.md initial values)."""
