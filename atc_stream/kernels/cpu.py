@@ -143,7 +143,7 @@ class CpuBackend:
         return s.ring, s.values, s.counters, s.params.lengths, s.params.values
 
     def step(self, slots, times, closes, order, round_starts) -> np.ndarray:
-        out = np.empty((slots.shape[0], N_OUT))  # rows of rejected updates are never read
+        out = np.full((slots.shape[0], N_OUT), np.nan)  # rows of rejected updates stay NaN
         step(*self._arrays(), slots, times, closes, order, round_starts, out)
         return out
 

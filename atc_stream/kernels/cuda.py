@@ -752,7 +752,7 @@ class CudaBackend:
         self._timer_read(timer)
         compact = self._out.host[: m * N_OUT].reshape((m, N_OUT), order="F")
         if identity:
-            return np.ascontiguousarray(compact)
+            return np.array(compact, order="C")  # a copy: the pinned buffer is reused
         result = np.full((n, N_OUT), np.nan)
         result[order] = compact
         return result
@@ -785,7 +785,7 @@ class CudaBackend:
         self._timer_read(timer)
         compact = self._out.host[: m * N_OUT].reshape((m, N_OUT), order="F")
         if identity:
-            return np.ascontiguousarray(compact)
+            return np.array(compact, order="C")  # a copy: the pinned buffer is reused
         result = np.full((n, N_OUT), np.nan)
         result[order] = compact
         return result
