@@ -218,7 +218,7 @@ def _play_durably(engine, table, *, warmup, speed, progress, on_result, durabili
             )
         done = int(recorded["rows"])
     if done:
-        warm = _rank_within_symbol(table.symbols) < warmup
+        warm = _rank_within_symbol(table.symbols, table.times) < warmup
         order = np.concatenate(
             [
                 np.flatnonzero(warm),

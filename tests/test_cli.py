@@ -117,3 +117,21 @@ def test_demo_runs_end_to_end_as_a_subprocess(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "full recomputation check: last signal of 3 symbols identical" in proc.stderr
     assert len(read_jsonl(out)) == 3 + 3 * 150
+
+
+def test_replay_of_a_shuffled_file_with_warmup_equals_the_sorted_one(tmp_path, table):
+    rng = np.random.default_rng(0)
+    shuffled = rng.permutation(len(table))
+    from atc_stream.replay.player import BarTable
+
+    write_csv(tmp_path / "sorted.csv", table)
+    write_csv(
+        tmp_path / "shuffled.csv",
+        BarTable(table.symbols[shuffled], table.times[shuffled], table.closes[shuffled]),
+    )
+    for name in ("sorted", "shuffled"):
+        args = ["replay", str(tmp_path / f"{name}.csv"), "--warmup", "120", "--no-progress"]
+        result = runner.invoke(app, [*args, "-o", str(tmp_path / f"{name}.jsonl")])
+        assert result.exit_code == 0, result.output
+        assert "rejected inputs  none" in result.output
+    assert read_jsonl(tmp_path / "sorted.jsonl") == read_jsonl(tmp_path / "shuffled.jsonl")

@@ -222,12 +222,14 @@ class BarPlayer:
     def _warmup(self) -> np.ndarray:
         """Warm up on each symbol's first ``warmup_bars`` rows; return the remaining rows."""
         table = self.table
-        rank = _rank_within_symbol(table.symbols)
-        warm = rank < self.warmup_bars
+        warm = _rank_within_symbol(table.symbols, table.times) < self.warmup_bars
+        rows = np.flatnonzero(warm)
+        rows = rows[np.lexsort((table.times[rows], table.symbols[rows].astype(str)))]
+        symbols = table.symbols[rows].astype(str)
+        firsts = np.flatnonzero(np.r_[True, symbols[1:] != symbols[:-1]])
         history = {}
-        for symbol in self.table.symbol_names:
-            rows = np.flatnonzero(warm & (table.symbols == symbol))
-            history[symbol] = (table.times[rows], table.closes[rows])
+        for group in np.split(rows, firsts[1:]):
+            history[str(table.symbols[group[0]])] = (table.times[group], table.closes[group])
         result = self.engine.warmup(history, progress=self.progress)
         self.summary.warmup_bars = int(warm.sum())
         self._emit(result)
@@ -247,13 +249,12 @@ class BarPlayer:
             from tqdm import tqdm
 
             bar = tqdm(total=rows.size, desc="replay", unit="bar", leave=False)
-        previous_time = None
-        wall_start = time.perf_counter()
+        self._clock_origin = None
         slot_table, row_codes = self._slot_table()
         for group in groups:
             bar_time = int(table.times[group[0]])
             if self.speed is not None:
-                previous_time = self._pace(previous_time, bar_time, wall_start)
+                self._pace(bar_time)
             fan = slot_table.shape[1]
             result = self.engine.step_arrays(
                 slot_table[row_codes[group]].ravel(),
@@ -261,6 +262,10 @@ class BarPlayer:
                 np.repeat(table.closes[group], fan),
                 inputs=np.repeat(group, fan),
             )
+            if self.speed is not None and self._clock_origin is None:
+                # the clock starts once the first bar is applied, so the one-off kernel
+                # compilation does not make every later bar overdue
+                self._clock_origin = (bar_time, time.perf_counter())
             self.summary.step_bars += group.size
             self._emit(result)
             if bar is not None:
@@ -278,17 +283,15 @@ class BarPlayer:
         slot_table = np.stack([self.engine.slots_of(str(name)) for name in names])
         return slot_table, row_codes
 
-    def _pace(self, previous_time, bar_time, wall_start):
+    def _pace(self, bar_time: int) -> None:
         """Sleep so bar times advance at ``speed`` x real time (bar times in ms)."""
-        if previous_time is None:
-            self._clock_origin = (bar_time, wall_start)
-            return bar_time
+        if self._clock_origin is None:
+            return
         origin_time, origin_wall = self._clock_origin
         due = origin_wall + (bar_time - origin_time) / 1000.0 / self.speed
         delay = due - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
-        return bar_time
 
     def _emit(self, result: StepResult) -> None:
         self.summary.rows_out += len(result)
@@ -298,13 +301,16 @@ class BarPlayer:
             self.on_result(result)
 
 
-def _rank_within_symbol(symbols: np.ndarray) -> np.ndarray:
-    """0, 1, 2, … for each symbol's rows in file order."""
-    rank = np.empty(symbols.shape[0], np.int64)
-    seen: Counter = Counter()
-    for i, s in enumerate(symbols.tolist()):
-        rank[i] = seen[s]
-        seen[s] += 1
+def _rank_within_symbol(symbols: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """0, 1, 2, … for each symbol's rows in time order (stable: file order for equal times)."""
+    n = symbols.shape[0]
+    by_time = np.argsort(times, kind="stable")
+    _, codes = np.unique(symbols.astype(str), return_inverse=True)
+    grouped = by_time[np.argsort(codes[by_time], kind="stable")]  # by symbol, then time
+    counts = np.bincount(codes)
+    starts = np.cumsum(counts) - counts
+    rank = np.empty(n, np.int64)
+    rank[grouped] = np.arange(n) - np.repeat(starts, counts)
     return rank
 
 
