@@ -34,6 +34,16 @@ class Rejection:
     symbol: str | None = None
 
 
+def family_columns(outputs: np.ndarray) -> dict[str, np.ndarray]:
+    """``<FAMILY>_Signal`` then ``<FAMILY>_S`` columns (golden-vector names) of output rows."""
+    columns = {}
+    for j, family in enumerate(FAMILIES):
+        columns[f"{family}_Signal"] = outputs[:, L.OUT_LAYER1 + j]
+    for j, family in enumerate(FAMILIES):
+        columns[f"{family}_S"] = outputs[:, L.OUT_LAYER2 + j]
+    return columns
+
+
 def _float_or_none(x: float) -> float | None:
     return None if math.isnan(x) else float(x)
 

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .params import FAMILIES, ATCParams
+from .params import ATCParams
+from .results import family_columns
 from .state import layout as L
 from .state.store import StateStore
 
@@ -45,9 +46,6 @@ def compute(
         "long": out[:, L.OUT_LONG].astype(np.int64),
         "short": out[:, L.OUT_SHORT].astype(np.int64),
     }
-    for j, family in enumerate(FAMILIES):
-        columns[f"{family}_Signal"] = out[:, L.OUT_LAYER1 + j]
-    for j, family in enumerate(FAMILIES):
-        columns[f"{family}_S"] = out[:, L.OUT_LAYER2 + j]
+    columns.update(family_columns(out))
     columns["growth"] = out[:, L.OUT_GROWTH]
     return columns

@@ -13,7 +13,7 @@ from typing import IO, Protocol
 
 import msgspec
 
-from ..results import StepResult
+from ..results import StepResult, family_columns
 
 
 class Sink(Protocol):
@@ -78,8 +78,6 @@ class ParquetSink:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        from ..params import FAMILIES
-
         if not self._pending:
             return
         keys = [k for r in self._pending for k in r.keys]
@@ -92,12 +90,7 @@ class ParquetSink:
             "bar_index": np.concatenate([r.bar_index for r in self._pending]),
             "signal": np.concatenate([r.signal for r in self._pending]),
         }
-        layer1 = np.concatenate([r.layer1_signals for r in self._pending])
-        layer2 = np.concatenate([r.layer2_equities for r in self._pending])
-        for j, family in enumerate(FAMILIES):
-            columns[f"{family}_Signal"] = layer1[:, j]
-        for j, family in enumerate(FAMILIES):
-            columns[f"{family}_S"] = layer2[:, j]
+        columns.update(family_columns(np.concatenate([r.outputs for r in self._pending])))
         columns["long"] = np.concatenate([r.long_events for r in self._pending])
         columns["short"] = np.concatenate([r.short_events for r in self._pending])
         columns["growth"] = np.concatenate([r.growth for r in self._pending])

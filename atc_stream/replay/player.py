@@ -115,12 +115,7 @@ def load_bars(
             closes=np.concatenate([p.closes for p in parts])[order],
         )
     columns = _read_columns(path)
-    for name in (time_column, close_column):
-        if name not in columns:
-            raise ValueError(
-                f"{path.name}: no column {name!r} (columns: {', '.join(columns)}); "
-                "name it with --time-column/--close-column"
-            )
+    require_columns(path, columns, {"time": time_column, "close": close_column})
     n = len(columns[time_column])
     if symbol_column in columns:
         symbols = np.asarray(columns[symbol_column], dtype=object).astype(str).astype(object)
@@ -131,6 +126,20 @@ def load_bars(
         times=_to_int_times(np.asarray(columns[time_column]), time_column),
         closes=_to_closes(np.asarray(columns[close_column], dtype=object)),
     )
+
+
+def require_columns(path: Path, columns, needed: dict[str, str]) -> None:
+    """``ValueError`` naming the first missing column and the option that names it.
+
+    ``needed`` maps a role (``time``, ``close``, ...) to the column expected for it.
+    """
+    for name in needed.values():
+        if name not in columns:
+            options = "/".join(f"--{r}-column" for r in needed)
+            raise ValueError(
+                f"{path.name}: no column {name!r} (columns: {', '.join(columns)}); "
+                f"name it with {options}"
+            )
 
 
 def _read_columns(path: Path) -> dict[str, list]:

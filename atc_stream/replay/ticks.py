@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from ..intervals import interval_ms as _interval_ms
-from .player import BarTable
+from .player import BarTable, require_columns
 
 DEFAULT_TICK_TIME_COLUMN = "time"
 DEFAULT_TICK_SYMBOL_COLUMN = "symbol"
@@ -228,12 +228,9 @@ def load_ticks(
         ]
         return concat_ticks(parts)
     columns = _read_tick_columns(path, symbol_column)
-    for name in (time_column, price_column, size_column):
-        if name not in columns:
-            raise ValueError(
-                f"{path.name}: no column {name!r} (columns: {', '.join(columns)}); "
-                "name it with --time-column/--price-column/--size-column"
-            )
+    require_columns(
+        path, columns, {"time": time_column, "price": price_column, "size": size_column}
+    )
     n = len(columns[time_column])
     if symbol_column in columns:
         sym = columns[symbol_column]
