@@ -1,4 +1,4 @@
-"""ATCParams: the validated parameters of one ATC configuration (ATC_SPEC.md, "Parameters").
+"""ATCParams: the validated parameters of one ATC configuration (docs/spec.md, "Parameters").
 
 Pure Python with no I/O dependencies, so every layer (kernels, engine, snapshots,
 CLI) can import it. Construction validates every field and raises a ``ValueError``
@@ -36,7 +36,7 @@ def _is_real(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class ATCParams:
-    """One ATC parameter set, with the defaults of ATC_SPEC.md.
+    """One ATC parameter set, with the defaults of docs/spec.md.
 
     ``La`` and ``De`` are in the indicator's user units; the engine uses
     ``lam = La / 1000`` and ``decay = 1 - De / 100`` (see :attr:`lam`, :attr:`decay`).

@@ -1,7 +1,7 @@
 """Full-history reference ATC: the oracle every other code path is tested against.
 
 This module computes Adaptive Trend Classification for one close series from its
-first bar, written to be read side by side with ``ATC_SPEC.md``. It deliberately
+first bar, written to be read side by side with ``docs/spec.md``. It deliberately
 uses plain Python loops over bars, Python floats, ``math.exp`` and ``math.floor``,
 and follows the spec's "Canonical arithmetic" section operation by operation:
 

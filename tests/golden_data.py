@@ -1,4 +1,4 @@
-"""Loader for the golden test vectors (``shared/golden/*.csv`` + ``*.json``).
+"""Loader for the golden test vectors (``tests/golden/*.csv`` + ``*.json``; see its README).
 
 Each case is a CSV (``bar_index``, ``close`` and every output column per bar; ``na``
 is written as an empty cell) with a JSON file of ``ATCParams`` fields beside it.
@@ -17,21 +17,17 @@ import numpy as np
 from atc_stream.params import ATCParams
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 
 #: Columns holding integers (event flags and the bar counter).
 INT_COLUMNS = frozenset({"bar_index", "long", "short"})
 
 
 def golden_dir() -> Path:
-    """The golden folder: ``$ATC_GOLDEN_DIR``, else ``<repo>/../shared/golden``, else
-    ``<repo>/shared/golden``."""
+    """The golden folder: ``$ATC_GOLDEN_DIR`` (to check new vectors elsewhere), else
+    ``tests/golden`` of this repository."""
     env = os.environ.get("ATC_GOLDEN_DIR")
-    if env:
-        return Path(env)
-    sibling = REPO_ROOT.parent / "shared" / "golden"
-    if sibling.is_dir():
-        return sibling
-    return REPO_ROOT / "shared" / "golden"
+    return Path(env) if env else GOLDEN_DIR
 
 
 def _parse_float(cell: str) -> float:

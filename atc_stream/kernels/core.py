@@ -5,7 +5,7 @@ index: no Python objects, no I/O, no allocation. ``kernels/compile.py`` compiles
 this module with ``numba.njit`` for the CPU and ``numba.cuda.jit(device=True)`` for
 the GPU (and the CUDA simulator), so all paths run the same arithmetic.
 
-The arithmetic follows ATC_SPEC.md, "Canonical arithmetic", operation for
+The arithmetic follows docs/spec.md, "Canonical arithmetic", operation for
 operation: window sums are sequential from 0.0, oldest close first, recomputed
 from the ring every bar (never running sums), because the summation order decides
 which side of an exact price/average tie a double lands on.
@@ -90,7 +90,7 @@ def window_sum(ring, slot, end, n):
     return acc
 
 
-# -- moving averages (ATC_SPEC.md, "Moving averages") ------------------------------
+# -- moving averages (docs/spec.md, "Moving averages") ------------------------------
 
 
 def ema_next(ring, slot, end, length, bar_index, prev, close):
@@ -343,7 +343,7 @@ def update_stream(
 
 
 def emit_events(values, counters, slot, average, param_values, param_row, out, row):
-    """Long/short events on threshold crossings of the final signal (ATC_SPEC.md, "Events")."""
+    """Long/short events on threshold crossings of the final signal (docs/spec.md, "Events")."""
     long_threshold = param_values[param_row, PV_LONG]
     short_threshold = param_values[param_row, PV_SHORT]
     previous = values[slot, AVG_PREV]

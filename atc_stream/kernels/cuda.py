@@ -5,7 +5,7 @@ The kernels below call the *same* functions of ``kernels/core.py`` as the CPU dr
 operation for operation; what is left to get right is the compiler and the layout:
 
 Numerics (float64 only: every state array, input and output is float64/int64; there
-is no float32 path, on purpose — the parity contract of ATC_SPEC.md is about doubles).
+is no float32 path, on purpose — the parity contract of docs/spec.md is about doubles).
 
 * **No FMA contraction.** NVVM contracts ``a*b + c`` into ``fma.rn.f64`` by default
   (libNVVM option ``-fma=1``), and numba-cuda 0.30 exposes no switch for it:

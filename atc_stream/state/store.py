@@ -159,7 +159,7 @@ class StateStore:
         self._free_hint = min(self._free_hint, slot)
 
     def reset_slot(self, slot: int, param_row: int) -> None:
-        """State of a stream that has seen no bar (ATC_SPEC.md initial values)."""
+        """State of a stream that has seen no bar (docs/spec.md initial values)."""
         self.ring[slot] = np.nan
         values = self.values[slot]
         values[:] = 0.0  # sig, a, KAMA, DEMA seed sum start at 0
