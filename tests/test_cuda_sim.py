@@ -376,3 +376,51 @@ def test_streams_and_params_added_while_live():
         assert_same(a, b, f"output block {i}")
     assert_same_state(eng_cuda, eng_cpu)
     assert eng_cuda.stream_state(eng_cuda.streams[0]) == eng_cpu.stream_state(eng_cpu.streams[0])
+
+
+# -- host-side step plan: cached plan, m = 1, shuffled slots, small stores, chunked warmup ------
+
+
+def test_step_plan_cache_m1_shuffled_slots_and_one_row_store(cuda_mod):
+    """The plan cache, one-update steps and slot orders never change a result.
+
+    A one-row store (its F-order state would type as C order), steps with one update,
+    then more streams (the store grows) arriving in a shuffled order that repeats (the
+    cached device plan is reused) and then changes; the warmup split by a tiny memory
+    budget. Every output and the final state equal the CPU's.
+    """
+    closes = walks(6, 60, seed=11)
+    t = times_of(60)
+    engines = [Engine(SHORT, backend=b, capacity=1) for b in ("cuda", "cpu")]
+    cuda_backend = engines[0].backend
+    cuda_backend.warmup_memory_budget = 1  # one stream per warmup chunk
+    for eng in engines:
+        eng.warmup({"S0": (t[:10], closes[0, :10])})
+    for j in range(10, 14):  # m = 1
+        outs = [e.step([("S0", int(t[j]), float(closes[0, j]))]).outputs for e in engines]
+        assert_same(outs[0], outs[1], f"m=1 bar {j}")
+    for eng in engines:  # five more streams: the store grows past one row
+        eng.warmup({f"S{i}": (t[:14], closes[i, :14]) for i in range(1, 6)})
+    order = np.array([4, 0, 5, 2, 1, 3])
+    plans = []
+    for j in range(14, 30):
+        if j == 24:
+            order = order[::-1].copy()  # a new arrival order: the plan is rebuilt
+        slots = np.array([engines[0].slot_of(engines[0].streams[i]) for i in order])
+        outs = [e.step_arrays(slots, np.full(6, t[j]), closes[order, j]).outputs for e in engines]
+        assert_same(outs[0], outs[1], f"bar {j}")
+        plans.append(cuda_backend._plan_slots)
+    assert plans[1] is plans[9], "the plan of a repeating slot set was rebuilt"
+    assert plans[10] is not plans[9] and plans[11] is plans[10]
+    pv = [e.preview([("S3", int(t[30]), 99.0), ("S1", int(t[30]), 98.0)]).outputs for e in engines]
+    assert_same(pv[0], pv[1], "preview")
+    assert_same_state(*engines)
+
+
+def test_threads_per_block_is_a_checked_parameter(cuda_mod):
+    store = StateStore(4)
+    store.add_params(SHORT)
+    for bad in (0, 48, 2048, 64.0):
+        with pytest.raises(ValueError, match="threads_per_block"):
+            cuda_mod.CudaBackend(store, threads_per_block=bad)
+    assert cuda_mod.CudaBackend(store, threads_per_block=256).threads_per_block == 256
