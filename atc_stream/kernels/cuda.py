@@ -13,17 +13,22 @@ is no float32 path, on purpose — the parity contract of docs/spec.md is about 
   ``fastmath=False`` (the default) passes nothing, which leaves NVVM's default on.
   (Upstream: NVIDIA/numba-cuda issue #118, PR #839, not released.) We therefore wrap
   ``numba.cuda.cudadrv.nvvm.compile_ir`` once and, only while one of *our* kernels
-  is being compiled (the thread-local ``no_fma()`` context around every launch),
-  add ``fma=False``, which numba turns into ``-fma=0``: NVVM then emits ``mul.rn.f64``
-  and ``add.rn.f64``, whose explicit rounding also forbids ptxas from fusing them.
-  Our kernels are compiled with ``lto=False`` so that this PTX is what gets linked
-  (with LTO the final code generation would happen in nvJitLink, which has its own
-  ``-fma`` setting). Checked without a GPU by compiling the kernels to PTX with
-  libNVVM (``kernel_ptx``; CUDA 13.0, sm_90): the step kernel has 23 ``fma.rn.f64``
-  without the option and none with it, and no ``ex2`` (no device ``exp``). The PTX
-  actually linked at launch can only be read on a machine with a device
-  (``tests/test_cuda_gpu.py::test_step_ptx_has_no_fma``, which also checks the SASS
-  for ``DFMA`` where ``nvdisasm`` is installed).
+  is being compiled (the thread-local ``no_fma()`` context around every compile and
+  launch), add ``fma=False``, which numba turns into ``-fma=0``: NVVM then emits
+  ``mul.rn.f64`` and ``add.rn.f64``, whose explicit rounding also forbids ptxas from
+  fusing them. Our kernels are compiled with ``lto=False`` so that this PTX is what
+  gets linked (with LTO the final code generation would happen in nvJitLink, which
+  has its own ``-fma`` setting).
+  The hook wraps a private function, so it is *guarded*, not trusted: numba-cuda is
+  pinned to the verified range (``NUMBA_CUDA_VERIFIED``), and the backend reads the
+  PTX of every kernel specialisation when it is compiled (``precompile`` at
+  construction, ``check_no_fma`` after any later compile) and raises
+  ``FmaContractionError`` — refusing to run — if ``fma.rn.f64`` appears. In CI,
+  without a GPU, ``tests/test_cuda_ptx.py`` compiles every kernel with its launch
+  types to PTX for sm_80 and sm_90 with libNVVM (``kernel_ptx``; the ``nvidia-nvvm``
+  wheel of the test extra): the step kernel has 23 ``fma.rn.f64`` without the hook
+  and none with it, and no ``ex2`` (no device ``exp``). The SASS is not the thing to
+  check: ``div.rn.f64`` itself expands to ``DFMA`` instructions.
 * **Growth factor from the host.** ``exp`` on the device is libdevice's, not glibc's.
   The growth ``exp(lam * (i - cutout))`` therefore comes from a table computed on the
   host with ``cpu.growth_factor`` (the njit-compiled core function, i.e. glibc ``exp``):
@@ -38,8 +43,21 @@ Layout. The core indexes ``[slot, field]``. On the device the state arrays are k
 in the transposed (Fortran) order, so the 32 threads of a warp (32 neighbouring
 slots) read one field of 32 neighbouring slots: one coalesced transaction. numba
 compiles the same core source for the F-order arrays (and for the C-order local
-arrays of the local-state warmup). Outputs are F-order too (``out[u, col]`` with
-``u`` fastest).
+arrays of the local-state warmup). A one-row F-order array is also C-contiguous
+(numba would type it as C order and compile a second specialisation), so the device
+state has at least two rows.
+
+Step plan and outputs. The host sends a plan: per accepted update, in plan order
+(rounds ascending, *slots ascending within a round*, so neighbouring threads read
+neighbouring state), its slot and its position ``u`` in the host's batch
+(``_build_plan``, compiled). The kernel reads the bar time and close from the
+host-order inputs and writes the outputs to the host-order row ``out[u]`` in C
+order, the layout ``StepResult`` reads: the host neither gathers inputs nor
+transposes or scatters outputs (one memcpy of the pinned buffer). While a step's
+slots repeat with every update accepted in one round (the steady one-bar-per-stream
+case), the plan on the device is reused and only times and closes are uploaded.
+Every kernel specialisation is compiled when the backend is built
+(``precompile``), so nothing compiles inside a live step (e.g. a batch of one).
 
 Thread mapping: one thread per stream-update. The core updates a whole stream for
 one bar (54 MAs, their windows, both equity layers, events) in one call; mapping
@@ -48,8 +66,9 @@ with reductions between them, i.e. a second source of the arithmetic, which is w
 this project refuses. One thread per update keeps parity by construction. Its cost
 is occupancy for small batches (1,000 updates fill a fraction of one wave on an
 H100) and a long per-thread instruction stream; whether a finer mapping pays off
-has NOT been measured (no GPU was lent while this was written); ``THREADS_PER_BLOCK``
-is likewise an unmeasured placeholder.
+has NOT been measured (no GPU was lent while this was written). Threads per block is
+a parameter (``CudaBackend(threads_per_block=...)``, default ``THREADS_PER_BLOCK``,
+an unmeasured placeholder; ``benchmarks/bench_cuda.py --threads`` sweeps it).
 
 State on the device, host mirror. ``CudaBackend`` keeps the authoritative state on
 the device; the store's host arrays are the staging copy: ``pull_state`` copies the
@@ -70,7 +89,12 @@ CUDA stream; the host counter update runs while the kernel executes; the outputs
 come back through a pinned buffer. Every step returns its outputs, so a step waits
 for its own results and there is nothing to double-buffer across steps; overlapping
 a warmup's upload with compute (time-chunked double buffering) and CUDA graphs for
-the step's copy/launch/copy sequence were NOT evaluated: not measured, no GPU lent.
+the step's copy/launch/copy sequence were NOT built: numba-cuda 0.30 has no graph
+capture API, and without a GPU their gain could not be measured. The warmup uploads
+the histories as the host holds them (one stream per row, a memcpy into pinned
+memory), transposes them on the device (``transpose_kernel``) to the time-major
+layout the time loop reads coalesced, and splits the streams into chunks whose
+device buffers fit ``warmup_memory_budget``.
 
 Arrays: CuPy allocates the device arrays when it is importable (its memory pool;
 real GPU only), wrapped as numba device arrays through ``__cuda_array_interface__``
