@@ -317,7 +317,8 @@ class Engine:
         )  # fmt: skip
         if order.shape[0] != slots.shape[0]:
             self._report_codes(reasons, slots, times, closes, origin, rejected)
-        out = self.backend.step(slots, times, closes, order, round_starts)
+        self._request_on_backend()
+        out = self._only_requested(self.backend.step(slots, times, closes, order, round_starts))
         if order.shape[0] == slots.shape[0]:  # all accepted: every row is a result
             return StepResult(self._keys_by_slot, slots, times, closes, out, rejected)
         keep = np.sort(order)
@@ -342,7 +343,8 @@ class Engine:
         accepted = reasons == batch.ACCEPTED
         if not accepted.all():
             self._report_codes(reasons, slots, times, closes, origin, rejected)
-        out = self.backend.preview(slots, times, closes, accepted)
+        self._request_on_backend()
+        out = self._only_requested(self.backend.preview(slots, times, closes, accepted))
         return StepResult(
             self._keys_by_slot,
             slots[accepted],
@@ -352,6 +354,30 @@ class Engine:
             rejected,
             provisional=True,
         )
+
+    def request_outputs(self, *groups: str) -> None:
+        """Return only these output groups from ``step``/``preview`` (none given: all).
+
+        Groups: ``batch.OUTPUT_GROUPS`` ("signal", "events", "layers", "equities",
+        "growth"); ``bar_index`` always comes back. Unrequested columns of
+        ``StepResult.outputs`` are NaN. On CUDA only the requested columns are copied
+        back from the device every step. Warmup results always carry every column.
+        """
+        self._output_columns = batch.output_columns(groups or None)
+
+    _output_columns: np.ndarray | None = None
+
+    def _request_on_backend(self) -> None:
+        if hasattr(self.backend, "output_columns"):
+            self.backend.output_columns = self._output_columns
+
+    def _only_requested(self, out: np.ndarray) -> np.ndarray:
+        """NaN in unrequested columns where the backend computed them all anyway."""
+        if self._output_columns is not None and not hasattr(self.backend, "output_columns"):
+            keep = out[:, self._output_columns]
+            out[:] = np.nan
+            out[:, self._output_columns] = keep
+        return out
 
     # -- warmup -----------------------------------------------------------------------
 

@@ -424,3 +424,28 @@ def test_threads_per_block_is_a_checked_parameter(cuda_mod):
         with pytest.raises(ValueError, match="threads_per_block"):
             cuda_mod.CudaBackend(store, threads_per_block=bad)
     assert cuda_mod.CudaBackend(store, threads_per_block=256).threads_per_block == 256
+
+
+def test_requested_outputs_subset_cuda_equals_cpu():
+    """Only the requested columns come back (the rest NaN), equal to the CPU's."""
+    closes = walks(3, 40, seed=13)
+    t = times_of(41)
+    engines = [Engine(SHORT, backend=b) for b in ("cuda", "cpu")]
+    for eng in engines:
+        eng.warmup({f"S{i}": (t[:30], closes[i, :30]) for i in range(3)})
+        eng.request_outputs("signal", "events")
+    wanted = [L.OUT_SIGNAL, L.OUT_LONG, L.OUT_SHORT, L.OUT_BAR_INDEX]
+    others = [c for c in range(L.N_OUT) if c not in wanted]
+    for j in range(30, 34):
+        bars = [(f"S{i}", int(t[j]), float(closes[i, j])) for i in range(3)]
+        bars.append(("S1", int(t[j - 1]), 5.0))  # a duplicate: rejected
+        outs = [e.step(bars).outputs for e in engines]
+        assert_same(outs[0], outs[1], f"bar {j}")
+        assert np.isnan(outs[0][:, others]).all() and not np.isnan(outs[0][:, wanted]).any()
+    pv = [e.preview([("S2", int(t[34]), 77.0)]).outputs for e in engines]
+    assert_same(pv[0], pv[1], "preview")
+    for eng in engines:
+        eng.request_outputs()  # all columns again
+    full = [e.step([("S0", int(t[34]), float(closes[0, 34]))]).outputs for e in engines]
+    assert_same(full[0], full[1], "all columns")
+    assert not np.isnan(full[0]).any()

@@ -419,6 +419,15 @@ def local_warmup_kernel(ring_columns: int):
 
 
 @_kernel
+def gather_columns_kernel(out, n, columns, compact):
+    """``compact[u, j] = out[u, columns[j]]`` for ``u < n``: the requested outputs only."""
+    u = cuda.grid(1)
+    if u < n:
+        for j in range(columns.shape[0]):
+            compact[u, j] = out[u, columns[j]]
+
+
+@_kernel
 def scatter_rows_kernel(dst, slots, src):
     """``dst[slots[i], :] = src[i, :]``: upload of host-initialised slots."""
     i = cuda.grid(1)
@@ -687,6 +696,12 @@ class CudaBackend:
         #: kernels (CUDA events on the backend's stream) in ``last_kernel_seconds``
         self.time_kernels = False
         self.last_kernel_seconds: float | None = None
+        #: output columns step/preview copy back (sorted; None: all); the others are NaN.
+        #: Set by ``Engine.request_outputs``.
+        self.output_columns: np.ndarray | None = None
+        self._columns_key: bytes | None = None
+        self._columns_device = None
+        self._compact = _Staging(self, np.float64)
         if precompile:
             self.precompile()
 
@@ -940,7 +955,7 @@ class CudaBackend:
                 times_d, closes_d, out,
             )  # fmt: skip
         timer = self._timer_stop(timer)
-        self._out.download(n * N_OUT, self.stream)
+        self._download_outputs(n, out)
         # while the device works: the same counter changes on the host
         self._max_bar = _commit_step(
             self.store.counters, self._shadow, slots, times, order, self._max_bar
@@ -977,9 +992,33 @@ class CudaBackend:
         self._times.upload(n, self.stream)
         self._closes.upload(n, self.stream)
 
+    def _download_outputs(self, n: int, out) -> None:
+        """Start copying the step's outputs back: all columns, or the requested ones."""
+        columns = self.output_columns
+        if columns is None:
+            self._out.download(n * N_OUT, self.stream)
+            return
+        key = columns.tobytes()
+        if key != self._columns_key:
+            self._columns_device = cuda.to_device(
+                np.ascontiguousarray(columns, np.int64), stream=self.stream
+            )
+            self._columns_key = key
+        k = columns.shape[0]
+        self._compact.reserve(n * k)
+        compact = self._compact.device[: n * k].reshape((n, k))
+        self._launch(gather_columns_kernel, n, out, n, self._columns_device, compact)
+        self._compact.download(n * k, self.stream)
+
     def _host_outputs(self, n: int, order: np.ndarray) -> np.ndarray:
         """A copy of the pinned output rows (the buffer is reused); rejected rows NaN."""
-        result = self._out.host[: n * N_OUT].reshape((n, N_OUT)).copy()
+        columns = self.output_columns
+        if columns is None:
+            result = self._out.host[: n * N_OUT].reshape((n, N_OUT)).copy()
+        else:
+            result = np.full((n, N_OUT), np.nan)
+            k = columns.shape[0]
+            result[:, columns] = self._compact.host[: n * k].reshape((n, k))
         if order.shape[0] != n:
             rejected = np.ones(n, np.bool_)
             rejected[order] = False
@@ -1011,7 +1050,7 @@ class CudaBackend:
             self._closes.device, scratch.ring, scratch.values, scratch.counters, out,
         )  # fmt: skip
         timer = self._timer_stop(timer)
-        self._out.download(n * N_OUT, self.stream)
+        self._download_outputs(n, out)
         self.stream.synchronize()
         self._timer_read(timer)
         return self._host_outputs(n, order)
@@ -1143,6 +1182,7 @@ def kernel_signatures(local_ring_columns: int | None = 70) -> dict[str, tuple[ob
         "preview_kernel": (preview_kernel, (*state, i1, i64, i1, f1, f2f, f2f, i2f, f2c)),
         "warmup_kernel": (warmup_kernel, warmup),
         "transpose_kernel": (transpose_kernel, (f2c, i64, i64, f2c)),
+        "gather_columns_kernel": (gather_columns_kernel, (f2c, i64, i1, f2c)),
         "scatter_rows_kernel": (scatter_rows_kernel, (f2f, i1, f2c)),
         "scatter_rows_kernel(int64)": (scatter_rows_kernel, (i2f, i1, i2c)),
     }
