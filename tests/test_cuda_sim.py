@@ -412,7 +412,8 @@ def test_step_plan_cache_m1_shuffled_slots_and_one_row_store(cuda_mod):
         plans.append(cuda_backend._plan_slots)
     assert plans[1] is plans[9], "the plan of a repeating slot set was rebuilt"
     assert plans[10] is not plans[9] and plans[11] is plans[10]
-    pv = [e.preview([("S3", int(t[30]), 99.0), ("S1", int(t[30]), 98.0)]).outputs for e in engines]
+    moves = [("S3", int(t[30]), 99.0), ("S1", int(t[30]), 98.0), ("S3", int(t[30]), 97.0)]
+    pv = [e.preview(moves).outputs for e in engines]  # S3 twice: two scratch rows
     assert_same(pv[0], pv[1], "preview")
     assert_same_state(*engines)
 

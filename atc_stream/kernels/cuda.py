@@ -506,6 +506,16 @@ def _build_plan(slots, order, round_starts, plan, where):
 
 
 @njit(cache=True)
+def _plan_in_order(slots, order, plan):
+    """A preview's plan: like ``_build_plan`` but unsorted (a preview may hold one slot
+    twice: each gets its own scratch row)."""
+    m = order.shape[0]
+    for k in range(m):
+        plan[k] = slots[order[k]]
+        plan[m + k] = order[k]
+
+
+@njit(cache=True)
 def _commit_step(counters, shadow, slots, times, order, max_bar):
     """Apply a step's counter changes on the host (as the kernel does on the device)."""
     for k in range(order.shape[0]):  # plan order: rounds ascending, so times ascending
@@ -1034,10 +1044,8 @@ class CudaBackend:
             return np.full((n, N_OUT), np.nan)
         pp = self._preview_plan
         pp.reserve(2 * m)
-        if self._where.shape[0] < self.store.capacity:
-            self._where = np.full(self.store.capacity, -1, np.int64)
         self.stream.synchronize()  # a pending upload may still read the pinned plan
-        _build_plan(slots, order, np.array([0, m], np.int64), pp.host, self._where)
+        _plan_in_order(slots, order, pp.host)
         self._sync(pp.host, m)
         self._ensure_growth(1)
         pp.upload(2 * m, self.stream)
