@@ -7,7 +7,8 @@ Run in their own process (the variable must be set before numba is imported)::
 The simulator runs the kernels' Python source one Python thread per CUDA thread, with
 numpy float64 scalars, so it checks the kernels' logic (indexing, the F-order layout,
 rounds, scratch rows, the host/device bookkeeping, the growth table), not the GPU
-compiler: FMA contraction and the device ``exp`` are covered by ``test_cuda_gpu.py``.
+compiler: FMA contraction and the device ``exp`` are covered by ``test_cuda_ptx.py``
+(PTX, no GPU needed) and ``test_cuda_gpu.py`` (the PTX linked on a device).
 Sizes are tiny (a handful of streams, short lengths) because every simulated thread is
 interpreted Python. Outputs and states are compared with ``np.array_equal(...,
 equal_nan=True)``: equal values, NaN at the same places.
