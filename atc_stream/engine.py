@@ -45,27 +45,52 @@ WARMUP_CHUNK = 1024
 def make_backend(name: str, store: StateStore):
     """The backend object for ``name`` ("cpu", "cuda" or "auto").
 
-    "cuda" also runs under numba's simulator (``NUMBA_ENABLE_CUDASIM=1``). "auto" picks
-    CUDA only on a real device and for at least ``kernels.cuda.AUTO_MIN_STREAMS`` streams
-    (the store's capacity or stream count, whichever is larger); ``Engine.move_to("auto")``
-    decides again later.
+    "cuda" also runs under numba's simulator (``NUMBA_ENABLE_CUDASIM=1``) and raises
+    ``RuntimeError`` naming the missing piece when CUDA cannot run here. "auto" picks
+    CUDA only for at least ``kernels.cuda.AUTO_MIN_STREAMS`` streams (the store's
+    capacity or stream count, whichever is larger) and only when ``cuda_available()``'s
+    probe passes; otherwise the CPU, with one warning per process naming the missing
+    piece when a CUDA driver is there but something else is not (no driver at all is
+    the normal CPU machine: logged at INFO). ``Engine.move_to("auto")`` decides again.
     """
     if name not in ("cpu", "cuda", "auto"):
         raise ValueError(f"backend must be 'cpu', 'cuda' or 'auto', got {name!r}")
-    if name in ("cuda", "auto"):
+    if name == "cuda" or (name == "auto" and _enough_streams_for_cuda(store)):
         from .kernels import cuda_available
 
         available, why = cuda_available(allow_simulator=name == "cuda")
         if available:
-            from .kernels.cuda import AUTO_MIN_STREAMS, CudaBackend
+            from .kernels.cuda import CudaBackend
 
-            if name == "cuda" or max(store.capacity, store.n_streams) >= AUTO_MIN_STREAMS:
-                return CudaBackend(store)
-        elif name == "cuda":
+            return CudaBackend(store)
+        if name == "cuda":
             raise RuntimeError(f"backend='cuda' was asked for but CUDA is unavailable: {why}")
+        _note_cpu_fallback(why)
     from .kernels.cpu import CpuBackend
 
     return CpuBackend(store)
+
+
+def _enough_streams_for_cuda(store: StateStore) -> bool:
+    from .kernels import AUTO_MIN_STREAMS
+
+    return max(store.capacity, store.n_streams) >= AUTO_MIN_STREAMS
+
+
+_fallback_noted = False
+
+
+def _note_cpu_fallback(why: str) -> None:
+    global _fallback_noted
+    if _fallback_noted:
+        return
+    _fallback_noted = True
+    no_driver = why.startswith(("no CUDA driver", "NUMBA_ENABLE_CUDASIM"))
+    log.log(
+        logging.INFO if no_driver else logging.WARNING,
+        "backend='auto': using the CPU, CUDA is unavailable: %s",
+        why,
+    )
 
 
 class Engine:
@@ -294,7 +319,8 @@ class Engine:
         )  # fmt: skip
         if order.shape[0] != slots.shape[0]:
             self._report_codes(reasons, slots, times, closes, origin, rejected)
-        out = self.backend.step(slots, times, closes, order, round_starts)
+        self._request_on_backend()
+        out = self._only_requested(self.backend.step(slots, times, closes, order, round_starts))
         if order.shape[0] == slots.shape[0]:  # all accepted: every row is a result
             return self._result(slots, times, closes, out, rejected)
         keep = np.sort(order)
@@ -323,10 +349,35 @@ class Engine:
         accepted = reasons == batch.ACCEPTED
         if not accepted.all():
             self._report_codes(reasons, slots, times, closes, origin, rejected)
-        out = self.backend.preview(slots, times, closes, accepted)
+        self._request_on_backend()
+        out = self._only_requested(self.backend.preview(slots, times, closes, accepted))
         return self._result(
             slots[accepted], times[accepted], closes[accepted], out[accepted], rejected, True
         )
+
+    def request_outputs(self, *groups: str) -> None:
+        """Return only these output groups from ``step``/``preview`` (none given: all).
+
+        Groups: ``batch.OUTPUT_GROUPS`` ("signal", "events", "layers", "equities",
+        "growth"); ``bar_index`` always comes back. Unrequested columns of
+        ``StepResult.outputs`` are NaN. On CUDA only the requested columns are copied
+        back from the device every step. Warmup results always carry every column.
+        """
+        self._output_columns = batch.output_columns(groups or None)
+
+    _output_columns: np.ndarray | None = None
+
+    def _request_on_backend(self) -> None:
+        if hasattr(self.backend, "output_columns"):
+            self.backend.output_columns = self._output_columns
+
+    def _only_requested(self, out: np.ndarray) -> np.ndarray:
+        """NaN in unrequested columns where the backend computed them all anyway."""
+        if self._output_columns is not None and not hasattr(self.backend, "output_columns"):
+            keep = out[:, self._output_columns]
+            out[:] = np.nan
+            out[:, self._output_columns] = keep
+        return out
 
     # -- warmup -----------------------------------------------------------------------
 

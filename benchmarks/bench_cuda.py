@@ -25,6 +25,16 @@ warmup throughput, 100 x 1,500 / 10,000 x 2,000 / 100,000 x 2,000 (streams x bar
     plus ``Engine.warmup`` itself (chunks of ``engine.WARMUP_CHUNK`` streams) at the
     middle size.
 
+host-side cost per step, 10,000 / 100,000 streams (``--host-costs``; no GPU needed):
+    the host work of ``CudaBackend.step`` around the kernels, before (the code of
+    commit 4723466, reproduced below: gather into plan order, F-order outputs
+    transposed to C order and scattered back) and after (cached slot-sorted plan, two
+    input memcpys, host-order C outputs: one memcpy), plus the engine's ``plan_rounds``
+    (the same before and after) and the warmup's host transpose vs memcpy.
+CPU-vs-GPU mismatches (with a GPU): 10,000 streams, 20 steps after a warmup, every
+    output compared (discrete columns exactly, continuous ones to 1e-9).
+``--gpu-tests``: runs ``pytest -m gpu tests/test_cuda_gpu.py`` and records the outcome.
+
 Each figure is the median of ``--repeats`` wall-clock samples after one untimed call
 (which also compiles); the largest CPU warmup takes one sample (minutes per run).
 The ratio column is the row's speed relative to the workload's CPU end-to-end row
@@ -44,12 +54,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
+from numba import njit
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from atc_stream.engine import WARMUP_CHUNK, Engine  # noqa: E402
 from atc_stream.kernels import batch, cpu, cuda_available  # noqa: E402
 from atc_stream.params import ATCParams  # noqa: E402
+from atc_stream.state import layout as L  # noqa: E402
 from atc_stream.state.layout import N_OUT  # noqa: E402
 from atc_stream.state.store import StateStore  # noqa: E402
 
@@ -147,13 +159,15 @@ def set_ratios(rows: list[Row]) -> None:
 # -- step latency -------------------------------------------------------------------------
 
 
-def step_rows(n: int, backend: str, repeats: int) -> list[Row]:
+def step_rows(n: int, backend: str, repeats: int, threads: int | None = None) -> list[Row]:
     """End-to-end and kernel-only step latency for ``n`` streams on ``backend``."""
     work = f"step, {n:,} streams"
     total = STEP_HISTORY + 2 * repeats + 8
     closes = random_walks(n, total, seed=n)
     times = bar_times(total)
     eng = Engine(ATCParams(), backend=backend, capacity=n)
+    if threads is not None and backend == "cuda":
+        eng.backend.threads_per_block = threads
     for i in range(n):
         eng.add_stream(f"S{i}")
     slots = np.array([eng.slot_of(k) for k in eng.streams], np.int64)
@@ -183,9 +197,10 @@ def step_rows(n: int, backend: str, repeats: int) -> list[Row]:
             kernel_s.append(eng.backend.last_kernel_seconds)
 
         e2e = timed(one_step_timed, repeats, warm=False)
-        rows.append(Row(work, "cuda end to end", float(np.median(e2e)), n, "upd", repeats))
+        label = "cuda" if threads is None else f"cuda {threads} thr/block"
+        rows.append(Row(work, f"{label} end to end", float(np.median(e2e)), n, "upd", repeats))
         rows.append(
-            Row(work, "cuda kernel only", float(np.median(kernel_s)), n, "upd", repeats,
+            Row(work, f"{label} kernel only", float(np.median(kernel_s)), n, "upd", repeats,
                 "device time (CUDA events)")
         )  # fmt: skip
         return rows
@@ -297,6 +312,163 @@ def engine_warmup_row(n: int, t: int, backend: str, repeats: int) -> Row:
     )  # fmt: skip
 
 
+# -- host-side costs per step (no GPU needed) ---------------------------------------------
+
+
+@njit(cache=True)
+def _before_pack_step(slots, times, closes, order, ints, floats):
+    """The host gather of ``CudaBackend.step`` before this change (commit 4723466)."""
+    m = order.shape[0]
+    identity = m == slots.shape[0]
+    for k in range(m):
+        u = order[k]
+        identity = identity and u == k
+        ints[k] = slots[u]
+        ints[m + k] = times[u]
+        floats[k] = closes[u]
+    return identity
+
+
+def host_cost_rows(n: int, repeats: int) -> list[Row]:
+    """Host work of one step around the kernels, before and after, for ``n`` streams.
+
+    The steady case: every stream once, in a shuffled (arrival) order that repeats.
+    Buffers are ordinary host memory here (pinned on a GPU machine: same memcpy cost);
+    the kernels, transfers and ``_find_changed``/``_commit_step`` (unchanged) are left out.
+    """
+    from atc_stream.kernels import cuda as kc
+
+    work = f"host per step, {n:,} streams"
+    rng = np.random.default_rng(n)
+    slots = rng.permutation(n).astype(np.int64)
+    times = np.full(n, BASE_TIME, np.int64)
+    closes = rng.uniform(10, 100, n)
+    order = np.arange(n, dtype=np.int64)
+    starts = np.array([0, n], np.int64)
+    device_out_f = np.asfortranarray(rng.normal(size=(n, N_OUT)))  # stands in for the download
+    device_out_c = np.ascontiguousarray(device_out_f)
+    ints, floats = np.empty(2 * n, np.int64), np.empty(n)
+    plan, where = np.empty(2 * n, np.int64), np.full(n, -1, np.int64)
+    t_in, c_in = np.empty(n, np.int64), np.empty(n)
+    cached = slots.copy()
+
+    def before():
+        identity = _before_pack_step(slots, times, closes, order, ints, floats)
+        compact = device_out_f
+        if identity:
+            return np.array(compact, order="C")
+        result = np.full((n, N_OUT), np.nan)
+        result[order] = compact
+        return result
+
+    def after_cached():
+        assert np.array_equal(cached, slots)  # the plan on the device is reused
+        t_in[:] = times
+        c_in[:] = closes
+        return device_out_c.copy()
+
+    def after_new_plan():
+        kc._build_plan(slots, order, starts, plan, where)
+        t_in[:] = times
+        c_in[:] = closes
+        return device_out_c.copy()
+
+    def planning():
+        store_counters = np.zeros((n, L.N_COUNTER_FIELDS), np.int64)
+        in_use = np.ones(n, np.bool_)
+        pending = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        reasons = np.zeros(n, np.int64)
+
+        def run():
+            batch.plan_rounds(store_counters, in_use, *pending, slots, times, closes, reasons)
+
+        return run
+
+    rows = []
+    for label, fn, note in (
+        ("before: gather + F->C outputs", before, "commit 4723466"),
+        ("after: cached plan, host-order outputs", after_cached, "steady case"),
+        ("after: new plan (slot sort)", after_new_plan, "first step / slot set changed"),
+        ("plan_rounds (engine, unchanged)", planning(), "validation + rounds"),
+    ):
+        samples = timed(fn, repeats)
+        rows.append(Row(work, label, float(np.median(samples)), n, "upd", repeats, note))
+    return rows
+
+
+def warmup_host_rows(n: int, t: int, repeats: int) -> list[Row]:
+    """The warmup's host-side copy of the histories into the staging buffer."""
+    work = f"warmup host copy, {n:,} x {t:,}"
+    closes = random_walks(n, t, seed=1)
+    staging = np.empty(n * t)
+
+    def before():  # host transpose into the time-major layout
+        np.copyto(staging.reshape(t, n), closes.T)
+
+    def after():  # as they are; the device transposes
+        np.copyto(staging.reshape(n, t), closes)
+
+    return [
+        Row(work, "before: host transpose", float(np.median(timed(before, repeats))), n * t,
+            "bar", repeats),
+        Row(work, "after: memcpy (device transposes)", float(np.median(timed(after, repeats))),
+            n * t, "bar", repeats),
+    ]  # fmt: skip
+
+
+# -- CPU vs GPU, and the GPU tests -------------------------------------------------------------
+
+DISCRETE = [L.OUT_BAR_INDEX, L.OUT_LONG, L.OUT_SHORT, L.OUT_SIGNAL] + list(
+    range(L.OUT_LAYER1, L.OUT_LAYER1 + 6)
+)
+
+
+def mismatches(n: int, steps: int = 20) -> dict:
+    """CPU vs CUDA on the same ``n`` streams: outputs that differ (discrete / continuous)."""
+    total = STEP_HISTORY + steps
+    closes = random_walks(n, total, seed=11)
+    times = bar_times(total)
+    history = {f"S{i}": (times[:STEP_HISTORY], closes[i, :STEP_HISTORY]) for i in range(n)}
+    engines = [Engine(ATCParams(), backend=b, capacity=n) for b in ("cpu", "cuda")]
+    for eng in engines:
+        eng.warmup(history)
+    slots = [np.array([e.slot_of(e.streams[i]) for i in range(n)]) for e in engines]
+    discrete = continuous = 0
+    continuous_cols = [c for c in range(N_OUT) if c not in DISCRETE]
+    for j in range(STEP_HISTORY, total):
+        outs = [
+            e.step_arrays(s, np.full(n, times[j]), closes[:, j]).outputs
+            for e, s in zip(engines, slots, strict=True)
+        ]
+        a, b = outs
+        same = (a == b) | (np.isnan(a) & np.isnan(b))
+        discrete += int((~same[:, DISCRETE]).sum())
+        close = np.isclose(a, b, rtol=0, atol=1e-9) | (np.isnan(a) & np.isnan(b))
+        continuous += int((~close[:, continuous_cols]).sum())
+    return {"streams": n, "steps": steps, "discrete": discrete, "continuous_over_1e-9": continuous}
+
+
+def step_us(rows: list[Row]) -> dict:
+    """``{workload: {path: µs}}`` of the step rows (end to end and kernel only)."""
+    table: dict = {}
+    for r in rows:
+        table.setdefault(r.workload, {})[r.path] = None if r.median_s is None else r.median_s * 1e6
+    return table
+
+
+def run_gpu_tests() -> dict:
+    import subprocess
+
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/test_cuda_gpu.py"],
+        cwd=root, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    lines = [ln for ln in proc.stdout.strip().splitlines() if ln.strip()]
+    return {"returncode": proc.returncode, "passed": proc.returncode == 0,
+            "summary": lines[-1] if lines else ""}  # fmt: skip
+
+
 # -- main ------------------------------------------------------------------------------------
 
 
@@ -337,7 +509,28 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     parser.add_argument("--repeats", type=int, default=5, help="timed samples per figure")
     parser.add_argument("--json", help="also write the rows and the environment here")
+    parser.add_argument(
+        "--host-costs", action="store_true",
+        help="only the host-side per-step costs (before/after; no GPU needed), then stop",
+    )  # fmt: skip
+    parser.add_argument(
+        "--threads", default="", help="with a GPU: also time the step at these threads/block"
+    )
+    parser.add_argument("--gpu-tests", action="store_true", help="run and record the GPU tests")
     args = parser.parse_args(argv)
+
+    host = []
+    for n in (1_000,) if args.quick else (10_000, 100_000):
+        host += host_cost_rows(n, max(args.repeats, 5))
+    host += warmup_host_rows(*((500, 300) if args.quick else (10_000, 2_000)), args.repeats)
+    print_table("Host-side cost per step around the CUDA kernels (CPU only)", host)
+    record: dict = {"host_costs": [asdict(r) | {"rate": r.rate} for r in host]}
+    if args.host_costs:
+        record["environment"] = environment(False) | {"loadavg": os.getloadavg()}
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as fh:
+                json.dump(record, fh, indent=1)
+        return 0
 
     have_gpu, why = cuda_available()
     if not have_gpu:
@@ -354,6 +547,9 @@ def main(argv=None) -> int:
     for n in step_sizes:
         for backend in backends:
             step += step_rows(n, backend, args.repeats)
+        if have_gpu:
+            for threads in [int(x) for x in args.threads.split(",") if x.strip()]:
+                step += step_rows(n, "cuda", args.repeats, threads)
     set_ratios(step)
     print_table("Step latency (one bar for every stream)", step)
 
@@ -368,10 +564,23 @@ def main(argv=None) -> int:
     set_ratios(warm)
     print_table("Warmup throughput (stream-bars/s; last-bar outputs)", warm)
 
+    record["mismatches"] = mismatches(1_000 if args.quick else 10_000) if have_gpu else None
+    if record["mismatches"]:
+        print("\nCPU vs CUDA mismatches:", json.dumps(record["mismatches"]))
+    record["gpu_tests"] = run_gpu_tests() if args.gpu_tests else None
+    if record["gpu_tests"]:
+        print("GPU tests:", json.dumps(record["gpu_tests"]))
     if args.json:
+        env["loadavg"] = os.getloadavg()
+        record |= {
+            "environment": env,
+            "device": env["gpu"],
+            "step_us": step_us(step),
+            "warmup_symbol_bars_per_s": {f"{r.workload} / {r.path}": r.rate for r in warm},
+            "rows": [asdict(r) | {"rate": r.rate} for r in step + warm],
+        }
         with open(args.json, "w", encoding="utf-8") as fh:
-            rows = [asdict(r) | {"rate": r.rate} for r in step + warm]
-            json.dump({"environment": env, "rows": rows}, fh, indent=1)
+            json.dump(record, fh, indent=1)
     if not have_gpu:
         print(f"\nNo GPU measured ({why}).")
     return 0

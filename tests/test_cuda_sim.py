@@ -7,7 +7,8 @@ Run in their own process (the variable must be set before numba is imported)::
 The simulator runs the kernels' Python source one Python thread per CUDA thread, with
 numpy float64 scalars, so it checks the kernels' logic (indexing, the F-order layout,
 rounds, scratch rows, the host/device bookkeeping, the growth table), not the GPU
-compiler: FMA contraction and the device ``exp`` are covered by ``test_cuda_gpu.py``.
+compiler: FMA contraction and the device ``exp`` are covered by ``test_cuda_ptx.py``
+(PTX, no GPU needed) and ``test_cuda_gpu.py`` (the PTX linked on a device).
 Sizes are tiny (a handful of streams, short lengths) because every simulated thread is
 interpreted Python. Outputs and states are compared with ``np.array_equal(...,
 equal_nan=True)``: equal values, NaN at the same places.
@@ -376,3 +377,77 @@ def test_streams_and_params_added_while_live():
         assert_same(a, b, f"output block {i}")
     assert_same_state(eng_cuda, eng_cpu)
     assert eng_cuda.stream_state(eng_cuda.streams[0]) == eng_cpu.stream_state(eng_cpu.streams[0])
+
+
+# -- host-side step plan: cached plan, m = 1, shuffled slots, small stores, chunked warmup ------
+
+
+def test_step_plan_cache_m1_shuffled_slots_and_one_row_store(cuda_mod):
+    """The plan cache, one-update steps and slot orders never change a result.
+
+    A one-row store (its F-order state would type as C order), steps with one update,
+    then more streams (the store grows) arriving in a shuffled order that repeats (the
+    cached device plan is reused) and then changes; the warmup split by a tiny memory
+    budget. Every output and the final state equal the CPU's.
+    """
+    closes = walks(6, 60, seed=11)
+    t = times_of(60)
+    engines = [Engine(SHORT, backend=b, capacity=1) for b in ("cuda", "cpu")]
+    cuda_backend = engines[0].backend
+    cuda_backend.warmup_memory_budget = 1  # one stream per warmup chunk
+    for eng in engines:
+        eng.warmup({"S0": (t[:10], closes[0, :10])})
+    for j in range(10, 14):  # m = 1
+        outs = [e.step([("S0", int(t[j]), float(closes[0, j]))]).outputs for e in engines]
+        assert_same(outs[0], outs[1], f"m=1 bar {j}")
+    for eng in engines:  # five more streams: the store grows past one row
+        eng.warmup({f"S{i}": (t[:14], closes[i, :14]) for i in range(1, 6)})
+    order = np.array([4, 0, 5, 2, 1, 3])
+    plans = []
+    for j in range(14, 30):
+        if j == 24:
+            order = order[::-1].copy()  # a new arrival order: the plan is rebuilt
+        slots = np.array([engines[0].slot_of(engines[0].streams[i]) for i in order])
+        outs = [e.step_arrays(slots, np.full(6, t[j]), closes[order, j]).outputs for e in engines]
+        assert_same(outs[0], outs[1], f"bar {j}")
+        plans.append(cuda_backend._plan_slots)
+    assert plans[1] is plans[9], "the plan of a repeating slot set was rebuilt"
+    assert plans[10] is not plans[9] and plans[11] is plans[10]
+    moves = [("S3", int(t[30]), 99.0), ("S1", int(t[30]), 98.0), ("S3", int(t[30]), 97.0)]
+    pv = [e.preview(moves).outputs for e in engines]  # S3 twice: two scratch rows
+    assert_same(pv[0], pv[1], "preview")
+    assert_same_state(*engines)
+
+
+def test_threads_per_block_is_a_checked_parameter(cuda_mod):
+    store = StateStore(4)
+    store.add_params(SHORT)
+    for bad in (0, 48, 2048, 64.0):
+        with pytest.raises(ValueError, match="threads_per_block"):
+            cuda_mod.CudaBackend(store, threads_per_block=bad)
+    assert cuda_mod.CudaBackend(store, threads_per_block=256).threads_per_block == 256
+
+
+def test_requested_outputs_subset_cuda_equals_cpu():
+    """Only the requested columns come back (the rest NaN), equal to the CPU's."""
+    closes = walks(3, 40, seed=13)
+    t = times_of(41)
+    engines = [Engine(SHORT, backend=b) for b in ("cuda", "cpu")]
+    for eng in engines:
+        eng.warmup({f"S{i}": (t[:30], closes[i, :30]) for i in range(3)})
+        eng.request_outputs("signal", "events")
+    wanted = [L.OUT_SIGNAL, L.OUT_LONG, L.OUT_SHORT, L.OUT_BAR_INDEX]
+    others = [c for c in range(L.N_OUT) if c not in wanted]
+    for j in range(30, 34):
+        bars = [(f"S{i}", int(t[j]), float(closes[i, j])) for i in range(3)]
+        bars.append(("S1", int(t[j - 1]), 5.0))  # a duplicate: rejected
+        outs = [e.step(bars).outputs for e in engines]
+        assert_same(outs[0], outs[1], f"bar {j}")
+        assert np.isnan(outs[0][:, others]).all() and not np.isnan(outs[0][:, wanted]).any()
+    pv = [e.preview([("S2", int(t[34]), 77.0)]).outputs for e in engines]
+    assert_same(pv[0], pv[1], "preview")
+    for eng in engines:
+        eng.request_outputs()  # all columns again
+    full = [e.step([("S0", int(t[34]), float(closes[0, 34]))]).outputs for e in engines]
+    assert_same(full[0], full[1], "all columns")
+    assert not np.isnan(full[0]).any()

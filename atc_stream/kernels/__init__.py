@@ -1,8 +1,21 @@
-"""The ATC math, written once (``core``) and driven on the CPU (``cpu``) or GPU (``cuda``)."""
+"""The ATC math, written once (``core``) and driven on the CPU (``cpu``) or GPU (``cuda``).
+
+Also the one place that decides whether the CUDA backend can run here
+(``cuda_available``): a probe of every piece it needs, run once per process.
+"""
 
 from __future__ import annotations
 
 import os
+import threading
+
+#: ``backend="auto"`` picks CUDA only from this many streams on. Placeholder, NOT
+#: measured (no GPU was lent): run ``benchmarks/bench_cuda.py`` on a GPU machine and
+#: set it where the CUDA step latency crosses below the CPU's.
+AUTO_MIN_STREAMS = 10_000
+
+_probe_lock = threading.Lock()
+_probe_result: tuple[bool, str] | None = None
 
 
 def cuda_simulated() -> bool:
@@ -10,17 +23,71 @@ def cuda_simulated() -> bool:
     return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 
 
-def cuda_available(allow_simulator: bool = False) -> tuple[bool, str]:
-    """Whether the CUDA backend can run here, and why not when it cannot."""
-    if cuda_simulated() and not allow_simulator:
-        return False, "NUMBA_ENABLE_CUDASIM=1 (simulator only; ask for backend='cuda' explicitly)"
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200] if text else ''}"
+
+
+_INSTALL_HINT = (
+    "pip install 'atc-stream[cuda12]' or 'atc-stream[cuda13]' (the major of the "
+    "'CUDA Version' that nvidia-smi prints)"
+)
+
+
+def _probe_cuda() -> tuple[bool, str]:
+    """Driver and device, libNVVM, then a tiny kernel compiled (no FMA) and launched."""
     try:
         from numba import cuda
     except ImportError as exc:  # pragma: no cover - numba always ships numba.cuda
-        return False, f"numba.cuda cannot be imported ({exc}); pip install 'atc-stream[cuda]'"
+        return False, f"numba.cuda cannot be imported ({exc}); {_INSTALL_HINT}"
     try:
         if not cuda.is_available():
-            return False, "no CUDA device or driver found"
+            return False, "no CUDA driver or device found (numba.cuda.is_available() is False)"
     except Exception as exc:  # the driver probe raises on broken installs
-        return False, f"CUDA driver probe failed: {exc}"
+        return False, f"CUDA driver probe failed ({_first_line(exc)})"
+    try:
+        from numba.cuda.cudadrv import nvvm
+
+        nvvm.NVVM()
+    except Exception as exc:  # DynamicLibNotFoundError, NvvmSupportError, ...
+        return (
+            False,
+            f"libNVVM (the CUDA compiler) is missing ({_first_line(exc)}); {_INSTALL_HINT}",
+        )
+    try:
+        import numpy as np
+
+        from .cuda import check_no_fma, no_fma
+
+        def probe(out):
+            out[0] = out[0] * out[1] + out[2]  # NVVM would contract this without -fma=0
+
+        values = cuda.to_device(np.array([3.0, 5.0, 7.0]))
+        kernel = cuda.jit(lto=False)(probe)
+        with no_fma():
+            kernel[1, 1](values)
+        check_no_fma(kernel, "the probe kernel")
+        got = values.copy_to_host()[0]
+        if got != 22.0:
+            return False, f"the probe kernel computed {got!r} instead of 22.0"
+    except Exception as exc:  # NVRTC missing, PTX too new for the driver, launch failure...
+        return False, f"compiling or launching a probe kernel failed ({_first_line(exc)})"
     return True, ""
+
+
+def cuda_available(allow_simulator: bool = False) -> tuple[bool, str]:
+    """Whether the CUDA backend can run here, and (when it cannot) which piece is missing.
+
+    On a real device the probe runs once per process: driver and device, libNVVM, and a
+    tiny kernel compiled through the backend's no-FMA path and launched. Under
+    ``NUMBA_ENABLE_CUDASIM=1`` it answers True only with ``allow_simulator``.
+    """
+    global _probe_result
+    if cuda_simulated():
+        if allow_simulator:
+            return True, ""
+        return False, "NUMBA_ENABLE_CUDASIM=1 (simulator only; ask for backend='cuda' explicitly)"
+    with _probe_lock:
+        if _probe_result is None:
+            _probe_result = _probe_cuda()
+        return _probe_result

@@ -13,17 +13,22 @@ is no float32 path, on purpose — the parity contract of docs/spec.md is about 
   ``fastmath=False`` (the default) passes nothing, which leaves NVVM's default on.
   (Upstream: NVIDIA/numba-cuda issue #118, PR #839, not released.) We therefore wrap
   ``numba.cuda.cudadrv.nvvm.compile_ir`` once and, only while one of *our* kernels
-  is being compiled (the thread-local ``no_fma()`` context around every launch),
-  add ``fma=False``, which numba turns into ``-fma=0``: NVVM then emits ``mul.rn.f64``
-  and ``add.rn.f64``, whose explicit rounding also forbids ptxas from fusing them.
-  Our kernels are compiled with ``lto=False`` so that this PTX is what gets linked
-  (with LTO the final code generation would happen in nvJitLink, which has its own
-  ``-fma`` setting). Checked without a GPU by compiling the kernels to PTX with
-  libNVVM (``kernel_ptx``; CUDA 13.0, sm_90): the step kernel has 23 ``fma.rn.f64``
-  without the option and none with it, and no ``ex2`` (no device ``exp``). The PTX
-  actually linked at launch can only be read on a machine with a device
-  (``tests/test_cuda_gpu.py::test_step_ptx_has_no_fma``, which also checks the SASS
-  for ``DFMA`` where ``nvdisasm`` is installed).
+  is being compiled (the thread-local ``no_fma()`` context around every compile and
+  launch), add ``fma=False``, which numba turns into ``-fma=0``: NVVM then emits
+  ``mul.rn.f64`` and ``add.rn.f64``, whose explicit rounding also forbids ptxas from
+  fusing them. Our kernels are compiled with ``lto=False`` so that this PTX is what
+  gets linked (with LTO the final code generation would happen in nvJitLink, which
+  has its own ``-fma`` setting).
+  The hook wraps a private function, so it is *guarded*, not trusted: numba-cuda is
+  pinned to the verified range (``NUMBA_CUDA_VERIFIED``), and the backend reads the
+  PTX of every kernel specialisation when it is compiled (``precompile`` at
+  construction, ``check_no_fma`` after any later compile) and raises
+  ``FmaContractionError`` — refusing to run — if ``fma.rn.f64`` appears. In CI,
+  without a GPU, ``tests/test_cuda_ptx.py`` compiles every kernel with its launch
+  types to PTX for sm_80 and sm_90 with libNVVM (``kernel_ptx``; the ``nvidia-nvvm``
+  wheel of the test extra): the step kernel has 23 ``fma.rn.f64`` without the hook
+  and none with it, and no ``ex2`` (no device ``exp``). The SASS is not the thing to
+  check: ``div.rn.f64`` itself expands to ``DFMA`` instructions.
 * **Growth factor from the host.** ``exp`` on the device is libdevice's, not glibc's.
   The growth ``exp(lam * (i - cutout))`` therefore comes from a table computed on the
   host with ``cpu.growth_factor`` (the njit-compiled core function, i.e. glibc ``exp``):
@@ -38,8 +43,21 @@ Layout. The core indexes ``[slot, field]``. On the device the state arrays are k
 in the transposed (Fortran) order, so the 32 threads of a warp (32 neighbouring
 slots) read one field of 32 neighbouring slots: one coalesced transaction. numba
 compiles the same core source for the F-order arrays (and for the C-order local
-arrays of the local-state warmup). Outputs are F-order too (``out[u, col]`` with
-``u`` fastest).
+arrays of the local-state warmup). A one-row F-order array is also C-contiguous
+(numba would type it as C order and compile a second specialisation), so the device
+state has at least two rows.
+
+Step plan and outputs. The host sends a plan: per accepted update, in plan order
+(rounds ascending, *slots ascending within a round*, so neighbouring threads read
+neighbouring state), its slot and its position ``u`` in the host's batch
+(``_build_plan``, compiled). The kernel reads the bar time and close from the
+host-order inputs and writes the outputs to the host-order row ``out[u]`` in C
+order, the layout ``StepResult`` reads: the host neither gathers inputs nor
+transposes or scatters outputs (one memcpy of the pinned buffer). While a step's
+slots repeat with every update accepted in one round (the steady one-bar-per-stream
+case), the plan on the device is reused and only times and closes are uploaded.
+Every kernel specialisation is compiled when the backend is built
+(``precompile``), so nothing compiles inside a live step (e.g. a batch of one).
 
 Thread mapping: one thread per stream-update. The core updates a whole stream for
 one bar (54 MAs, their windows, both equity layers, events) in one call; mapping
@@ -48,8 +66,9 @@ with reductions between them, i.e. a second source of the arithmetic, which is w
 this project refuses. One thread per update keeps parity by construction. Its cost
 is occupancy for small batches (1,000 updates fill a fraction of one wave on an
 H100) and a long per-thread instruction stream; whether a finer mapping pays off
-has NOT been measured (no GPU was lent while this was written); ``THREADS_PER_BLOCK``
-is likewise an unmeasured placeholder.
+has NOT been measured (no GPU was lent while this was written). Threads per block is
+a parameter (``CudaBackend(threads_per_block=...)``, default ``THREADS_PER_BLOCK``,
+an unmeasured placeholder; ``benchmarks/bench_cuda.py --threads`` sweeps it).
 
 State on the device, host mirror. ``CudaBackend`` keeps the authoritative state on
 the device; the store's host arrays are the staging copy: ``pull_state`` copies the
@@ -70,7 +89,12 @@ CUDA stream; the host counter update runs while the kernel executes; the outputs
 come back through a pinned buffer. Every step returns its outputs, so a step waits
 for its own results and there is nothing to double-buffer across steps; overlapping
 a warmup's upload with compute (time-chunked double buffering) and CUDA graphs for
-the step's copy/launch/copy sequence were NOT evaluated: not measured, no GPU lent.
+the step's copy/launch/copy sequence were NOT built: numba-cuda 0.30 has no graph
+capture API, and without a GPU their gain could not be measured. The warmup uploads
+the histories as the host holds them (one stream per row, a memcpy into pinned
+memory), transposes them on the device (``transpose_kernel``) to the time-major
+layout the time loop reads coalesced, and splits the streams into chunks whose
+device buffers fit ``warmup_memory_budget``.
 
 Arrays: CuPy allocates the device arrays when it is importable (its memory pool;
 real GPU only), wrapped as numba device arrays through ``__cuda_array_interface__``
@@ -82,6 +106,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import threading
 import types
 
@@ -100,7 +125,7 @@ from ..state.layout import (
     PV_LAM,
 )
 from ..state.store import StateStore
-from . import cpu, cuda_simulated
+from . import AUTO_MIN_STREAMS, cpu, cuda_simulated  # noqa: F401 - AUTO_MIN_STREAMS re-exported
 from .compile import compile_core
 
 log = logging.getLogger("atc_stream")
@@ -108,10 +133,6 @@ log = logging.getLogger("atc_stream")
 #: Threads per block of every kernel. Placeholder: not measured (no GPU was lent); the
 #: kernels are register-heavy, so 128 is a conservative guess to be tuned on a device.
 THREADS_PER_BLOCK = 128
-#: ``backend="auto"`` picks CUDA only from this many streams on. Placeholder, NOT
-#: measured (no GPU was lent): run ``benchmarks/bench_cuda.py`` on a GPU machine and
-#: set it where the CUDA step latency crosses below the CPU's.
-AUTO_MIN_STREAMS = 10_000
 #: The local-state warmup keeps a stream's ring in a ``cuda.local.array``; above this
 #: many ring columns (2 x (longest length + 1)) the global-state kernel is used.
 LOCAL_RING_MAX_COLUMNS = 512
@@ -119,6 +140,10 @@ LOCAL_RING_MAX_COLUMNS = 512
 GROWTH_TABLE_MIN = 4096
 
 # -- compiling without FMA contraction -------------------------------------------------
+
+#: the numba-cuda releases the no-FMA hook below was verified with (pyproject.toml pins
+#: the same range; tests/test_cuda_ptx.py checks the installed one and the hook's effect)
+NUMBA_CUDA_VERIFIED = ">=0.30.4,<0.31"
 
 _no_fma_state = threading.local()
 
@@ -155,6 +180,70 @@ def no_fma():
         _no_fma_state.depth -= 1
 
 
+class FmaContractionError(RuntimeError):
+    """A kernel's PTX holds ``fma.rn.f64``: the no-FMA switch did not take effect."""
+
+
+def _kernel_ptx_strings(overload) -> list[str]:
+    """The PTX a compiled kernel (a ``_Kernel``) was linked from, as numba holds it."""
+    library = overload.library
+    cache = getattr(library, "_ptx_cache", None)
+    if isinstance(cache, dict) and cache:
+        return [ptx for strings in cache.values() for ptx in strings]
+    # numba-cuda internals moved, or the kernel came from a disk cache: compile its IR
+    # again the way the backend compiles it
+    with no_fma():
+        return [overload.inspect_asm(None)]
+
+
+def ptx_has_fma(ptx: str) -> bool:
+    """Whether PTX holds a double-precision fused multiply-add (any rounding mode)."""
+    return re.search(r"\bfma\.r[nzmp]\.f64\b", ptx) is not None
+
+
+_checked_overloads: dict[int, int] = {}
+
+
+def check_no_fma(kernel, what: str | None = None) -> None:
+    """Refuse (``FmaContractionError``) if any compiled specialisation of ``kernel`` has FMA.
+
+    ``kernel`` is a numba-cuda kernel dispatcher. Each specialisation is read once (the
+    count of checked ones is remembered), so calling this after every launch costs one
+    dict lookup in the steady state. Never raises for the simulator (nothing compiled).
+    """
+    if cuda_simulated():
+        return
+    overloads = kernel.overloads
+    if _checked_overloads.get(id(kernel)) == len(overloads):
+        return
+    name = what or getattr(getattr(kernel, "py_func", None), "__name__", repr(kernel))
+    for argtypes, overload in list(overloads.items()):
+        check_ptx_no_fma(f"{name}{argtypes}", _kernel_ptx_strings(overload))
+    _checked_overloads[id(kernel)] = len(overloads)
+
+
+def check_ptx_no_fma(what: str, ptxes) -> None:
+    """Raise ``FmaContractionError`` naming ``what`` if any of ``ptxes`` holds an f64 FMA."""
+    for ptx in ptxes:
+        if ptx_has_fma(ptx):
+            raise FmaContractionError(
+                f"{what}: the PTX holds fma.rn.f64, i.e. NVVM contracted a*b + c although "
+                "atc-stream compiles its kernels with -fma=0; results would differ from the "
+                "CPU path. The no-FMA hook on numba-cuda's nvvm.compile_ir no longer takes "
+                f"effect (numba-cuda {_numba_cuda_version()}; verified with "
+                f"{NUMBA_CUDA_VERIFIED}). Refusing to run."
+            )
+
+
+def _numba_cuda_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("numba-cuda")
+    except Exception:  # not installed as a distribution
+        return "unknown"
+
+
 # The simulator's jit takes no ``lto``; on a device, LTO off keeps NVVM's -fma=0 PTX final.
 _kernel = cuda.jit if cuda_simulated() else cuda.jit(lto=False)
 
@@ -181,32 +270,40 @@ def table_growth(growth_table, counters, param_lengths, slot):
 @_kernel
 def step_kernel(
     ring, values, counters, param_lengths, param_values, growth_table,
-    ints, floats, m, start, stop, out,
+    plan, m, start, stop, times, closes, out,
 ):  # fmt: skip
     """One round of a planned step: update ``k`` in ``[start, stop)`` of the plan order.
 
-    ``ints[k]`` is the slot and ``ints[m + k]`` the bar time of the k-th accepted update
-    (plan order), ``floats[k]`` its close; its outputs go to ``out[k]``.
+    ``plan[k]`` is the slot of the k-th accepted update (plan order: rounds ascending,
+    slots ascending within a round, so neighbouring threads read neighbouring state)
+    and ``plan[m + k] = u`` its position in the host's batch: the bar time and close are
+    read from the host-order inputs ``times[u]``/``closes[u]`` and the outputs written to
+    the host-order row ``out[u]`` (C order), so the host neither gathers nor scatters.
     """
     k = start + cuda.grid(1)
     if k < stop:
-        slot = ints[k]
+        slot = plan[k]
+        u = plan[m + k]
         growth = table_growth(growth_table, counters, param_lengths, slot)
         update_stream(
-            ring, values, counters, slot, ints[m + k], floats[k], growth,
-            param_lengths, param_values, out, k,
+            ring, values, counters, slot, times[u], closes[u], growth,
+            param_lengths, param_values, out, u,
         )  # fmt: skip
 
 
 @_kernel
 def preview_kernel(
     ring, values, counters, param_lengths, param_values, growth_table,
-    ints, floats, m, scratch_ring, scratch_values, scratch_counters, out,
+    plan, m, times, closes, scratch_ring, scratch_values, scratch_counters, out,
 ):  # fmt: skip
-    """Like ``cpu.preview``: copy the slot's rows to scratch row ``k`` and update those."""
+    """Like ``cpu.preview``: copy the slot's rows to scratch row ``k`` and update those.
+
+    ``plan`` as in ``step_kernel`` (one round); inputs and outputs in host order.
+    """
     k = cuda.grid(1)
     if k < m:
-        slot = ints[k]
+        slot = plan[k]
+        u = plan[m + k]
         for f in range(ring.shape[1]):
             scratch_ring[k, f] = ring[slot, f]
         for f in range(values.shape[1]):
@@ -215,9 +312,23 @@ def preview_kernel(
             scratch_counters[k, f] = counters[slot, f]
         growth = table_growth(growth_table, scratch_counters, param_lengths, k)
         update_stream(
-            scratch_ring, scratch_values, scratch_counters, k, ints[m + k], floats[k], growth,
-            param_lengths, param_values, out, k,
+            scratch_ring, scratch_values, scratch_counters, k, times[u], closes[u], growth,
+            param_lengths, param_values, out, u,
         )  # fmt: skip
+
+
+@_kernel
+def transpose_kernel(src, n, width, dst):
+    """``dst[t, s] = src[s, t]`` (``src``: n x width, ``dst``: width x n, both C order).
+
+    The warmup's device-side transpose: the host uploads the histories as they are
+    (one stream per row) and the time loop then reads one bar of 32 neighbouring
+    streams per warp instruction. One thread per stream: its writes are coalesced.
+    """
+    s = cuda.grid(1)
+    if s < n:
+        for t in range(width):
+            dst[t, s] = src[s, t]
 
 
 @_kernel
@@ -230,16 +341,18 @@ def warmup_kernel(
     Loops over time inside the kernel on the F-order global state. ``ints[2n + s]`` is
     the stream's *last* bar time: ``update_stream`` only ever writes ``LAST_TIME`` (never
     reads it), so passing the last time for every bar leaves the same final state and
-    saves uploading the whole time matrix. Outputs: ``out[t * n + s]`` per bar with
-    ``record_all``, else the last bar's in ``out[s]``.
+    saves uploading the whole time matrix. Outputs (C order, the host's ``(n, rows)``
+    order): ``out[s * rows + t]`` per bar with ``record_all``, else the last bar's in
+    ``out[s]``.
     """
     s = cuda.grid(1)
     if s < n:
         slot = ints[s]
         bar_time = ints[2 * n + s]
+        rows = out.shape[0] // n
         for t in range(ints[n + s]):
             growth = table_growth(growth_table, counters, param_lengths, slot)
-            row = t * n + s if record_all else s
+            row = s * rows + t if record_all else s
             update_stream(
                 ring, values, counters, slot, bar_time, closes[t, s], growth,
                 param_lengths, param_values, out, row,
@@ -285,9 +398,10 @@ def local_warmup_kernel(ring_columns: int):
                 local_values[0, f] = values[slot, f]
             for f in range(N_COUNTER_FIELDS):
                 local_counters[0, f] = counters[slot, f]
+            rows = out.shape[0] // n
             for t in range(ints[n + s]):
                 growth = table_growth(growth_table, local_counters, param_lengths, 0)
-                row = t * n + s if record_all else s
+                row = s * rows + t if record_all else s
                 update_stream(
                     local_ring, local_values, local_counters, 0, bar_time, closes[t, s],
                     growth, param_lengths, param_values, out, row,
@@ -302,6 +416,15 @@ def local_warmup_kernel(ring_columns: int):
     kernel = _kernel(warmup_local)
     _local_warmup_kernels[ring_columns] = kernel
     return kernel
+
+
+@_kernel
+def gather_columns_kernel(out, n, columns, compact):
+    """``compact[u, j] = out[u, columns[j]]`` for ``u < n``: the requested outputs only."""
+    u = cuda.grid(1)
+    if u < n:
+        for j in range(columns.shape[0]):
+            compact[u, j] = out[u, columns[j]]
 
 
 @_kernel
@@ -320,13 +443,14 @@ _SHADOW_COLUMNS = (BAR_INDEX, LAST_TIME, PARAM_ROW)
 
 
 @njit(cache=True)
-def _find_changed(counters, shadow, slots, changed):
-    """Slots whose host counters differ from what the device holds (each once).
+def _find_changed(counters, shadow, slots, count, changed):
+    """Slots among ``slots[:count]`` whose host counters differ from what the device holds.
 
-    Writes them to ``changed`` and returns how many; marks them current in ``shadow``.
+    Writes them to ``changed`` (each once) and returns how many; marks them current in
+    ``shadow``.
     """
     n = 0
-    for i in range(slots.shape[0]):
+    for i in range(count):
         slot = slots[i]
         if (
             counters[slot, BAR_INDEX] != shadow[slot, 0]
@@ -342,20 +466,53 @@ def _find_changed(counters, shadow, slots, changed):
 
 
 @njit(cache=True)
-def _pack_step(slots, times, closes, order, ints, floats):
-    """Gather the accepted updates in plan order into the staging buffers.
+def _build_plan(slots, order, round_starts, plan, where):
+    """The device plan: ``plan[k]`` slot, ``plan[m + k]`` host position, k in plan order.
 
-    Returns whether the plan order is the identity (all accepted, one round, in order).
+    Within each round the updates are sorted by slot, so that neighbouring threads read
+    neighbouring state (coalesced). A round whose slots span a range not much larger
+    than itself is sorted by scattering into ``where`` (one entry per slot, all -1 on
+    entry and on exit) and scanning the range; a sparse round by ``argsort``.
     """
     m = order.shape[0]
-    identity = m == slots.shape[0]
+    for r in range(round_starts.shape[0] - 1):
+        a, b = round_starts[r], round_starts[r + 1]
+        if a == b:
+            continue
+        lo = hi = slots[order[a]]
+        for k in range(a, b):
+            lo = min(lo, slots[order[k]])
+            hi = max(hi, slots[order[k]])
+        if hi - lo + 1 <= 4 * (b - a) + 64:
+            for k in range(a, b):
+                where[slots[order[k]]] = order[k]
+            k = a
+            for slot in range(lo, hi + 1):
+                u = where[slot]
+                if u >= 0:
+                    plan[k] = slot
+                    plan[m + k] = u
+                    where[slot] = -1
+                    k += 1
+        else:
+            segment = np.empty(b - a, np.int64)
+            for k in range(a, b):
+                segment[k - a] = slots[order[k]]
+            ranked = np.argsort(segment)
+            for i in range(b - a):
+                u = order[a + ranked[i]]
+                plan[a + i] = slots[u]
+                plan[m + a + i] = u
+
+
+@njit(cache=True)
+def _plan_in_order(slots, order, plan):
+    """A preview's plan: like ``_build_plan`` but unsorted (a preview may hold one slot
+    twice: each gets its own scratch row)."""
+    m = order.shape[0]
     for k in range(m):
-        u = order[k]
-        identity = identity and u == k
-        ints[k] = slots[u]
-        ints[m + k] = times[u]
-        floats[k] = closes[u]
-    return identity
+        plan[k] = slots[order[k]]
+        plan[m + k] = order[k]
 
 
 @njit(cache=True)
@@ -446,8 +603,7 @@ def _import_cupy():
     return cupy
 
 
-def _launch_shape(count: int) -> tuple[int, int]:
-    threads = THREADS_PER_BLOCK
+def _launch_shape(count: int, threads: int = THREADS_PER_BLOCK) -> tuple[int, int]:
     if cuda_simulated():  # one Python thread per CUDA thread: do not start idle ones
         threads = max(1, min(threads, count))
     return (count + threads - 1) // threads, threads
@@ -494,11 +650,29 @@ class CudaBackend:
     name = "cuda"
     #: streams per warmup launch: enough threads to fill a large GPU (DESIGN.md, warmup)
     warmup_chunk = 131_072
+    #: device bytes one warmup launch may use for histories and outputs (chunked to fit)
+    warmup_memory_budget = 2 << 30
 
-    def __init__(self, store: StateStore, *, warmup_state: str = "global") -> None:
+    def __init__(
+        self,
+        store: StateStore,
+        *,
+        warmup_state: str = "global",
+        threads_per_block: int = THREADS_PER_BLOCK,
+        precompile: bool = True,
+    ) -> None:
         if warmup_state not in ("local", "global"):
             raise ValueError(f"warmup_state must be 'local' or 'global', got {warmup_state!r}")
+        if not (isinstance(threads_per_block, int) and 32 <= threads_per_block <= 1024) or (
+            threads_per_block % 32
+        ):
+            raise ValueError(
+                "threads_per_block must be a multiple of 32 in [32, 1024], "
+                f"got {threads_per_block!r}"
+            )
         self.store = store
+        #: threads per block of every launch: a tuning parameter (benchmarks/bench_cuda.py)
+        self.threads_per_block = threads_per_block
         #: "global": warmup updates the F-order state in place; "local": in per-thread
         #: local arrays (``local_warmup_kernel``; see there why it is not the default)
         self.warmup_state = warmup_state
@@ -507,6 +681,14 @@ class CudaBackend:
         self._ints = _Staging(self, np.int64)
         self._floats = _Staging(self, np.float64)
         self._out = _Staging(self, np.float64)
+        self._plan = _Staging(self, np.int64)  # step plan: slots, then host positions
+        self._preview_plan = _Staging(self, np.int64)
+        self._times = _Staging(self, np.int64)  # step/preview inputs in host order
+        self._closes = _Staging(self, np.float64)
+        self._history = _Staging(self, np.float64)  # warmup closes before the transpose
+        #: the slots of the last fully accepted one-round step, whose plan is on the device
+        self._plan_slots: np.ndarray | None = None
+        self._where = np.zeros(0, np.int64)
         self._rows = _Staging(self, np.float64)  # packed rows of host-initialised slots
         self._row_counters = _Staging(self, np.int64)
         self._dev: types.SimpleNamespace | None = None
@@ -524,6 +706,31 @@ class CudaBackend:
         #: kernels (CUDA events on the backend's stream) in ``last_kernel_seconds``
         self.time_kernels = False
         self.last_kernel_seconds: float | None = None
+        #: output columns step/preview copy back (sorted; None: all); the others are NaN.
+        #: Set by ``Engine.request_outputs``.
+        self.output_columns: np.ndarray | None = None
+        self._columns_key: bytes | None = None
+        self._columns_device = None
+        self._compact = _Staging(self, np.float64)
+        if precompile:
+            self.precompile()
+
+    def precompile(self) -> None:
+        """Compile every kernel specialisation a step, preview or warmup launches, now.
+
+        So that no compile happens inside a live step (the launch types are fixed:
+        F-order state with at least two rows, C-order host-order inputs and outputs),
+        and so that the FMA guard (``check_no_fma``) has read every kernel's PTX before
+        the first result. The local-state warmup kernel (one per ring width, not the
+        default) is compiled and checked at its first launch. Nothing to do under the
+        simulator.
+        """
+        if cuda_simulated():
+            return
+        for name, (kernel, argtypes) in kernel_signatures(local_ring_columns=None).items():
+            with no_fma():
+                kernel.compile(argtypes)
+            check_no_fma(kernel, name)
 
     # -- device arrays ---------------------------------------------------------------------
 
@@ -536,9 +743,10 @@ class CudaBackend:
     def _launch(self, kernel, count: int, *args) -> None:
         if count <= 0:
             return
-        blocks, threads = _launch_shape(count)
+        blocks, threads = _launch_shape(count, self.threads_per_block)
         with no_fma():
             kernel[blocks, threads, self.stream](*args)
+        check_no_fma(kernel)  # a specialisation compiled by this launch is read once
 
     def _timer_start(self):
         if not self.time_kernels:
@@ -577,22 +785,27 @@ class CudaBackend:
     def push_state(self) -> None:
         """Upload the store's host arrays (the whole state and the parameter table)."""
         s = self.store
-        if self._mirror is None or self._mirror.shapes != (s.ring.shape, s.values.shape):
+        # at least two rows: a one-row F-order array is also C-contiguous, which numba
+        # types as layout "C", i.e. a second specialisation of every kernel
+        rows = max(s.capacity, 2)
+        shapes = (rows, s.ring.shape[1], s.values.shape[1])
+        if self._mirror is None or self._mirror.shapes != shapes:
             self._mirror = types.SimpleNamespace(
-                shapes=(s.ring.shape, s.values.shape),
-                ring=cuda.pinned_array(s.ring.shape, np.float64, order="F"),
-                values=cuda.pinned_array(s.values.shape, np.float64, order="F"),
-                counters=cuda.pinned_array(s.counters.shape, np.int64, order="F"),
+                shapes=shapes,
+                ring=cuda.pinned_array((rows, s.ring.shape[1]), np.float64, order="F"),
+                values=cuda.pinned_array((rows, s.values.shape[1]), np.float64, order="F"),
+                counters=cuda.pinned_array((rows, s.counters.shape[1]), np.int64, order="F"),
             )
+            self._mirror.counters[:] = 0
             self._dev = types.SimpleNamespace(
-                ring=self._device_empty(s.ring.shape, np.float64, "F"),
-                values=self._device_empty(s.values.shape, np.float64, "F"),
-                counters=self._device_empty(s.counters.shape, np.int64, "F"),
+                ring=self._device_empty((rows, s.ring.shape[1]), np.float64, "F"),
+                values=self._device_empty((rows, s.values.shape[1]), np.float64, "F"),
+                counters=self._device_empty((rows, s.counters.shape[1]), np.int64, "F"),
             )
         m, d = self._mirror, self._dev
         self.stream.synchronize()  # the mirrors may still be in use by a pending copy
         for name in ("ring", "values", "counters"):
-            np.copyto(getattr(m, name), getattr(s, name))
+            np.copyto(getattr(m, name)[: s.capacity], getattr(s, name))
             getattr(d, name).copy_to_device(getattr(m, name), stream=self.stream)
         lengths = s.params.lengths if len(s.params) else np.zeros((1, L.N_LENGTH_COLUMNS), np.int64)
         values = s.params.values if len(s.params) else np.zeros((1, L.N_PARAM_VALUES))
@@ -600,6 +813,7 @@ class CudaBackend:
         d.param_values = cuda.to_device(np.ascontiguousarray(values), stream=self.stream)
         self._shadow = np.ascontiguousarray(s.counters[:, _SHADOW_COLUMNS])
         self._changed = np.zeros(s.capacity, np.int64)
+        self._where = np.full(s.capacity, -1, np.int64)
         self._max_bar = int(s.counters[:, L.BAR_INDEX].max(initial=0))
         self._generation = s.generation
         self.stream.synchronize()
@@ -613,15 +827,17 @@ class CudaBackend:
         for name in ("ring", "values", "counters"):
             getattr(d, name).copy_to_host(getattr(m, name), stream=self.stream)
         self.stream.synchronize()
+        capacity = self.store.capacity
         for name in ("ring", "values", "counters"):
-            np.copyto(getattr(self.store, name), getattr(m, name))
+            np.copyto(getattr(self.store, name), getattr(m, name)[:capacity])
 
     def _download_old(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         m, d = self._mirror, self._dev
         for name in ("ring", "values", "counters"):
             getattr(d, name).copy_to_host(getattr(m, name), stream=self.stream)
         self.stream.synchronize()
-        return np.array(m.ring), np.array(m.values), np.array(m.counters)
+        rows = self._shadow.shape[0]  # the capacity the device state was laid out for
+        return np.array(m.ring[:rows]), np.array(m.values[:rows]), np.array(m.counters[:rows])
 
     def _relayout(self) -> None:
         """The store was rebuilt (new capacity, ring width or parameter set): merge, push.
@@ -649,10 +865,10 @@ class CudaBackend:
         s.counters[keep] = counters[keep]
         self.push_state()
 
-    def _sync(self, slots: np.ndarray | None) -> None:
+    def _sync(self, slots: np.ndarray | None, count: int | None = None) -> None:
         """Bring the device up to date with host-side changes before a launch or pull.
 
-        ``slots``: the slots about to be used (None: all).
+        ``slots[:count]``: the slots about to be used (None: all).
         """
         s = self.store
         if self._dev is None:
@@ -663,7 +879,9 @@ class CudaBackend:
             return
         if slots is None:
             slots = np.arange(s.capacity, dtype=np.int64)
-        n = _find_changed(s.counters, self._shadow, slots, self._changed)
+        if count is None:
+            count = slots.shape[0]
+        n = _find_changed(s.counters, self._shadow, slots, count, self._changed)
         if n == 0:
             return
         changed = self._changed[:n].copy()
@@ -721,40 +939,100 @@ class CudaBackend:
     # -- the backend interface -------------------------------------------------------------
 
     def step(self, slots, times, closes, order, round_starts) -> np.ndarray:
-        """Apply planned rounds (``batch.plan_rounds``); row ``u`` of the result is update u."""
+        """Apply planned rounds (``batch.plan_rounds``); row ``u`` of the result is update u.
+
+        Host work: the plan (slots sorted within each round, built in compiled code, and
+        kept on the device while the batch's slots repeat with every update accepted in
+        one round: the steady one-bar-per-stream case), two memcpys of the inputs into
+        pinned buffers, the counter bookkeeping, and one memcpy of the outputs, which the
+        kernel writes in host order (C order, row u): no gather, scatter or transpose.
+        """
         n, m = slots.shape[0], order.shape[0]
         if m == 0:
             return np.full((n, N_OUT), np.nan)
-        self._sync(slots[order])
         n_rounds = round_starts.shape[0] - 1
+        plan = self._step_plan(slots, order, round_starts)
+        self._sync(self._plan.host, m)
         self._ensure_growth(n_rounds)
-        self._ints.reserve(2 * m)
-        self._floats.reserve(m)
-        self._out.reserve(m * N_OUT)
-        identity = _pack_step(slots, times, closes, order, self._ints.host, self._floats.host)
-        self._ints.upload(2 * m, self.stream)
-        self._floats.upload(m, self.stream)
-        out = self._out.device[: m * N_OUT].reshape((m, N_OUT), order="F")
-        ints, floats = self._ints.device, self._floats.device
+        self._stage_inputs(times, closes)
+        out = self._out.device[: n * N_OUT].reshape((n, N_OUT))
+        times_d, closes_d = self._times.device, self._closes.device
         timer = self._timer_start()
         for r in range(n_rounds):
             start, stop = int(round_starts[r]), int(round_starts[r + 1])
             self._launch(
-                step_kernel, stop - start, *self._params(), ints, floats, m, start, stop, out
-            )
+                step_kernel, stop - start, *self._params(), plan, m, start, stop,
+                times_d, closes_d, out,
+            )  # fmt: skip
         timer = self._timer_stop(timer)
-        self._out.download(m * N_OUT, self.stream)
+        self._download_outputs(n, out)
         # while the device works: the same counter changes on the host
         self._max_bar = _commit_step(
             self.store.counters, self._shadow, slots, times, order, self._max_bar
         )
         self.stream.synchronize()
         self._timer_read(timer)
-        compact = self._out.host[: m * N_OUT].reshape((m, N_OUT), order="F")
-        if identity:
-            return np.array(compact, order="C")  # a copy: the pinned buffer is reused
-        result = np.full((n, N_OUT), np.nan)
-        result[order] = compact
+        return self._host_outputs(n, order)
+
+    def _step_plan(self, slots, order, round_starts):
+        """The step's device plan (``_build_plan``), reused while the slots repeat."""
+        n, m = slots.shape[0], order.shape[0]
+        steady = m == n and round_starts.shape[0] == 2
+        cached = self._plan_slots
+        if steady and cached is not None and np.array_equal(cached, slots):
+            return self._plan.device
+        self._plan_slots = None
+        if self._where.shape[0] < self.store.capacity:
+            self._where = np.full(self.store.capacity, -1, np.int64)
+        self._plan.reserve(2 * m)
+        self.stream.synchronize()  # a pending upload may still read the pinned plan
+        _build_plan(slots, order, round_starts, self._plan.host, self._where)
+        self._plan.upload(2 * m, self.stream)
+        if steady:
+            self._plan_slots = slots.copy()
+        return self._plan.device
+
+    def _stage_inputs(self, times, closes) -> None:
+        n = times.shape[0]
+        self._times.reserve(n)
+        self._closes.reserve(n)
+        self._out.reserve(n * N_OUT)
+        self._times.host[:n] = times
+        self._closes.host[:n] = closes
+        self._times.upload(n, self.stream)
+        self._closes.upload(n, self.stream)
+
+    def _download_outputs(self, n: int, out) -> None:
+        """Start copying the step's outputs back: all columns, or the requested ones."""
+        columns = self.output_columns
+        if columns is None:
+            self._out.download(n * N_OUT, self.stream)
+            return
+        key = columns.tobytes()
+        if key != self._columns_key:
+            self._columns_device = cuda.to_device(
+                np.ascontiguousarray(columns, np.int64), stream=self.stream
+            )
+            self._columns_key = key
+        k = columns.shape[0]
+        self._compact.reserve(n * k)
+        compact = self._compact.device[: n * k].reshape((n, k))
+        self._launch(gather_columns_kernel, n, out, n, self._columns_device, compact)
+        self._compact.download(n * k, self.stream)
+
+    def _host_outputs(self, n: int, order: np.ndarray) -> np.ndarray:
+        """A copy of the pinned output rows (the buffer is reused); rejected rows NaN."""
+        columns = self.output_columns
+        if columns is None:
+            result = self._out.host[: n * N_OUT].reshape((n, N_OUT)).copy()
+        else:
+            result = np.full((n, N_OUT), np.nan)
+            k = columns.shape[0]
+            result[:, columns] = self._compact.host[: n * k].reshape((n, k))
+        if order.shape[0] != n:
+            rejected = np.ones(n, np.bool_)
+            rejected[order] = False
+            result[rejected] = np.nan
         return result
 
     def preview(self, slots, times, closes, accepted) -> np.ndarray:
@@ -764,31 +1042,26 @@ class CudaBackend:
         m = order.shape[0]
         if m == 0:
             return np.full((n, N_OUT), np.nan)
-        self._sync(slots[order])
+        pp = self._preview_plan
+        pp.reserve(2 * m)
+        self.stream.synchronize()  # a pending upload may still read the pinned plan
+        _plan_in_order(slots, order, pp.host)
+        self._sync(pp.host, m)
         self._ensure_growth(1)
-        self._ints.reserve(2 * m)
-        self._floats.reserve(m)
-        self._out.reserve(m * N_OUT)
-        identity = _pack_step(slots, times, closes, order, self._ints.host, self._floats.host)
-        self._ints.upload(2 * m, self.stream)
-        self._floats.upload(m, self.stream)
+        pp.upload(2 * m, self.stream)
+        self._stage_inputs(times, closes)
         scratch = self._scratch_rows(m)
-        out = self._out.device[: m * N_OUT].reshape((m, N_OUT), order="F")
+        out = self._out.device[: n * N_OUT].reshape((n, N_OUT))
         timer = self._timer_start()
         self._launch(
-            preview_kernel, m, *self._params(), self._ints.device, self._floats.device, m,
-            scratch.ring, scratch.values, scratch.counters, out,
+            preview_kernel, m, *self._params(), pp.device, m, self._times.device,
+            self._closes.device, scratch.ring, scratch.values, scratch.counters, out,
         )  # fmt: skip
         timer = self._timer_stop(timer)
-        self._out.download(m * N_OUT, self.stream)
+        self._download_outputs(n, out)
         self.stream.synchronize()
         self._timer_read(timer)
-        compact = self._out.host[: m * N_OUT].reshape((m, N_OUT), order="F")
-        if identity:
-            return np.array(compact, order="C")  # a copy: the pinned buffer is reused
-        result = np.full((n, N_OUT), np.nan)
-        result[order] = compact
-        return result
+        return self._host_outputs(n, order)
 
     def _scratch_rows(self, m: int):
         ring_cols = self.store.ring.shape[1]
@@ -805,29 +1078,55 @@ class CudaBackend:
         return sc
 
     def warmup(self, slots, times, closes, counts, record_all: bool) -> np.ndarray:
-        """Apply ``counts[s]`` bars of ``closes[s]`` to stream ``slots[s]`` (see ``cpu.warmup``)."""
+        """Apply ``counts[s]`` bars of ``closes[s]`` to stream ``slots[s]`` (see ``cpu.warmup``).
+
+        Streams are taken in chunks whose device buffers (histories twice: as uploaded
+        and transposed, plus outputs) fit ``warmup_memory_budget`` bytes.
+        """
         n = slots.shape[0]
         width = times.shape[1] if record_all else 1
         result = np.full((n, max(width, 1), N_OUT), np.nan)
         longest = int(counts.max(initial=0))
         if n == 0 or longest == 0:
             return result
+        rows = longest if record_all else 1
+        per_stream = 8 * (2 * longest + rows * N_OUT + 3)
+        chunk = max(1, min(n, self.warmup_memory_budget // per_stream))
+        for a in range(0, n, chunk):
+            b = min(n, a + chunk)
+            self._warmup_chunk(
+                slots[a:b], times[a:b], closes[a:b], counts[a:b], record_all, result[a:b]
+            )
+        if record_all:
+            result[np.arange(result.shape[1])[None, :] >= counts[:, None]] = np.nan
+        else:
+            result[counts == 0] = np.nan
+        return result
+
+    def _warmup_chunk(self, slots, times, closes, counts, record_all, result) -> None:
+        n = slots.shape[0]
+        longest = int(counts.max(initial=0))
+        if longest == 0:
+            return
         self._sync(np.ascontiguousarray(slots, dtype=np.int64))
         self._ensure_growth(longest)
         rows = longest if record_all else 1
         self._ints.reserve(3 * n)
         self._floats.reserve(longest * n)
+        self._history.reserve(longest * n)
         self._out.reserve(n * rows * N_OUT)
         _pack_warmup(slots, times, counts, self._ints.host)
-        # time-major closes: at bar t the threads (streams) read neighbouring addresses
-        host_closes = self._floats.host[: longest * n].reshape(longest, n)
-        np.copyto(host_closes, closes[:, :longest].T)
+        # the histories as they are (one stream per row: a memcpy); the device transposes
+        host_history = self._history.host[: n * longest].reshape(n, longest)
+        np.copyto(host_history, closes[:, :longest])
         self._ints.upload(3 * n, self.stream)
-        self._floats.upload(longest * n, self.stream)
+        self._history.upload(n * longest, self.stream)
+        history = self._history.device[: n * longest].reshape(n, longest)
         closes_tn = self._floats.device[: longest * n].reshape(longest, n)
-        out = self._out.device[: n * rows * N_OUT].reshape((n * rows, N_OUT), order="F")
+        out = self._out.device[: n * rows * N_OUT].reshape((n * rows, N_OUT))
         args = (*self._params(), self._ints.device, n, closes_tn, out, bool(record_all))
         timer = self._timer_start()
+        self._launch(transpose_kernel, n, history, n, longest, closes_tn)
         self._launch_warmup(n, args)
         timer = self._timer_stop(timer)
         self._out.download(n * rows * N_OUT, self.stream)
@@ -836,13 +1135,7 @@ class CudaBackend:
         )
         self.stream.synchronize()
         self._timer_read(timer)
-        compact = self._out.host[: n * rows * N_OUT].reshape((n, rows, N_OUT), order="F")
-        result[:, :rows] = compact
-        if record_all:
-            result[np.arange(result.shape[1])[None, :] >= counts[:, None]] = np.nan
-        else:
-            result[counts == 0] = np.nan
-        return result
+        result[:, :rows] = self._out.host[: n * rows * N_OUT].reshape((n, rows, N_OUT))
 
     def _launch_warmup(self, n: int, args) -> None:
         ring_cols = self.store.ring.shape[1]
@@ -852,9 +1145,17 @@ class CudaBackend:
             and ring_cols not in self._local_failed
         )
         if use_local:
+            kernel = local_warmup_kernel(ring_cols)
             try:
-                self._launch(local_warmup_kernel(ring_cols), n, *args)
+                if not cuda_simulated():  # compile and read the PTX before the first launch
+                    name = f"local_warmup_kernel({ring_cols})"
+                    with no_fma():
+                        kernel.compile(kernel_signatures(ring_cols)[name][1])
+                    check_no_fma(kernel, name)
+                self._launch(kernel, n, *args)
                 return
+            except FmaContractionError:
+                raise
             except Exception as exc:  # a compile error: never expected, but never fatal
                 if cuda_simulated():
                     raise
@@ -866,8 +1167,13 @@ class CudaBackend:
 # -- PTX (needs libNVVM, not a GPU) ------------------------------------------------------
 
 
-def kernel_signatures():
-    """The argument types the backend launches each kernel with (for ``kernel_ptx``)."""
+def kernel_signatures(local_ring_columns: int | None = 70) -> dict[str, tuple[object, tuple]]:
+    """Every kernel the backend launches, with the argument types it launches it with.
+
+    These are the specialisations ``CudaBackend.precompile`` compiles and ``kernel_ptx``
+    reads. ``local_ring_columns``: also the local-state warmup kernel for that ring width
+    (None: leave it out).
+    """
     from numba import types as nt
 
     f2f = nt.Array(nt.float64, 2, "F")
@@ -876,33 +1182,61 @@ def kernel_signatures():
     i2c = nt.Array(nt.int64, 2, "C")
     i1 = nt.Array(nt.int64, 1, "C")
     f1 = nt.Array(nt.float64, 1, "C")
+    i64 = nt.int64
     state = (f2f, f2f, i2f, i2c, f2c, f2c)
-    return {
-        "step_kernel": (step_kernel, (*state, i1, f1, nt.int64, nt.int64, nt.int64, f2f)),
-        "preview_kernel": (
-            preview_kernel,
-            (*state, i1, f1, nt.int64, f2f, f2f, i2f, f2f),
-        ),
-        "warmup_kernel": (warmup_kernel, (*state, i1, nt.int64, f2c, f2f, nt.boolean)),
-        "local_warmup_kernel": (
-            local_warmup_kernel(70),
-            (*state, i1, nt.int64, f2c, f2f, nt.boolean),
-        ),
+    warmup = (*state, i1, i64, f2c, f2c, nt.boolean)
+    signatures = {
+        "step_kernel": (step_kernel, (*state, i1, i64, i64, i64, i1, f1, f2c)),
+        "preview_kernel": (preview_kernel, (*state, i1, i64, i1, f1, f2f, f2f, i2f, f2c)),
+        "warmup_kernel": (warmup_kernel, warmup),
+        "transpose_kernel": (transpose_kernel, (f2c, i64, i64, f2c)),
+        "gather_columns_kernel": (gather_columns_kernel, (f2c, i64, i1, f2c)),
+        "scatter_rows_kernel": (scatter_rows_kernel, (f2f, i1, f2c)),
+        "scatter_rows_kernel(int64)": (scatter_rows_kernel, (i2f, i1, i2c)),
     }
+    if local_ring_columns is not None:
+        name = f"local_warmup_kernel({local_ring_columns})"
+        signatures[name] = (local_warmup_kernel(local_ring_columns), warmup)
+    return signatures
+
+
+@contextlib.contextmanager
+def _compute_capability_stand_in(cc: tuple[int, int]):
+    """Let numba compile device functions for ``cc`` where no device can be asked.
+
+    numba-cuda 0.30 types a kernel's device functions for the *current device's*
+    compute capability (``dispatcher.get_current_device()``), even inside
+    ``compile_ptx(cc=...)``. Without a GPU that call fails; PTX needs only libNVVM, so
+    for the duration of a PTX compile the question is answered with ``cc``.
+    """
+    from numba.cuda import dispatcher
+
+    try:
+        dispatcher.get_current_device().compute_capability  # noqa: B018 - a probe
+        yield
+        return
+    except Exception:  # no driver or no device: stand one in
+        pass
+    original = dispatcher.get_current_device
+    dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=cc)
+    try:
+        yield
+    finally:
+        dispatcher.get_current_device = original
 
 
 def kernel_ptx(cc: tuple[int, int] = (9, 0), names=None) -> dict[str, str]:
     """PTX of the backend's kernels, compiled as the backend compiles them (``-fma=0``).
 
-    Needs libNVVM and NVRTC (a CUDA toolkit). numba also asks the current device for its
-    compute capability while compiling the device functions, so without a GPU the
-    caller must stand one in (``tests/test_cuda_gpu.py`` does, with monkeypatch).
+    Needs libNVVM and NVRTC (the ``nvidia-nvvm``/``nvidia-cuda-nvrtc`` wheels or a CUDA
+    toolkit), not a GPU. ``names``: only these keys of ``kernel_signatures()``.
     """
     out = {}
-    for name, (kernel, argtypes) in kernel_signatures().items():
-        if names is not None and name not in names:
-            continue
-        with no_fma():
-            ptx, _ = cuda.compile_ptx(kernel.py_func, argtypes, cc=cc, lineinfo=False)
-        out[name] = ptx
+    with _compute_capability_stand_in(cc):
+        for name, (kernel, argtypes) in kernel_signatures().items():
+            if names is not None and name not in names:
+                continue
+            with no_fma():
+                ptx, _ = cuda.compile_ptx(kernel.py_func, argtypes, cc=cc, lineinfo=False)
+            out[name] = ptx
     return out
