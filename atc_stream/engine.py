@@ -181,7 +181,8 @@ class Engine:
         return self._symbol_slots[symbol]
 
     def stream_state(self, key: StreamKey) -> dict[str, Any]:
-        """A stream's position: bar_index (bars seen), last bar time, growth factor of its last bar.
+        """A stream's position: bar_index (bars seen), whether its last bar was ready
+        (docs/spec.md, "Readiness"), last bar time, growth factor of its last bar.
 
         Read from the host counters, which every backend keeps current, so no device copy.
         """
@@ -196,6 +197,7 @@ class Engine:
         active = bar_index > 0 and last_bar >= params.cutout
         return {
             "bar_index": bar_index,
+            "ready": bool(last_bar >= self.store.params.ready_bars[int(counters[L.PARAM_ROW])]),
             "last_time": None if last == L.NO_TIME else last,
             "growth": growth_factor(params.lam, last_bar, params.cutout) if active else math.nan,
         }
@@ -294,10 +296,14 @@ class Engine:
             self._report_codes(reasons, slots, times, closes, origin, rejected)
         out = self.backend.step(slots, times, closes, order, round_starts)
         if order.shape[0] == slots.shape[0]:  # all accepted: every row is a result
-            return StepResult(self._keys_by_slot, slots, times, closes, out, rejected)
+            return self._result(slots, times, closes, out, rejected)
         keep = np.sort(order)
+        return self._result(slots[keep], times[keep], closes[keep], out[keep], rejected)
+
+    def _result(self, slots, times, closes, out, rejected, provisional=False) -> StepResult:
+        ready_from = self.store.params.ready_bars[self.store.counters[slots, L.PARAM_ROW]]
         return StepResult(
-            self._keys_by_slot, slots[keep], times[keep], closes[keep], out[keep], rejected
+            self._keys_by_slot, slots, times, closes, out, rejected, provisional, ready_from
         )
 
     def preview(self, bars: Iterable[tuple[str, int, float]]) -> StepResult:
@@ -318,14 +324,8 @@ class Engine:
         if not accepted.all():
             self._report_codes(reasons, slots, times, closes, origin, rejected)
         out = self.backend.preview(slots, times, closes, accepted)
-        return StepResult(
-            self._keys_by_slot,
-            slots[accepted],
-            times[accepted],
-            closes[accepted],
-            out[accepted],
-            rejected,
-            provisional=True,
+        return self._result(
+            slots[accepted], times[accepted], closes[accepted], out[accepted], rejected, True
         )
 
     # -- warmup -----------------------------------------------------------------------
@@ -365,15 +365,12 @@ class Engine:
             results.append(self._warmup_chunk(jobs[start : start + chunk]))
         if not results:
             empty = np.zeros(0, np.int64)
-            return StepResult(
-                self._keys_by_slot, empty, empty, np.zeros(0), np.zeros((0, L.N_OUT)), rejected
-            )
+            return self._result(empty, empty, np.zeros(0), np.zeros((0, L.N_OUT)), rejected)
         slots, times, closes, outs = (np.concatenate(parts) for parts in zip(*results, strict=True))
         applied = ~np.isnan(outs[:, L.OUT_BAR_INDEX])
-        return StepResult(
-            self._keys_by_slot, slots[applied], times[applied], closes[applied], outs[applied],
-            rejected,
-        )  # fmt: skip
+        return self._result(
+            slots[applied], times[applied], closes[applied], outs[applied], rejected
+        )
 
     def _parse_history(self, symbol, series, rejected):
         try:

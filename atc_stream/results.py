@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from . import schema
 from .params import FAMILIES
 from .state import layout as L
 
@@ -44,15 +44,13 @@ def family_columns(outputs: np.ndarray) -> dict[str, np.ndarray]:
     return columns
 
 
-def _float_or_none(x: float) -> float | None:
-    return None if math.isnan(x) else float(x)
-
-
 class StepResult:
     """Outputs of one ``step``/``preview``/``warmup`` call: one row per (stream, bar) applied.
 
-    Columns follow ``state/layout.py`` (``OUT_*``); the properties below name them.
-    ``rejected`` lists the inputs that were left out, with reasons.
+    ``outputs`` holds the kernel columns (``state/layout.py``, ``OUT_*``); the properties
+    below name them, and :meth:`columns` / :meth:`records` give the rows in the one output
+    schema (``atc_stream.schema``). ``ready_from`` is, per row, the first ready bar of the
+    row's parameter set. ``rejected`` lists the inputs that were left out, with reasons.
     """
 
     def __init__(
@@ -64,6 +62,7 @@ class StepResult:
         outputs: np.ndarray,
         rejected: list[Rejection] | None = None,
         provisional: bool = False,
+        ready_from: np.ndarray | None = None,
     ) -> None:
         self._keys_by_slot = keys_by_slot
         self.slots = slots
@@ -72,6 +71,9 @@ class StepResult:
         self.outputs = outputs
         self.rejected = rejected or []
         self.provisional = provisional
+        if ready_from is None:  # unknown parameter sets: no row claims to be ready
+            ready_from = np.full(slots.shape[0], np.iinfo(np.int64).max, np.int64)
+        self.ready_from = ready_from
 
     def __len__(self) -> int:
         return self.slots.shape[0]
@@ -120,31 +122,67 @@ class StepResult:
     def bar_index(self) -> np.ndarray:
         return self.outputs[:, L.OUT_BAR_INDEX].astype(np.int64)
 
-    def records(self) -> list[dict[str, Any]]:
-        """One JSON-ready dict per row (NaN becomes None)."""
-        rows = []
+    @property
+    def ready(self) -> np.ndarray:
+        """True where the row comes from full windows (docs/spec.md, "Readiness")."""
+        return self.bar_index >= self.ready_from
+
+    @property
+    def params_ids(self) -> np.ndarray:
+        return np.array([k.params_id for k in self.keys], np.int64)
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """Every column of :data:`atc_stream.schema.COLUMNS`, in order, as NumPy arrays.
+
+        ``symbol``/``interval`` are object arrays of str; ``time`` is int64 epoch ms.
+        """
         keys = self.keys
-        for i, key in enumerate(keys):
-            out = self.outputs[i]
-            rows.append(
-                {
-                    "symbol": key.symbol,
-                    "interval": key.interval,
-                    "params_id": key.params_id,
-                    "time": int(self.times[i]),
-                    "close": float(self.closes[i]),
-                    "bar_index": int(out[L.OUT_BAR_INDEX]),
-                    "signal": _float_or_none(out[L.OUT_SIGNAL]),
-                    "layer1": {
-                        f: _float_or_none(out[L.OUT_LAYER1 + j]) for j, f in enumerate(FAMILIES)
-                    },
-                    "layer2": {
-                        f: _float_or_none(out[L.OUT_LAYER2 + j]) for j, f in enumerate(FAMILIES)
-                    },
-                    "long": bool(out[L.OUT_LONG] == 1.0),
-                    "short": bool(out[L.OUT_SHORT] == 1.0),
-                    "growth": _float_or_none(out[L.OUT_GROWTH]),
-                    "provisional": self.provisional,
-                }
-            )
-        return rows
+        n = len(keys)
+        kernel = schema.output_columns(self.outputs, self.ready_from)
+        columns: dict[str, np.ndarray] = {
+            "symbol": np.array([k.symbol for k in keys], dtype=object).reshape(n),
+            "interval": np.array([k.interval for k in keys], dtype=object).reshape(n),
+            "params_id": np.array([k.params_id for k in keys], np.int64).reshape(n),
+            "time": np.asarray(self.times, np.int64),
+            "close": np.asarray(self.closes, np.float64),
+            "provisional": np.full(n, self.provisional),
+        }
+        columns.update(kernel)
+        return {name: columns[name] for name in schema.COLUMNS}
+
+    def column_values(self) -> list[list[Any]]:
+        """Per column (schema order), the plain Python values of every row; NaN becomes None.
+
+        Column-wise, so that no per-row list is created (that would wake the cyclic
+        garbage collector thousands of times per step).
+        """
+        columns = self.columns()
+        lists = []
+        for name, kind in schema.COLUMN_TYPES.items():
+            values = columns[name]
+            if kind == "float":
+                boxed = values.astype(object)
+                boxed[np.isnan(values)] = None
+                lists.append(boxed.tolist())
+            else:
+                lists.append(values.tolist())
+        return lists
+
+    def records(self) -> list[dict[str, Any]]:
+        """One JSON-ready dict per row, keys in schema order (NaN becomes None)."""
+        rows = zip(*self.column_values(), strict=True)
+        return [dict(zip(schema.COLUMNS, row, strict=True)) for row in rows]
+
+    def to_arrow(self):
+        """A ``pyarrow.Table`` of :meth:`columns` with ``schema.arrow_schema()`` (UTC times)."""
+        import pyarrow as pa
+
+        arrow_schema = schema.arrow_schema()
+        columns = self.columns()
+        arrays = [
+            pa.array(columns[f.name], type=pa.int64()).cast(f.type)
+            if f.name == "time"
+            else pa.array(columns[f.name], type=f.type)
+            for f in arrow_schema
+        ]
+        return pa.Table.from_arrays(arrays, schema=arrow_schema)

@@ -30,6 +30,7 @@ from websockets.asyncio.server import serve  # noqa: E402
 from websockets.exceptions import ConnectionClosed  # noqa: E402
 
 from atc_stream import ATCParams, Engine, compute  # noqa: E402
+from atc_stream.schema import SCHEMA_VERSION
 
 try:  # a real redis-server for the --redis test (skipped without one)
     from redis_fixtures import redis_server, redis_url  # noqa: E402, F401
@@ -800,4 +801,4 @@ def test_cli_live_publishes_closed_bars_to_redis(tmp_path, redis_url):  # noqa: 
     assert any(r["provisional"] for r in closed)  # previews went to the file only
     closed = [r for r in closed if not r["provisional"]]
     assert len(closed) == 2 + 2 * (250 - start)
-    assert published == [dict(r, v=1) for r in closed]
+    assert published == [dict(r, v=SCHEMA_VERSION) for r in closed]

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from atc_stream import ATCParams, compute
 from atc_stream.cli import app
 from atc_stream.replay.player import load_bars, random_walk_table
+from atc_stream.schema import COLUMNS
 
 runner = CliRunner(env={"COLUMNS": "240", "TERMINAL_WIDTH": "240", "NO_COLOR": "1"})
 
@@ -53,8 +54,7 @@ def test_replay_csv_with_warmup_matches_full_recomputation(tmp_path, table):
     for symbol, signal in last_signals(rows).items():
         closes = table.closes[table.symbols == symbol]
         assert signal == compute(closes, ATCParams())["Average_Signal"][-1]
-    for key in ("layer1", "layer2", "growth", "long", "short", "bar_index"):
-        assert key in rows[-1]
+    assert tuple(rows[-1]) == COLUMNS  # the one output schema, in order
 
 
 def test_replay_parquet_with_custom_columns_and_iso_times(tmp_path, table):
@@ -81,8 +81,11 @@ def test_replay_single_symbol_unsorted_file_uses_file_stem_and_counts_bad_rows(t
     assert result.exit_code == 0, result.output
     assert "non_finite_close=1" in result.output and "non_positive_close=1" in result.output
     assert "duplicate_bar=1" in result.output  # rows replay in time order
-    table = pq.read_table(out).to_pydict()
-    assert table["symbol"] == ["ETHUSDT"] * 3 and table["time"] == [1, 3, 4]
+    parquet = pq.read_table(out)
+    assert parquet.schema.field("time").type == pa.timestamp("ms", tz="UTC")
+    table = parquet.to_pydict()
+    times = parquet.column("time").cast(pa.int64()).to_pylist()
+    assert table["symbol"] == ["ETHUSDT"] * 3 and times == [1, 3, 4]
 
 
 def test_replay_reports_missing_file_and_columns_clearly(tmp_path):
@@ -134,6 +137,7 @@ def test_replay_of_a_shuffled_file_with_warmup_equals_the_sorted_one(tmp_path, t
         result = runner.invoke(app, [*args, "-o", str(tmp_path / f"{name}.jsonl")])
         assert result.exit_code == 0, result.output
         assert "rejected inputs  none" in result.output
+
     def by_key(rows):  # within one bar time, rows follow file order
         return sorted(rows, key=lambda r: (r["time"], r["symbol"]))
 

@@ -19,6 +19,7 @@ from atc_stream.adapters.redis_pubsub import SignalSubscriber
 from atc_stream.adapters.redis_streams import read_outputs
 from atc_stream.cli import app
 from atc_stream.replay.player import random_walk_table
+from atc_stream.schema import SCHEMA_VERSION
 from atc_stream.state.stores import DirectorySnapshotStore
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(300)]
@@ -64,7 +65,9 @@ def test_replay_publishes_to_redis(tmp_path, redis_url):  # noqa: F811
     assert "41 steps delivered, 0 dropped" in result.output  # 1 warmup + 40 bar times
     rows = [r for m in got for r in m.data.records]
     file_rows = read_jsonl(tmp_path / "o.jsonl")
-    assert [msgspec.to_builtins(r) for r in rows] == [dict(row, v=1) for row in file_rows]
+    assert [msgspec.to_builtins(r) for r in rows] == [
+        dict(row, v=SCHEMA_VERSION) for row in file_rows
+    ]
 
 
 def test_snapshot_options_need_a_store(tmp_path):

@@ -24,6 +24,7 @@ from atc_stream.adapters.redis_pubsub import (
     records_from_result,
 )
 from atc_stream.replay.player import random_walk_table
+from atc_stream.schema import COLUMNS
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(300)]
 
@@ -153,11 +154,8 @@ def test_json_message_is_documented_shape(redis_url):  # noqa: F811
             raw = m["data"]
     sub.close()
     obj = msgspec.json.decode(raw)
-    assert set(obj) == {
-        "v", "symbol", "interval", "params_id", "time", "close", "bar_index", "signal",
-        "layer1", "layer2", "long", "short", "growth", "provisional",
-    }  # fmt: skip
-    assert list(obj["layer1"]) == ["EMA", "HMA", "WMA", "DEMA", "LSMA", "KAMA"]
+    assert list(obj) == [*COLUMNS, "v"]  # the one output schema, in order, plus v
+    assert obj["ema_signal"] is None and obj["kama_equity"] is None and obj["ready"] is False
     assert obj["signal"] is None and obj["growth"] is None  # NaN is written as null
     assert obj["time"] == 60_000 and obj["close"] == 101.5 and obj["v"] == SCHEMA_VERSION
     assert msgspec.json.decode(raw, type=SignalRecord).symbol == "SYM000"

@@ -26,15 +26,14 @@ Message schema (version :data:`SCHEMA_VERSION`; full description in
 ``docs/messages.md``). Encoding is msgspec JSON by default (UTF-8 objects, NaN written
 as ``null``) or MessagePack (``encoding="msgpack"``, the same field names)::
 
-    SignalRecord {v: int, symbol: str, interval: str, params_id: int, time: int,
-                  close: float, bar_index: int, signal: float|null,
-                  layer1: {EMA, HMA, WMA, DEMA, LSMA, KAMA: float|null},
-                  layer2: {EMA, HMA, WMA, DEMA, LSMA, KAMA: float|null},
-                  long: bool, short: bool, growth: float|null, provisional: bool}
+    SignalRecord {every column of atc_stream.schema.COLUMNS (symbol, interval,
+                  params_id, time, close, bar_index, signal, ready, long, short,
+                  <family>_signal, <family>_equity, growth, provisional), v: int}
     SignalBatch  {v: int, seq: int, published_at: int (ns since epoch),
                   count: int, records: [SignalRecord, ...]}
 
-The record's fields are those of ``StepResult.records()`` (the JSONL sink) plus ``v``.
+The record's fields are the schema's columns (``atc_stream/messages.py``, the JSONL line)
+plus ``v``.
 A reader should accept unknown fields (msgspec does) so that later minor versions
 can add fields without breaking it.
 
@@ -63,58 +62,17 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import msgspec
-import numpy as np
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ..params import FAMILIES
+from ..messages import SignalRecord, records_from_result
 from ..results import StepResult
-from ..state import layout as L
+from ..schema import SCHEMA_VERSION
 
 log = logging.getLogger("atc_stream.redis")
 
-#: Version of the message schema written by this build (field ``v`` of every message).
-SCHEMA_VERSION = 1
 ENCODINGS = ("json", "msgpack")
-
-
-class FamilyValues(msgspec.Struct, gc=False):
-    """One value per MA family (a JSON object keyed by family, in ``FAMILIES`` order)."""
-
-    EMA: float | None
-    HMA: float | None
-    WMA: float | None
-    DEMA: float | None
-    LSMA: float | None
-    KAMA: float | None
-
-
-assert tuple(FamilyValues.__struct_fields__) == FAMILIES
-
-
-class SignalRecord(msgspec.Struct, kw_only=True, gc=False):
-    """One (stream, bar) output: the message on the per-symbol and events channels."""
-
-    v: int = SCHEMA_VERSION
-    symbol: str
-    interval: str
-    params_id: int
-    time: int  #: bar open time (ms since epoch by convention)
-    close: float
-    bar_index: int  #: 0-based index of this bar in its stream
-    signal: float | None  #: final signal (Average_Signal); null before cutout
-    layer1: FamilyValues  #: layer-1 signal per MA family
-    layer2: FamilyValues  #: layer-2 equity per MA family
-    long: bool  #: a long event fired on this bar
-    short: bool  #: a short event fired on this bar
-    growth: float | None
-    provisional: bool = False  #: true for previews of a bar that has not closed
-
-    @property
-    def key(self) -> str:
-        """The stream key string (the field name in the ``latest`` hash)."""
-        return f"{self.symbol}:{self.interval}:{self.params_id}"
 
 
 class SignalBatch(msgspec.Struct, kw_only=True):
@@ -143,60 +101,6 @@ def _codec(encoding: str):
     if encoding == "msgpack":
         return msgspec.msgpack
     raise ValueError(f"encoding must be one of {ENCODINGS}, got {encoding!r}")
-
-
-def records_from_result(result: StepResult) -> list[SignalRecord]:
-    """The :class:`SignalRecord` of every row of ``result`` (NaN becomes None).
-
-    Works column-wise so that it creates no per-row lists (which would wake the cyclic
-    garbage collector thousands of times per step).
-    """
-    n = len(result)
-    if n == 0:
-        return []
-    out = np.asarray(result.outputs)
-    values = out.astype(object)
-    values[np.isnan(out)] = None
-    cols = values.T.tolist()
-    keys_by_slot = result._keys_by_slot
-    keys = [keys_by_slot[s] for s in result.slots.tolist()]
-    bar_index = out[:, L.OUT_BAR_INDEX].astype(np.int64).tolist()
-    longs = (out[:, L.OUT_LONG] == 1.0).tolist()
-    shorts = (out[:, L.OUT_SHORT] == 1.0).tolist()
-    a1, a2, nf = L.OUT_LAYER1, L.OUT_LAYER2, len(FAMILIES)
-    layer1 = [FamilyValues(*v) for v in zip(*cols[a1 : a1 + nf], strict=True)]
-    layer2 = [FamilyValues(*v) for v in zip(*cols[a2 : a2 + nf], strict=True)]
-    provisional = bool(result.provisional)
-    return [
-        SignalRecord(
-            symbol=key.symbol,
-            interval=key.interval,
-            params_id=key.params_id,
-            time=t,
-            close=c,
-            bar_index=bi,
-            signal=sig,
-            layer1=f1,
-            layer2=f2,
-            long=lg,
-            short=sh,
-            growth=gr,
-            provisional=provisional,
-        )
-        for key, t, c, bi, sig, f1, f2, lg, sh, gr in zip(
-            keys,
-            result.times.tolist(),
-            result.closes.tolist(),
-            bar_index,
-            cols[L.OUT_SIGNAL],
-            layer1,
-            layer2,
-            longs,
-            shorts,
-            cols[L.OUT_GROWTH],
-            strict=True,
-        )
-    ]
 
 
 def signal_channel(prefix: str, symbol: str) -> str:

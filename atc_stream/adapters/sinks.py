@@ -1,8 +1,10 @@
 """Signal sinks: where step results go (JSONL file or stdout, Parquet).
 
 A sink takes ``StepResult`` objects through ``write(result)`` and is closed with
-``close()`` (also a context manager). Records are the dicts of
-``StepResult.records()``; JSON is encoded with msgspec.
+``close()`` (also a context manager). Both write the columns of the one output schema
+(``atc_stream.schema``): JSONL lines are ``messages.SignalRow`` encoded with msgspec,
+Parquet columns follow ``schema.arrow_schema()`` and the file's metadata records the
+parameter sets.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from typing import IO, Protocol
 
 import msgspec
 
-from ..results import StepResult, family_columns
+from ..messages import rows_from_result
+from ..results import StepResult
 
 
 class Sink(Protocol):
@@ -32,7 +35,7 @@ class JsonlSink:
         self.rows_written = 0
 
     def write(self, result: StepResult) -> None:
-        records = result.records()
+        records = rows_from_result(result)
         if not records:
             return
         self._file.write(self._encoder.encode_lines(records))
@@ -52,10 +55,14 @@ class JsonlSink:
 
 
 class ParquetSink:
-    """Flat columns (symbol, interval, params_id, time, close, bar_index, signal, per-family
-    layer-1 signals and layer-2 equities, long, short, growth), written in row groups."""
+    """The schema's columns (times as UTC timestamps), written in row groups.
 
-    def __init__(self, path: str | Path, rows_per_group: int = 100_000) -> None:
+    ``metadata`` (``schema.params_metadata``) goes into the file's key-value metadata.
+    """
+
+    def __init__(
+        self, path: str | Path, rows_per_group: int = 100_000, metadata: dict | None = None
+    ) -> None:
         import pyarrow  # noqa: F401  (fail early with ImportError if the extra is missing)
 
         self._path = Path(path)
@@ -63,6 +70,7 @@ class ParquetSink:
         self._pending: list[StepResult] = []
         self._pending_rows = 0
         self._writer = None
+        self._metadata = metadata
         self.rows_written = 0
 
     def write(self, result: StepResult) -> None:
@@ -74,30 +82,16 @@ class ParquetSink:
             self._flush()
 
     def _flush(self) -> None:
-        import numpy as np
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         if not self._pending:
             return
-        keys = [k for r in self._pending for k in r.keys]
-        columns = {
-            "symbol": [k.symbol for k in keys],
-            "interval": [k.interval for k in keys],
-            "params_id": [k.params_id for k in keys],
-            "time": np.concatenate([r.times for r in self._pending]),
-            "close": np.concatenate([r.closes for r in self._pending]),
-            "bar_index": np.concatenate([r.bar_index for r in self._pending]),
-            "signal": np.concatenate([r.signal for r in self._pending]),
-        }
-        columns.update(family_columns(np.concatenate([r.outputs for r in self._pending])))
-        columns["long"] = np.concatenate([r.long_events for r in self._pending])
-        columns["short"] = np.concatenate([r.short_events for r in self._pending])
-        columns["growth"] = np.concatenate([r.growth for r in self._pending])
-        table = pa.table(columns)
+        table = pa.concat_tables([r.to_arrow() for r in self._pending])
         if self._writer is None:
-            self._writer = pq.ParquetWriter(self._path, table.schema)
-        self._writer.write_table(table)
+            schema = table.schema.with_metadata(self._metadata or {})
+            self._writer = pq.ParquetWriter(self._path, schema)
+        self._writer.write_table(table.replace_schema_metadata(self._writer.schema.metadata))
         self.rows_written += table.num_rows
         self._pending, self._pending_rows = [], 0
 
@@ -113,8 +107,8 @@ class ParquetSink:
         self.close()
 
 
-def open_sink(path: str | Path | None) -> JsonlSink | ParquetSink:
+def open_sink(path: str | Path | None, metadata: dict | None = None) -> JsonlSink | ParquetSink:
     """A sink for ``path``: ``.parquet`` → Parquet, anything else (or ``-``/None) → JSONL."""
     if path not in (None, "-") and str(path).endswith(".parquet"):
-        return ParquetSink(path)
+        return ParquetSink(path, metadata=metadata)
     return JsonlSink(path)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..params import ATCParams
+from ..schema import ready_bar
 from . import layout as L
 
 
@@ -22,6 +23,8 @@ class ParameterTable:
         self.params: list[ATCParams] = []
         self.lengths = np.zeros((0, L.N_LENGTH_COLUMNS), np.int64)
         self.values = np.zeros((0, L.N_PARAM_VALUES), np.float64)
+        #: first ready bar per row (``schema.ready_bar``), for the ``ready`` column
+        self.ready_bars = np.zeros(0, np.int64)
 
     def __len__(self) -> int:
         return len(self.params)
@@ -41,6 +44,7 @@ class ParameterTable:
         values[0, L.PV_LONG] = params.long_threshold
         values[0, L.PV_SHORT] = params.short_threshold
         self.params.append(params)
+        self.ready_bars = np.append(self.ready_bars, np.int64(ready_bar(params)))
         self.lengths = np.concatenate([self.lengths, lengths])
         self.values = np.concatenate([self.values, values])
         return len(self.params) - 1

@@ -1,0 +1,49 @@
+"""msgspec structs of the one output schema: a signal row, and the Redis record around it.
+
+The fields are generated from ``atc_stream.schema.COLUMN_TYPES``, so JSONL lines, Redis
+messages and the Arrow/Parquet columns cannot drift apart. Kept out of the engine's import
+path (msgspec is not needed to compute).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from .results import StepResult
+from .schema import COLUMN_TYPES, SCHEMA_VERSION
+
+# JSON types of the logical column types; not-available floats are null.
+_FIELD_TYPES = {"str": str, "int": int, "float": float | None, "bool": bool, "time": int}
+
+#: One (stream, bar) row with every schema column, in order (a JSONL line).
+SignalRow = msgspec.defstruct(
+    "SignalRow",
+    [(name, _FIELD_TYPES[kind]) for name, kind in COLUMN_TYPES.items()],
+    gc=False,
+    module=__name__,
+)
+
+
+class SignalRecord(SignalRow, gc=False):
+    """A :data:`SignalRow` plus the schema version ``v``: the message on Redis channels."""
+
+    v: int = SCHEMA_VERSION
+
+    @property
+    def key(self) -> str:
+        """The stream key string (the field name in the ``latest`` hash)."""
+        return f"{self.symbol}:{self.interval}:{self.params_id}"
+
+
+def records_from_result(result: StepResult) -> list[SignalRecord]:
+    """The :class:`SignalRecord` of every row of ``result``."""
+    if len(result) == 0:
+        return []
+    return [SignalRecord(*row) for row in zip(*result.column_values(), strict=True)]
+
+
+def rows_from_result(result: StepResult) -> list[SignalRow]:
+    """The :data:`SignalRow` of every row of ``result`` (JSONL lines)."""
+    if len(result) == 0:
+        return []
+    return [SignalRow(*row) for row in zip(*result.column_values(), strict=True)]
