@@ -601,7 +601,7 @@ def demo(
         checked = [sym for sym in table.symbol_names if sym in last_signal]  # all unless resumed
         for symbol in checked:
             closes = table.closes[table.symbols == symbol]
-            full = compute(closes, engine.param_sets[0])["Average_Signal"][-1]
+            full = compute(closes, engine.param_sets[0])["signal"][-1]
             same = np.array_equal(full, last_signal[symbol], equal_nan=True)
             mismatches += not same
         verdict = "identical" if mismatches == 0 else f"{mismatches} MISMATCHES"
