@@ -353,8 +353,8 @@ def _needs_conversion(times: Any, time_unit: str | None) -> bool:
         or is_arrow(times, "Array", "ChunkedArray")
     ):
         return True
-    if isinstance(times, np.ndarray):
-        return times.dtype.kind == "M" or (
+    if isinstance(times, np.ndarray):  # anything but small integers is checked/converted
+        return times.dtype.kind in "Mf" or (
             times.dtype.kind in "iu" and times.size > 0 and np.abs(times).max() >= _MS_LIMIT
         )
     if isinstance(times, (list, tuple)) and times:
