@@ -806,6 +806,9 @@ def plot(
     except PlotError as exc:
         _err(f"atc-stream plot: {exc}")
         raise typer.Exit(2) from None
+    except ImportError as exc:  # pandas/pyarrow/matplotlib not installed
+        _err(f"atc-stream plot: needs the plot extra (pip install 'atc-stream[plot]'): {exc}")
+        raise typer.Exit(2) from None
     figure.savefig(output, dpi=110)
     _err(f"atc-stream: wrote {output}")
 
