@@ -6,7 +6,7 @@
 
 from .engine import Engine
 from .params import FAMILIES, ATCParams
-from .results import Rejection, StepResult, StreamKey
+from .results import Rejection, StepResult, StreamKey, UnknownStreamError
 from .series import compute
 
 __version__ = "0.1.0"
@@ -18,6 +18,7 @@ __all__ = [
     "Rejection",
     "StepResult",
     "StreamKey",
+    "UnknownStreamError",
     "compute",
     "__version__",
 ]

@@ -23,6 +23,26 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        typer.echo(f"atc-stream {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Exact, incremental Adaptive Trend Classification (ATC) signals for many symbols."""
+
+
 def _err(line: str) -> None:
     print(line, file=sys.stderr)
 
@@ -86,6 +106,14 @@ ResumeOption = Annotated[
         "--resume", help="Restore the latest snapshot and continue from its recorded input offset."
     ),
 ]
+EventsBeforeReadyOption = Annotated[
+    bool,
+    typer.Option(
+        "--events-before-ready",
+        help="Also count (summary) and publish (Redis events channel) long/short events of "
+        "rows that are not ready yet (docs/spec.md, 'Warm-up and readiness').",
+    ),
+]
 
 
 class _Durability:
@@ -102,7 +130,9 @@ class _Durability:
         resume: bool,
         publish: bool = True,
         namespace: str = "default",
+        events_before_ready: bool = False,
     ) -> None:
+        self.events_before_ready = events_before_ready
         self.redis = redis
         self.redis_prefix = redis_prefix
         self.snapshot_every = snapshot_every
@@ -151,7 +181,9 @@ class _Durability:
         if self.publish:
             from .adapters.redis_pubsub import SignalPublisher
 
-            self.publisher = SignalPublisher(self.redis, prefix=self.redis_prefix)
+            self.publisher = SignalPublisher(
+                self.redis, prefix=self.redis_prefix, events_before_ready=self.events_before_ready
+            )
 
     def on_stop(self, callback) -> None:
         self._on_stop.append(callback)
@@ -229,7 +261,10 @@ def _play_durably(engine, table, *, warmup, speed, progress, on_result, durabili
         warmup = 0
         _err(f"atc-stream: resuming after row {done} of the play order")
     durability.start(engine)
-    player = BarPlayer(engine, table, warmup_bars=warmup, speed=speed, progress=progress)
+    player = BarPlayer(
+        engine, table, warmup_bars=warmup, speed=speed, progress=progress,
+        events_before_ready=durability.events_before_ready,
+    )  # fmt: skip
 
     def emit(result) -> None:
         if on_result is not None:
@@ -325,6 +360,7 @@ def replay(
     snapshot_dir: SnapshotDirOption = None,
     snapshot_every: SnapshotEveryOption = None,
     resume: ResumeOption = False,
+    events_before_ready: EventsBeforeReadyOption = False,
 ) -> None:
     """Feed bars (or ticks aggregated to bars) through the engine; one signal row per
     (stream, bar)."""
@@ -361,7 +397,7 @@ def replay(
         interval=interval,
         durability=_Durability(
             redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
-            snapshot_every=snapshot_every, resume=resume,
+            snapshot_every=snapshot_every, resume=resume, events_before_ready=events_before_ready,
         ),
         source={"name": "file", "input": source_input},
     )  # fmt: skip
@@ -445,6 +481,7 @@ def live(
     snapshot_dir: SnapshotDirOption = None,
     snapshot_every: SnapshotEveryOption = None,
     resume: ResumeOption = False,
+    events_before_ready: EventsBeforeReadyOption = False,
 ) -> None:
     """Stream exchange klines (Binance combined-stream format) through the engine.
 
@@ -477,7 +514,7 @@ def live(
         raise typer.BadParameter(str(exc)) from exc
     durability = _Durability(
         redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
-        snapshot_every=snapshot_every, resume=resume,
+        snapshot_every=snapshot_every, resume=resume, events_before_ready=events_before_ready,
     )  # fmt: skip
     engine = durability.restore(backend) or Engine(
         load_param_sets(params), backend=backend, interval=interval
@@ -601,7 +638,7 @@ def demo(
         checked = [sym for sym in table.symbol_names if sym in last_signal]  # all unless resumed
         for symbol in checked:
             closes = table.closes[table.symbols == symbol]
-            full = compute(closes, engine.param_sets[0])["Average_Signal"][-1]
+            full = compute(closes, engine.param_sets[0])["signal"][-1]
             same = np.array_equal(full, last_signal[symbol], equal_nan=True)
             mismatches += not same
         verdict = "identical" if mismatches == 0 else f"{mismatches} MISMATCHES"
@@ -743,6 +780,37 @@ def run_stream(
     _err("atc-stream: run-stream done")
     for line in stats.lines(engine):
         _err("  " + line)
+
+
+@app.command()
+def plot(
+    signals: Annotated[
+        Path,
+        typer.Argument(help="Signal rows: a Parquet, JSONL or CSV file written by atc-stream."),
+    ],
+    symbol: Annotated[
+        str | None, typer.Option(help="Symbol to draw (needed when the file holds several).")
+    ] = None,
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="PNG (or SVG/PDF) to write.")
+    ] = Path("chart.png"),
+    params_id: Annotated[int, typer.Option(help="Parameter set to draw.")] = 0,
+    title: Annotated[str | None, typer.Option(help="Chart title.")] = None,
+) -> None:
+    """Chart one symbol: close with long/short events, the signal below, not-ready bars shaded."""
+    from .plot import PlotError, load_signals, plot_signals
+
+    try:
+        frame = load_signals(signals)
+        figure = plot_signals(frame, symbol=symbol, params_id=params_id, title=title)
+    except PlotError as exc:
+        _err(f"atc-stream plot: {exc}")
+        raise typer.Exit(2) from None
+    except ImportError as exc:  # pandas/pyarrow/matplotlib not installed
+        _err(f"atc-stream plot: needs the plot extra (pip install 'atc-stream[plot]'): {exc}")
+        raise typer.Exit(2) from None
+    figure.savefig(output, dpi=110)
+    _err(f"atc-stream: wrote {output}")
 
 
 def main() -> None:

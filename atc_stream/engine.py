@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from . import inputs
 from .kernels import batch
 from .params import ATCParams
-from .results import Rejection, StepResult, StreamKey
+from .results import Rejection, StepResult, StreamKey, UnknownStreamError
 from .state import layout as L
 from .state.store import StateStore
 
@@ -177,9 +178,8 @@ class Engine:
             self.remove_stream(self._keys_by_slot[slot])
 
     def remove_stream(self, key: StreamKey) -> None:
-        slot = self._slot_of.pop(key, None)
-        if slot is None:
-            raise ValueError(f"unknown stream {key}")
+        slot = self._slot_index(key)
+        del self._slot_of[key]
         self.store.release(slot)
         self._keys_by_slot[slot] = None
         self._set_symbol_slots(key.symbol, [s for s in self._symbol_slots[key.symbol] if s != slot])
@@ -199,11 +199,24 @@ class Engine:
         return sorted(self._symbol_slots)
 
     def slot_of(self, key: StreamKey) -> int:
-        return self._slot_of[key]
+        return self._slot_index(key)
+
+    def _slot_index(self, key: StreamKey) -> int:
+        """The slot of ``key``, or ``UnknownStreamError`` naming it and what is registered."""
+        slot = self._slot_of.get(key) if isinstance(key, StreamKey) else None
+        if slot is None:
+            known = ", ".join(str(k) for k in self.streams[:5]) or "none"
+            more = f" (+{len(self._slot_of) - 5} more)" if len(self._slot_of) > 5 else ""
+            hint = "" if isinstance(key, StreamKey) else "; pass a StreamKey (engine.streams)"
+            raise UnknownStreamError(f"unknown stream {key!r}{hint}; registered: {known}{more}")
+        return slot
 
     def slots_of(self, symbol: str) -> np.ndarray:
         """Slots of every stream of ``symbol`` (one per parameter set it is registered with)."""
-        return self._symbol_slots[symbol]
+        slots = self._symbol_slots.get(symbol)
+        if slots is None:
+            raise UnknownStreamError(f"unknown symbol {symbol!r}; registered: {self.symbols[:5]}")
+        return slots
 
     def stream_state(self, key: StreamKey) -> dict[str, Any]:
         """A stream's position: bar_index (bars seen), whether its last bar was ready
@@ -213,7 +226,7 @@ class Engine:
         """
         from .kernels.cpu import growth_factor
 
-        slot = self._slot_of[key]
+        slot = self._slot_index(key)
         counters = self.store.counters[slot]
         last = int(counters[L.LAST_TIME])
         bar_index = int(counters[L.BAR_INDEX])
@@ -290,8 +303,23 @@ class Engine:
 
     # -- step / preview -------------------------------------------------------------
 
-    def step(self, bars: Iterable[tuple[str, int, float]]) -> StepResult:
-        """Apply closed bars ``(symbol, bar_time, close)``; several per symbol, in time order."""
+    def step(
+        self,
+        bars: Iterable[tuple[str, int, float]] | Any,
+        *,
+        time_unit: str | None = None,
+        columns: Mapping[str, str] | None = None,
+    ) -> StepResult:
+        """Apply closed bars ``(symbol, bar_time, close)``; several per symbol, in time order.
+
+        ``bars`` may also be a long pandas DataFrame / Arrow table (``symbol``, ``time``,
+        ``close`` columns, renamed by ``columns``) or ``{symbol: Series}`` with a time
+        index; times may be datetimes (naive = UTC) or integer epochs in ``time_unit``
+        (see ``atc_stream.inputs``). A form that cannot be converted exactly raises
+        ``ValueError``; bad values in a good form are rejected and counted as usual.
+        """
+        converted = inputs.bars_from(bars, columns=columns, time_unit=time_unit)
+        bars = bars if converted is None else converted
         rejected: list[Rejection] = []
         slots, times, closes, origin = self._parse_bars(bars, rejected)
         return self._step(slots, times, closes, origin, rejected)
@@ -332,8 +360,19 @@ class Engine:
             self._keys_by_slot, slots, times, closes, out, rejected, provisional, ready_from
         )
 
-    def preview(self, bars: Iterable[tuple[str, int, float]]) -> StepResult:
-        """Outputs for in-progress bars as if they closed now; state is not changed."""
+    def preview(
+        self,
+        bars: Iterable[tuple[str, int, float]] | Any,
+        *,
+        time_unit: str | None = None,
+        columns: Mapping[str, str] | None = None,
+    ) -> StepResult:
+        """Outputs for in-progress bars as if they closed now; state is not changed.
+
+        Accepts the same forms as :meth:`step`.
+        """
+        converted = inputs.bars_from(bars, columns=columns, time_unit=time_unit)
+        bars = bars if converted is None else converted
         rejected: list[Rejection] = []
         slots, times, closes, origin = self._parse_bars(bars, rejected)
         return self._preview(slots, times, closes, origin, rejected)
@@ -383,17 +422,24 @@ class Engine:
 
     def warmup(
         self,
-        history: Mapping[str, tuple[Sequence[int], Sequence[float]]],
+        history: Mapping[str, tuple[Sequence[int], Sequence[float]]] | Any,
         *,
         progress: bool = False,
+        time_unit: str | None = None,
+        columns: Mapping[str, str] | None = None,
     ) -> StepResult:
         """Apply each symbol's history ``(times, closes)`` in one batched pass per chunk.
 
+        ``history`` may also be ``{symbol: Series}`` (time index), or a long pandas
+        DataFrame / Arrow table with ``symbol``, ``time``, ``close`` columns (renamed by
+        ``columns``); times as in :meth:`step` (``time_unit`` for integer epochs).
         Symbols not registered yet are added (one stream per parameter set). Equal to
         calling ``step`` bar by bar; streams that already hold state continue from it.
-        Bad bars are rejected as in ``step`` and the rest of the history still applies.
+        Bad bars are rejected as in ``step`` and the rest of the history still applies;
+        a form that cannot be converted exactly raises ``ValueError``.
         Returns the outputs of each stream's last applied bar.
         """
+        history = inputs.history_from(history, columns=columns, time_unit=time_unit)
         rejected: list[Rejection] = []
         jobs = []  # (slot, times, closes) with only accepted bars
         for symbol, series in history.items():

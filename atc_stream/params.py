@@ -8,6 +8,7 @@ that names the offending field.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -27,11 +28,26 @@ ROBUSTNESS_OFFSETS: dict[str, tuple[int, int, int, int]] = {
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """Python or NumPy integer (``np.int64(28)``), not a bool."""
+    return isinstance(value, numbers.Integral) and not _is_bool(value)
 
 
 def _is_real(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """Python or NumPy integer/float scalar, not a bool."""
+    return isinstance(value, numbers.Real) and not _is_bool(value)
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool) or type(value).__name__ == "bool_"
+
+
+#: Fields holding ints / floats: NumPy scalars are normalised to Python ``int``/``float``
+#: so equality, hashing, JSON and snapshots see one representation.
+_INT_FIELDS = ("ema_len", "hma_len", "wma_len", "dema_len", "lsma_len", "kama_len", "cutout")
+_FLOAT_FIELDS = (
+    "ema_w", "hma_w", "wma_w", "dema_w", "lsma_w", "kama_w",
+    "La", "De", "cut", "long_threshold", "short_threshold",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -63,6 +79,7 @@ class ATCParams:
     short_threshold: float = -0.1
 
     def __post_init__(self) -> None:
+        self._normalise_scalars()
         if self.robustness not in ROBUSTNESS_OFFSETS:
             raise ValueError(
                 f"robustness must be one of {sorted(ROBUSTNESS_OFFSETS)}, got {self.robustness!r}"
@@ -96,6 +113,20 @@ class ATCParams:
                 f"short_threshold ({self.short_threshold!r}) must be < "
                 f"long_threshold ({self.long_threshold!r})"
             )
+
+    def _normalise_scalars(self) -> None:
+        """NumPy integer/float scalars become ``int``/``float``; anything else is left for
+        the checks below to name."""
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if _is_int(value) and type(value) is not int:
+                object.__setattr__(self, name, int(value))
+        for name in _FLOAT_FIELDS:
+            value = getattr(self, name)
+            if _is_real(value) and type(value) not in (int, float):
+                object.__setattr__(self, name, float(value))
+        if type(self.robustness).__name__ == "str_":  # np.str_
+            object.__setattr__(self, "robustness", str(self.robustness))
 
     def _require_finite(self, name: str) -> None:
         value = getattr(self, name)

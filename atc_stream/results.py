@@ -24,6 +24,15 @@ class StreamKey:
         return f"{self.symbol}:{self.interval}:{self.params_id}"
 
 
+class UnknownStreamError(KeyError, ValueError):
+    """A stream key (or symbol) that is not registered. A ``KeyError`` (lookups) and a
+    ``ValueError`` (bad argument), so either ``except`` catches it; the message names
+    the key and the registered streams."""
+
+    def __str__(self) -> str:  # KeyError would show the message quoted
+        return str(self.args[0]) if self.args else ""
+
+
 @dataclass(frozen=True)
 class Rejection:
     """One input that was left out, with why and the offending value."""
@@ -32,16 +41,6 @@ class Rejection:
     reason: str
     detail: str
     symbol: str | None = None
-
-
-def family_columns(outputs: np.ndarray) -> dict[str, np.ndarray]:
-    """``<FAMILY>_Signal`` then ``<FAMILY>_S`` columns (golden-vector names) of output rows."""
-    columns = {}
-    for j, family in enumerate(FAMILIES):
-        columns[f"{family}_Signal"] = outputs[:, L.OUT_LAYER1 + j]
-    for j, family in enumerate(FAMILIES):
-        columns[f"{family}_S"] = outputs[:, L.OUT_LAYER2 + j]
-    return columns
 
 
 class StepResult:
@@ -172,6 +171,13 @@ class StepResult:
         """One JSON-ready dict per row, keys in schema order (NaN becomes None)."""
         rows = zip(*self.column_values(), strict=True)
         return [dict(zip(schema.COLUMNS, row, strict=True)) for row in rows]
+
+    def to_pandas(self):
+        """A pandas DataFrame of :meth:`columns`: one row per (stream, bar), ``time`` as
+        tz-aware UTC timestamps (``datetime64[ms, UTC]``)."""
+        from .frames import to_pandas
+
+        return to_pandas(self.columns())
 
     def to_arrow(self):
         """A ``pyarrow.Table`` of :meth:`columns` with ``schema.arrow_schema()`` (UTC times)."""

@@ -9,18 +9,35 @@ from atc_stream.state import layout as L
 
 
 def reference_outputs(ref: dict[str, np.ndarray]) -> np.ndarray:
-    """The reference's columns arranged as engine output rows (``layout.OUT_*``)."""
-    n = ref["Average_Signal"].shape[0]
+    """Engine output rows (``layout.OUT_*``) from the reference's columns (golden names:
+    ``Average_Signal``, ``EMA_S``...) or from ``compute``'s (the schema: ``signal``,
+    ``ema_equity``...)."""
+    names = SCHEMA_NAMES if "signal" in ref else GOLDEN_NAMES
+    n = ref[names["signal"]].shape[0]
     out = np.empty((n, L.N_OUT))
-    out[:, L.OUT_SIGNAL] = ref["Average_Signal"]
-    for j, family in enumerate(FAMILIES):
-        out[:, L.OUT_LAYER1 + j] = ref[f"{family}_Signal"]
-        out[:, L.OUT_LAYER2 + j] = ref[f"{family}_S"]
-    out[:, L.OUT_LONG] = ref["long"]
-    out[:, L.OUT_SHORT] = ref["short"]
-    out[:, L.OUT_GROWTH] = ref["growth"]
-    out[:, L.OUT_BAR_INDEX] = ref["bar_index"]
+    for name, column in OUT_COLUMN.items():
+        out[:, column] = ref[names[name]]
     return out
+
+
+#: Kernel output column of each schema column that ``reference_outputs`` arranges.
+OUT_COLUMN = {
+    "signal": L.OUT_SIGNAL,
+    **{f"{f.lower()}_signal": L.OUT_LAYER1 + j for j, f in enumerate(FAMILIES)},
+    **{f"{f.lower()}_equity": L.OUT_LAYER2 + j for j, f in enumerate(FAMILIES)},
+    "long": L.OUT_LONG,
+    "short": L.OUT_SHORT,
+    "growth": L.OUT_GROWTH,
+    "bar_index": L.OUT_BAR_INDEX,
+}
+SCHEMA_NAMES = {name: name for name in OUT_COLUMN}
+#: Schema column -> golden-vector / reference column name.
+GOLDEN_NAMES = {
+    **SCHEMA_NAMES,
+    "signal": "Average_Signal",
+    **{f"{f.lower()}_signal": f"{f}_Signal" for f in FAMILIES},
+    **{f"{f.lower()}_equity": f"{f}_S" for f in FAMILIES},
+}
 
 
 def ma_signals(values_row: np.ndarray) -> np.ndarray:

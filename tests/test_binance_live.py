@@ -335,10 +335,10 @@ def assert_exact(
         got = np.stack([rows[(s, T0 + i * IMS)] for i in span])
         n = len(idx)
         res = StepResult([None], np.zeros(n, np.int64), np.zeros(n), np.zeros(n), got)
-        assert np.array_equal(res.signal, full["Average_Signal"][idx], equal_nan=True), s
-        for j, fam in enumerate(("EMA", "HMA", "WMA", "DEMA", "LSMA", "KAMA")):
-            assert np.array_equal(res.layer1_signals[:, j], full[f"{fam}_Signal"][idx], True)
-            assert np.array_equal(res.layer2_equities[:, j], full[f"{fam}_S"][idx], True)
+        assert np.array_equal(res.signal, full["signal"][idx], equal_nan=True), s
+        for j, fam in enumerate(("ema", "hma", "wma", "dema", "lsma", "kama")):
+            assert np.array_equal(res.layer1_signals[:, j], full[f"{fam}_signal"][idx], True)
+            assert np.array_equal(res.layer2_equities[:, j], full[f"{fam}_equity"][idx], True)
         assert np.array_equal(res.growth, full["growth"][idx], equal_nan=True)
         assert np.array_equal(res.long_events, full["long"][idx] == 1)
         assert np.array_equal(res.short_events, full["short"][idx] == 1)
@@ -412,7 +412,7 @@ def test_warmup_stream_previews_equal_compute():
     for (sym, t), (close, signal) in list(pv.items())[:: max(1, len(pv) // 12)]:
         i = (t - T0) // IMS
         series = np.append(closes[sym][start - history : i], close)
-        assert np.array_equal(signal, compute(series)["Average_Signal"][-1], equal_nan=True)
+        assert np.array_equal(signal, compute(series)["signal"][-1], equal_nan=True)
     # stream state ends at the last closed bar, not at any previewed one
     for key in engine.streams:
         assert engine.stream_state(key)["last_time"] == T0 + 319 * IMS
@@ -709,7 +709,7 @@ def test_cli_live_streams_to_file(tmp_path):
     assert len(rows) == 2 + 2 * (260 - start)  # warmup rows + every streamed bar
     for sym in ("BTCUSDT", "ETHUSDT"):
         mine = [r for r in rows if r["symbol"] == sym]
-        full = compute(closes[sym][start - 100 :])["Average_Signal"]
+        full = compute(closes[sym][start - 100 :])["signal"]
         for r in mine:
             i = (r["time"] - t0) // IMS - (start - 100)
             want = full[i]
@@ -751,7 +751,7 @@ def test_cli_live_snapshot_resume_every_bar_once(tmp_path):
     seen = Counter((r["symbol"], r["time"]) for r in rows)
     assert set(seen.values()) == {1}  # every bar exactly once across the restart
     for sym in ("BTCUSDT", "ETHUSDT"):
-        full = compute(closes[sym][start - history :])["Average_Signal"]
+        full = compute(closes[sym][start - history :])["signal"]
         mine = sorted((r["time"], r["signal"]) for r in rows if r["symbol"] == sym)
         assert [(t - t0) // IMS for t, _ in mine] == list(range(start - 1, 270))
         for t, signal in mine:

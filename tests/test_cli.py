@@ -53,7 +53,7 @@ def test_replay_csv_with_warmup_matches_full_recomputation(tmp_path, table):
     assert len(rows) == 4 + 4 * 200  # one warmup row per stream, then every stepped bar
     for symbol, signal in last_signals(rows).items():
         closes = table.closes[table.symbols == symbol]
-        assert signal == compute(closes, ATCParams())["Average_Signal"][-1]
+        assert signal == compute(closes, ATCParams())["signal"][-1]
     assert tuple(rows[-1]) == COLUMNS  # the one output schema, in order
 
 

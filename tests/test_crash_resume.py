@@ -158,7 +158,7 @@ def test_sigkill_anywhere_then_resume_is_exactly_once(redis_url, tmp_path):  # n
     for symbol in table.symbol_names:
         mine = [r["signal"] for r in got if r["symbol"] == symbol]
         assert [r["bar_index"] for r in got if r["symbol"] == symbol] == list(range(N_BARS))
-        full = compute(table.closes[table.symbols == symbol], ATCParams())["Average_Signal"]
+        full = compute(table.closes[table.symbols == symbol], ATCParams())["signal"]
         np.testing.assert_array_equal(np.array(mine, dtype=float), full)
     print(f"crash test: {len(kills)} killed runs {kills}, {elapsed:.1f} s")
 

@@ -7,7 +7,7 @@ import pytest
 from golden_data import load_golden_cases
 from hypothesis import given
 from hypothesis import strategies as st
-from parity_helpers import assert_bit_identical, ma_signals, reference_outputs
+from parity_helpers import GOLDEN_NAMES, assert_bit_identical, ma_signals, reference_outputs
 from series_strategies import atc_params, close_series
 
 from atc_stream import ATCParams, Engine, compute
@@ -46,11 +46,16 @@ def test_compute_matches_golden_and_reference(case):
     name, params, closes, expected = case
     got = compute(closes, params)
     ref = compute_reference(closes, params)
+    schema_name = {golden: schema for schema, golden in GOLDEN_NAMES.items()}
+    assert set(expected) - {"close"} <= set(schema_name), sorted(expected)
+    np.testing.assert_array_equal(got["close"], closes)
     for column, values in expected.items():
-        if column == "bar_index":
+        if column in ("bar_index", "close"):
             continue
-        assert np.allclose(got[column], values, atol=1e-9, rtol=0, equal_nan=True), column
-        assert_bit_identical(got[column], ref[column], f"{name} {column}")
+        mine = got[schema_name[column]]
+        assert np.allclose(mine, values, atol=1e-9, rtol=0, equal_nan=True), column
+        assert_bit_identical(mine, ref[column], f"{name} {column}")
+    np.testing.assert_array_equal(got["bar_index"], expected["bar_index"])
 
 
 @pytest.mark.parametrize("case", GOLDEN, ids=[c[0] for c in GOLDEN])

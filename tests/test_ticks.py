@@ -212,7 +212,7 @@ def test_ticks_through_engine_equal_compute():
             last.setdefault(sym, []).append((t, sig))
     for sym in bars.names:
         mine = bars.symbols == sym
-        full = compute(bars.close[mine])["Average_Signal"]
+        full = compute(bars.close[mine])["signal"]
         got = dict(last[sym])
         for j, t in enumerate(bars.times[mine].tolist()):
             if t in got:
@@ -268,7 +268,7 @@ def test_cli_replay_ticks_and_directory(tmp_path):
     assert len(rows) == len(bars)
     assert f"8000 ticks -> {len(bars)} 5m bars of 3 symbols" in result.stderr
     for sym in bars.names:
-        full = compute(bars.close[bars.symbols == sym])["Average_Signal"]
+        full = compute(bars.close[bars.symbols == sym])["signal"]
         mine = [r["signal"] for r in rows if r["symbol"] == sym]
         assert np.array_equal(np.array(mine, float), full, equal_nan=True)
     # neither or both inputs: a usage error

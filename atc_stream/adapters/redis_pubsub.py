@@ -191,6 +191,7 @@ class SignalPublisher:
         per_symbol: bool = True,
         batch: bool = True,
         events: bool = True,
+        events_before_ready: bool = False,
         latest: bool = True,
         max_steps_per_send: int = 16,
         socket_timeout: float = 2.0,
@@ -213,6 +214,8 @@ class SignalPublisher:
         self.per_symbol = per_symbol
         self.batch = batch
         self.events = events
+        #: publish events of rows that are not ready yet too (docs/spec.md, "Readiness")
+        self.events_before_ready = events_before_ready
         self.latest = latest
         self.batch_channel = f"{prefix}:batch"
         self.events_channel = f"{prefix}:events"
@@ -410,7 +413,7 @@ class SignalPublisher:
                     publish.append(data)
             if self.events:
                 for rec, data in zip(records, encoded, strict=True):
-                    if rec.long or rec.short:
+                    if (rec.long or rec.short) and (rec.ready or self.events_before_ready):
                         publish.append(self.events_channel)
                         publish.append(data)
             if self.batch:

@@ -166,6 +166,10 @@ class ReplaySummary:
     rows_out: int = 0
     long_events: int = 0
     short_events: int = 0
+    #: events on rows that were not ready (counted in long/short_events only when
+    #: ``events_before_ready``; docs/spec.md, "Readiness")
+    unready_events: int = 0
+    events_before_ready: bool = False
     seconds: float = 0.0
     rejected: Counter = field(default_factory=Counter)
 
@@ -174,6 +178,20 @@ class ReplaySummary:
         total = self.warmup_bars + self.step_bars
         return total / self.seconds if self.seconds > 0 else float("inf")
 
+    def count_events(self, result: StepResult) -> None:
+        """Add ``result``'s long/short events: ready rows only unless ``events_before_ready``."""
+        ready = result.ready
+        unready = int((result.long_events & ~ready).sum() + (result.short_events & ~ready).sum())
+        self.unready_events += unready
+        counted = slice(None) if self.events_before_ready else ready
+        self.long_events += int(result.long_events[counted].sum())
+        self.short_events += int(result.short_events[counted].sum())
+
+    def _events_note(self) -> str:
+        if self.events_before_ready:
+            return f" (incl. {self.unready_events} before ready)"
+        return f" (ready rows; {self.unready_events} before ready not counted)"
+
     def lines(self) -> list[str]:
         rejected = ", ".join(f"{k}={v}" for k, v in sorted(self.rejected.items())) or "none"
         return [
@@ -181,7 +199,8 @@ class ReplaySummary:
             f"bars             {self.warmup_bars} warmup + {self.step_bars} stepped",
             f"time             {self.seconds:.3f} s ({self.bars_per_second:,.0f} bars/s)",
             f"signal rows      {self.rows_out}",
-            f"events           {self.long_events} long, {self.short_events} short",
+            f"events           {self.long_events} long, {self.short_events} short"
+            + self._events_note(),
             f"rejected inputs  {rejected}",
         ]
 
@@ -198,6 +217,7 @@ class BarPlayer:
         speed: float | None = None,
         on_result: Callable[[StepResult], None] | None = None,
         progress: bool = False,
+        events_before_ready: bool = False,
     ) -> None:
         if warmup_bars < 0:
             raise ValueError(f"warmup_bars must be >= 0, got {warmup_bars}")
@@ -209,7 +229,7 @@ class BarPlayer:
         self.speed = speed
         self.on_result = on_result
         self.progress = progress
-        self.summary = ReplaySummary()
+        self.summary = ReplaySummary(events_before_ready=events_before_ready)
 
     def run(self, start_row: int = 0) -> ReplaySummary:
         """Play the table from ``start_row`` (rows before it are taken as already applied)."""
@@ -304,8 +324,7 @@ class BarPlayer:
 
     def _emit(self, result: StepResult) -> None:
         self.summary.rows_out += len(result)
-        self.summary.long_events += int(result.long_events.sum())
-        self.summary.short_events += int(result.short_events.sum())
+        self.summary.count_events(result)
         if self.on_result is not None:
             self.on_result(result)
 

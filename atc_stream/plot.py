@@ -1,0 +1,153 @@
+"""Charts of signal rows: close price with long/short events, the signal below it, and
+bands over the bars that are not ready yet (docs/spec.md, "Warm-up and readiness").
+
+``plot_signals`` works on anything in the one output schema (a ``compute`` result, a
+``StepResult.to_pandas()`` frame, or a file read by ``load_signals``); ``atc-stream plot``
+is the same from the command line. matplotlib and pandas are imported only when used
+(``pip install atc-stream[plot]``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+class PlotError(ValueError):
+    """The rows cannot be drawn (missing file, columns or symbol, or matplotlib)."""
+
+
+def load_signals(path: str | Path):
+    """Signal rows from a Parquet, JSONL or CSV file as a pandas DataFrame."""
+    import pandas as pd
+
+    path = Path(path)
+    if not path.is_file():
+        raise PlotError(f"{path}: no such file")
+    suffix = path.suffix.lower()
+    try:
+        if suffix in (".parquet", ".pq"):
+            return pd.read_parquet(path)
+        if suffix in (".jsonl", ".json", ".ndjson"):
+            return pd.read_json(path, lines=True)
+        if suffix == ".csv":
+            return pd.read_csv(path)
+    except (OSError, ValueError) as exc:
+        raise PlotError(f"{path}: cannot read signal rows ({exc})") from None
+    raise PlotError(f"{path}: unknown file type {suffix!r} (want .parquet, .jsonl or .csv)")
+
+
+def plot_signals(
+    rows: Any,
+    *,
+    symbol: str | None = None,
+    params_id: int | None = None,
+    title: str | None = None,
+    figsize: tuple[float, float] = (11.0, 6.0),
+):
+    """A matplotlib Figure of one stream's rows (a DataFrame or a ``compute`` dict).
+
+    Top: close, long (▲) and short (▼) events; bottom: the signal around its zero line;
+    grey bands over the rows where ``ready`` is false.
+    ``symbol``/``params_id`` pick the stream when the rows hold several.
+    """
+    frame = _frame(rows)
+    frame = _one_stream(frame, symbol, params_id)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise PlotError("plotting needs matplotlib: pip install 'atc-stream[plot]'") from None
+
+    x = _x_axis(frame)
+    close = frame["close"].to_numpy(float)
+    signal = frame["signal"].to_numpy(float)
+    fig, (top, bottom) = plt.subplots(
+        2, 1, sharex=True, figsize=figsize, height_ratios=(2, 1), layout="constrained"
+    )
+    top.plot(x, close, color="#1f4e79", linewidth=1.0, label="close")
+    for column, marker, colour in (("long", "^", "#2e7d32"), ("short", "v", "#c62828")):
+        hit = frame[column].to_numpy(bool)
+        if hit.any():
+            top.scatter(x[hit], close[hit], marker=marker, color=colour, s=36, zorder=3,
+                        label=f"{column} ({int(hit.sum())})")  # fmt: skip
+    bottom.plot(x, signal, color="#6a1b9a", linewidth=1.0, label="signal")
+    bottom.axhline(0.0, color="0.5", linewidth=0.6)
+    if "ready" in frame:
+        _shade_not_ready(frame["ready"].to_numpy(bool), x, (top, bottom))
+    top.set_ylabel("close")
+    bottom.set_ylabel("signal")
+    top.legend(loc="upper left", fontsize=8)  # after the shading, so "not ready" is listed
+    name = str(frame["symbol"].iloc[0]) if "symbol" in frame and len(frame) else "series"
+    top.set_title(title or f"ATC signal: {name}")
+    return fig
+
+
+def _frame(rows: Any):
+    import pandas as pd
+
+    frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(dict(rows))
+    missing = [c for c in ("close", "signal", "long", "short") if c not in frame]
+    if missing:
+        raise PlotError(
+            f"rows lack column(s) {missing}; expected the atc-stream output schema "
+            "(docs/messages.md)"
+        )
+    if len(frame) == 0:
+        raise PlotError("no rows to draw")
+    return frame
+
+
+def _one_stream(frame, symbol: str | None, params_id: int | None):
+    if "symbol" in frame:
+        symbols = frame["symbol"].astype(str).unique()
+        if symbol is None and len(symbols) > 1:
+            listed = ", ".join(sorted(symbols)[:10])
+            raise PlotError(f"rows hold {len(symbols)} symbols ({listed}...): pick one with symbol")
+        if symbol is not None:
+            frame = frame[frame["symbol"].astype(str) == symbol]
+            if len(frame) == 0:
+                raise PlotError(f"no rows for symbol {symbol!r} (symbols: {sorted(symbols)[:10]})")
+    if "params_id" in frame:
+        ids = frame["params_id"].unique()
+        if params_id is None and len(ids) > 1:
+            raise PlotError(f"rows hold parameter sets {sorted(ids)}: pick one with params_id")
+        if params_id is not None:
+            frame = frame[frame["params_id"] == params_id]
+            if len(frame) == 0:
+                raise PlotError(f"no rows for params_id {params_id} (have {sorted(ids)})")
+    if "provisional" in frame:
+        frame = frame[~frame["provisional"].astype(bool)]
+    return frame.sort_values("bar_index") if "bar_index" in frame else frame
+
+
+def _x_axis(frame) -> np.ndarray:
+    """Bar times as datetimes when the rows carry real times, else bar indexes."""
+    import pandas as pd
+
+    if "time" in frame:
+        times = frame["time"]
+        if pd.api.types.is_datetime64_any_dtype(times):
+            return times.dt.tz_convert(None).to_numpy() if times.dt.tz else times.to_numpy()
+        values = times.to_numpy(np.int64)
+        if values.size and values.min() >= 10**11:  # epoch ms (after 1973)
+            return values.astype("datetime64[ms]")
+    if "bar_index" in frame:
+        return frame["bar_index"].to_numpy(np.int64)
+    return np.arange(len(frame))
+
+
+def _shade_not_ready(ready: np.ndarray, x: np.ndarray, axes) -> None:
+    """Grey spans over each run of not-ready rows (one legend entry)."""
+    if ready.all():
+        return
+    edges = np.flatnonzero(np.diff(np.r_[False, ~ready, False].astype(np.int8)))
+    for k, (start, stop) in enumerate(zip(edges[::2], edges[1::2], strict=True)):
+        right = x[stop] if stop < len(x) else x[stop - 1]
+        for ax in axes:
+            ax.axvspan(x[start], right, color="0.85", zorder=0,
+                       label="not ready" if k == 0 and ax is axes[0] else None)  # fmt: skip

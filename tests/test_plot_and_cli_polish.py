@@ -1,0 +1,114 @@
+"""The chart (``atc-stream plot`` and ``plot_signals``), ``--version``, the license
+metadata and ``py.typed`` (issue 11, items 5 and 6)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+import atc_stream
+from atc_stream import ATCParams, Engine, compute
+from atc_stream.adapters.sinks import JsonlSink, ParquetSink
+from atc_stream.cli import app
+from atc_stream.schema import params_metadata
+
+pytest.importorskip("matplotlib")
+from PIL import Image  # noqa: E402  (matplotlib depends on Pillow)
+
+from atc_stream.plot import PlotError, plot_signals  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+runner = CliRunner(env={"COLUMNS": "240", "NO_COLOR": "1"})
+T0 = 1_700_000_040_000
+
+
+def closes_of(seed: int, n: int = 160) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.round(100 * np.exp(np.cumsum(rng.normal(0, 0.012, n))), 2)
+
+
+@pytest.fixture(scope="module")
+def signal_files(tmp_path_factory):
+    """A Parquet and a JSONL file of two symbols' rows, as ``atc-stream replay`` writes."""
+    folder = tmp_path_factory.mktemp("signals")
+    eng = Engine(ATCParams(), backend="cpu")
+    bars = {"BTCUSDT": closes_of(1), "ETHUSDT": closes_of(2)}
+    for s in bars:
+        eng.add_symbol(s)
+    paths = folder / "signals.parquet", folder / "signals.jsonl"
+    with (
+        ParquetSink(paths[0], metadata=params_metadata(eng.param_sets)) as pq,
+        JsonlSink(paths[1]) as js,
+    ):
+        for i in range(160):
+            res = eng.step([(s, T0 + i * 60_000, float(c[i])) for s, c in bars.items()])
+            pq.write(res)
+            js.write(res)
+    return paths
+
+
+def assert_real_png(path: Path) -> None:
+    assert path.stat().st_size > 20_000, path.stat().st_size
+    with Image.open(path) as img:
+        assert img.format == "PNG"
+        assert img.width >= 800 and img.height >= 400
+        pixels = np.asarray(img.convert("RGB"), dtype=np.int16)
+    not_white = (pixels < 245).any(axis=2)
+    assert not_white.mean() > 0.02  # lines, markers, text and bands drawn
+    colours = {tuple(p) for p in pixels.reshape(-1, 3)[::97].tolist()}
+    assert len(colours) > 20  # more than a blank or one-colour image
+    grey_band = (np.abs(pixels - 217).max(axis=2) <= 2).mean()  # "0.85" not-ready bands
+    assert grey_band > 0.01
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_plot_command_renders_a_png(tmp_path, signal_files, kind):
+    source = signal_files[0] if kind == "parquet" else signal_files[1]
+    out = tmp_path / "chart.png"
+    result = runner.invoke(app, ["plot", str(source), "--symbol", "BTCUSDT", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert_real_png(out)
+
+
+def test_plot_command_errors_are_one_clear_line(tmp_path, signal_files):
+    out = tmp_path / "chart.png"
+    result = runner.invoke(app, ["plot", str(signal_files[0]), "-o", str(out)])
+    assert result.exit_code == 2 and "pick one with symbol" in result.output
+    result = runner.invoke(app, ["plot", str(signal_files[0]), "--symbol", "NOPE", "-o", str(out)])
+    assert result.exit_code == 2 and "no rows for symbol 'NOPE'" in result.output
+    result = runner.invoke(app, ["plot", str(tmp_path / "missing.parquet"), "-o", str(out)])
+    assert result.exit_code == 2 and "no such file" in result.output
+    assert "Traceback" not in result.output and not out.exists()
+
+
+def test_plot_signals_function_on_compute_output(tmp_path):
+    index = pd.date_range("2024-01-01", periods=160, freq="h", tz="UTC")
+    frame = compute(pd.Series(closes_of(3), index=index))
+    figure = plot_signals(frame, title="notebook")
+    out = tmp_path / "nb.png"
+    figure.savefig(out, dpi=110)
+    assert_real_png(out)
+    plain = plot_signals(compute(closes_of(3)))  # dict of arrays, bar index on the x axis
+    assert len(plain.axes) == 2
+    with pytest.raises(PlotError, match="lack column"):
+        plot_signals({"close": [1.0]})
+
+
+def test_version_flag():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.output.strip() == f"atc-stream {atc_stream.__version__}"
+
+
+def test_license_and_typing_marker_ship():
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    meta = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert meta["license"] == "MIT"
+    assert "MIT License" in (REPO / "LICENSE").read_text()
+    assert meta["version"] == atc_stream.__version__
+    assert (REPO / "atc_stream" / "py.typed").is_file()
+    assert any(d.startswith("matplotlib") for d in meta["optional-dependencies"]["plot"])
