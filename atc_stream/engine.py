@@ -42,8 +42,10 @@ BAD_HISTORY = "bad_history"
 WARMUP_CHUNK = 1024
 
 
-def make_backend(name: str, store: StateStore):
+def make_backend(name: str, store: StateStore, threads: int | None = None):
     """The backend object for ``name`` ("cpu", "cuda" or "auto").
+
+    ``threads`` is the CPU backend's thread count (None: chosen per call).
 
     "cuda" also runs under numba's simulator (``NUMBA_ENABLE_CUDASIM=1``). "auto" picks
     CUDA only on a real device and for at least ``kernels.cuda.AUTO_MIN_STREAMS`` streams
@@ -65,7 +67,7 @@ def make_backend(name: str, store: StateStore):
             raise RuntimeError(f"backend='cuda' was asked for but CUDA is unavailable: {why}")
     from .kernels.cpu import CpuBackend
 
-    return CpuBackend(store)
+    return CpuBackend(store, threads)
 
 
 class Engine:
@@ -83,7 +85,11 @@ class Engine:
         backend: str = "auto",
         interval: str = "1m",
         capacity: int = 64,
+        threads: int | None = None,
     ) -> None:
+        from .kernels.threads import check_threads
+
+        self.threads = check_threads(threads)
         self.store = StateStore(capacity)
         self.interval = interval
         self._keys_by_slot: list[StreamKey | None] = [None] * self.store.capacity
@@ -97,7 +103,18 @@ class Engine:
             param_sets = [param_sets]
         for p in param_sets:
             self.add_params(p)
-        self.backend = make_backend(backend, self.store)
+        self.backend = make_backend(backend, self.store, self.threads)
+
+    def compile(self, report=None):
+        """Compile (first run) or load from the on-disk cache every CPU kernel now.
+
+        Later processes load in well under a second; call this before timing-sensitive
+        work. ``report`` (e.g. ``print``) gets a line before a first-run compile.
+        Returns a ``kernels.prepare.PrepareReport``.
+        """
+        from .kernels.prepare import prepare_kernels
+
+        return prepare_kernels(report)
 
     def move_to(self, backend: str) -> None:
         """Move the live state to another backend ("cpu", "cuda" or "auto"); results are unchanged.
@@ -107,7 +124,7 @@ class Engine:
         (the engine then stays where it was).
         """
         self.backend.pull_state()
-        new = make_backend(backend, self.store)
+        new = make_backend(backend, self.store, self.threads)
         new.push_state()
         old, self.backend = self.backend, new
         close = getattr(old, "close", None)
@@ -466,13 +483,15 @@ class Engine:
         return encode_snapshot(self.capture_snapshot(source_offsets, copy=False), compression)
 
     @classmethod
-    def restore(cls, blob: bytes, backend: str = "auto") -> Engine:
+    def restore(cls, blob: bytes, backend: str = "auto", threads: int | None = None) -> Engine:
         """The engine a snapshot blob was taken from; ``SnapshotError`` if it does not verify."""
         from .state.snapshot import decode_snapshot
 
         snap = decode_snapshot(blob)
         h = snap.header
-        eng = cls(snap.params, backend=backend, interval=h.interval, capacity=h.capacity)
+        eng = cls(
+            snap.params, backend=backend, interval=h.interval, capacity=h.capacity, threads=threads
+        )
         store = eng.store
         reshaped = False
         for name in ("ring", "values", "counters", "in_use"):
@@ -485,7 +504,7 @@ class Engine:
         if reshaped:
             store.ring_capacity = h.ring_capacity
             store.generation += 1
-            old, eng.backend = eng.backend, make_backend(backend, store)
+            old, eng.backend = eng.backend, make_backend(backend, store, eng.threads)
             getattr(old, "close", lambda: None)()
         by_symbol: dict[str, list[int]] = {}
         for key, slot in h.registry.items():

@@ -13,12 +13,17 @@ from .state.store import StateStore
 
 
 def compute(
-    closes: Sequence[float] | np.ndarray, params: ATCParams | None = None
+    closes: Sequence[float] | np.ndarray,
+    params: ATCParams | None = None,
+    *,
+    threads: int | None = None,
 ) -> dict[str, np.ndarray]:
     """ATC over a whole close series; the same columns as the golden vectors.
 
     Returns ``bar_index``, ``close``, ``Average_Signal``, ``long``, ``short``,
     ``<FAMILY>_Signal`` and ``<FAMILY>_S`` for each family, and ``growth``.
+    One series runs on one thread whatever ``threads`` says (a stream is sequential);
+    ``threads`` is accepted so every entry point takes the same setting.
     """
     from .kernels.cpu import CpuBackend
 
@@ -32,7 +37,7 @@ def compute(
     store = StateStore(capacity=1)
     slot = store.allocate(store.add_params(params))
     n = closes.shape[0]
-    out = CpuBackend(store).warmup(
+    out = CpuBackend(store, threads).warmup(
         np.array([slot], np.int64),
         np.arange(n, dtype=np.int64)[None, :],
         closes[None, :],
