@@ -12,8 +12,6 @@ cached on disk under a key covering every kernel source (``kernels/cache.py``).
 
 from __future__ import annotations
 
-import logging
-import time
 import types
 
 import numpy as np
@@ -23,8 +21,6 @@ from ..state.layout import N_OUT
 from . import threads as threading_policy
 from .cache import cached_jit
 from .compile import compile_core
-
-log = logging.getLogger("atc_stream")
 
 # inline="always": numba otherwise calls each core function out of line with ~30 words of
 # array arguments (54 MA calls per bar); inlining halves the per-bar cost, same doubles.

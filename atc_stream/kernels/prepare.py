@@ -45,6 +45,14 @@ def _cache_misses() -> int:
     return sum(sum(d.stats.cache_misses.values()) for d in _dispatchers())
 
 
+def _pool_threads() -> int:
+    from numba import config
+
+    from .threads import available_cpus
+
+    return max(2, min(available_cpus(), config.NUMBA_NUM_THREADS))
+
+
 def _exercise(threads: int) -> None:
     from ..engine import Engine
 
@@ -73,10 +81,6 @@ def prepare_kernels(report: Callable[[str], None] | None = None) -> PrepareRepor
     if report is not None and not cache.is_populated():
         report(f"{FIRST_RUN_MESSAGE}; cached in {directory} ...")
     _exercise(threads=1)
-    from .threads import available_cpus
-
-    from numba import config
-
-    _exercise(threads=max(2, min(available_cpus(), config.NUMBA_NUM_THREADS)))
+    _exercise(threads=_pool_threads())
     compiled = _cache_misses() > misses_before or directory is None
     return PrepareReport(compiled, time.perf_counter() - started, directory)
