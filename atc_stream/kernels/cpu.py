@@ -170,7 +170,7 @@ class CpuBackend:
 
     def __init__(self, store, threads: int | None = None) -> None:
         self.store = store
-        self.threads = threading_policy.check_threads(threads)
+        self.threads = threading_policy.resolve_threads(threads)
 
     def _arrays(self):
         s = self.store

@@ -84,3 +84,27 @@ def prepare_kernels(report: Callable[[str], None] | None = None) -> PrepareRepor
     _exercise(threads=_pool_threads())
     compiled = _cache_misses() > misses_before or directory is None
     return PrepareReport(compiled, time.perf_counter() - started, directory)
+
+
+def prepare_for_cli(engine, err: Callable[[str], None]) -> None:
+    """Before a command reads input: compile/load the CPU kernels, saying so on a first run.
+
+    So progress bars, ``--max-seconds`` and the event loop never include compilation.
+    Other backends compile their own kernels; only the CPU kernels are cached here.
+    """
+    if getattr(engine.backend, "name", None) != "cpu":
+        return
+    result = prepare_kernels(lambda line: err(f"atc-stream: {line}"))
+    if result.compiled:
+        err(f"atc-stream: {result.summary()}")
+
+
+def compile_command(err: Callable[[str], None]) -> int:
+    """``atc-stream compile``: fill the cache (e.g. in a Docker build step); exit status."""
+    try:
+        result = prepare_kernels(lambda line: err(f"atc-stream: {line}"))
+    except OSError as exc:
+        err(f"atc-stream: cannot compile kernels: {exc}")
+        return 2
+    err(f"atc-stream: {result.summary()}")
+    return 0

@@ -57,6 +57,22 @@ def available_cpus() -> int:
     return max(1, min(cpus, config.NUMBA_NUM_THREADS))
 
 
+#: Process-wide thread setting for engines created without ``threads=`` (``--threads``).
+_default_threads: int | None = None
+
+
+def set_default_threads(threads: int | None) -> None:
+    """Set the thread count used when an engine or ``compute`` gets no ``threads=``."""
+    global _default_threads
+    _default_threads = check_threads(threads)
+
+
+def resolve_threads(threads: int | None) -> int | None:
+    """A validated explicit setting, else the process default (None: automatic)."""
+    threads = check_threads(threads)
+    return _default_threads if threads is None else threads
+
+
 def check_threads(threads: int | None) -> int | None:
     """Validate a user's ``threads`` setting (None or 0 = automatic)."""
     if threads is None or threads == 0:
