@@ -39,8 +39,27 @@ def _root(
             "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
         ),
     ] = False,
-) -> None:
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            "--threads", min=0, envvar="ATC_STREAM_THREADS",
+            help="CPU threads per engine call (1: serial; default/0: chosen per call "
+            "from the batch size and the CPUs available). Goes before the command.",
+        ),
+    ] = None,
+) -> None:  # fmt: skip
     """Exact, incremental Adaptive Trend Classification (ATC) signals for many symbols."""
+    from .kernels.threads import set_default_threads
+
+    set_default_threads(threads)
+
+
+@app.command("compile")
+def compile_kernels() -> None:
+    """Compile the CPU kernels into the on-disk cache now (e.g. in a Docker build step)."""
+    from .kernels.prepare import compile_command
+
+    raise typer.Exit(compile_command(_err))
 
 
 def _err(line: str) -> None:
@@ -299,6 +318,9 @@ def _replay_table(
     engine = durability.restore(backend) or Engine(
         params, backend=backend, interval=interval, capacity=max(len(table), 1)
     )
+    from .kernels.prepare import prepare_for_cli
+
+    prepare_for_cli(engine, _err)  # not inside the progress bar's rate and ETA
     with open_sink(output) as sink:
         summary = _play_durably(
             engine, table, warmup=warmup, speed=speed, progress=progress, on_result=sink.write,
@@ -523,6 +545,9 @@ def live(
         raise typer.BadParameter(
             f"the snapshot holds {engine.interval!r} streams, not --interval {interval!r}"
         )
+    from .kernels.prepare import prepare_for_cli
+
+    prepare_for_cli(engine, _err)  # before connecting: nothing compiles in the event loop
     tty = sys.stderr.isatty()
 
     def show_status(stats) -> None:
@@ -758,6 +783,9 @@ def run_stream(
     engine = durability.restore(backend) or Engine(
         load_param_sets(params), backend=backend, interval=interval
     )
+    from .kernels.prepare import prepare_for_cli
+
+    prepare_for_cli(engine, _err)  # before reading the stream
     durability.start(engine)
     try:
         runner = RedisStreamRunner(

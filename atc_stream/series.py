@@ -25,6 +25,7 @@ def compute(
     symbol: str = "",
     interval: str = "",
     params_id: int = 0,
+    threads: int | None = None,
 ) -> dict[str, np.ndarray] | Any:
     """ATC over a whole close series, every bar, in the one output schema.
 
@@ -37,7 +38,9 @@ def compute(
     epoch ms), or, given a pandas Series, a DataFrame on the Series' index (``time`` as
     UTC timestamps). Column names are the schema's (``signal``, ``ema_signal``,
     ``ema_equity``...); the golden-vector names (``Average_Signal``, ``EMA_S``...) are
-    those of ``atc_stream.reference`` only.
+    those of ``atc_stream.reference`` only. One series runs on one thread whatever
+    ``threads`` says (a stream is sequential); it is accepted so that every entry point
+    takes the same setting.
     """
     from .kernels.cpu import CpuBackend
 
@@ -53,7 +56,7 @@ def compute(
     bar_times = _bar_times(times, index, n, time_unit)
     store = StateStore(capacity=1)
     slot = store.allocate(store.add_params(params))
-    out = CpuBackend(store).warmup(
+    out = CpuBackend(store, threads).warmup(
         np.array([slot], np.int64),
         np.arange(n, dtype=np.int64)[None, :],
         values[None, :],

@@ -15,6 +15,7 @@ from numba import njit
 
 from ..state import layout as L
 from ..state.layout import LAST_TIME
+from .cache import cached_jit
 
 ACCEPTED = 0
 UNKNOWN_STREAM = 1
@@ -60,7 +61,7 @@ def output_columns(groups) -> np.ndarray | None:
     return np.array(sorted(columns), np.int64)
 
 
-@njit(cache=True)
+@cached_jit(njit(cache=True))
 def _check_close_and_slot(slot, close, in_use):
     if slot < 0 or slot >= in_use.shape[0] or not in_use[slot]:
         return UNKNOWN_STREAM
@@ -71,7 +72,7 @@ def _check_close_and_slot(slot, close, in_use):
     return ACCEPTED
 
 
-@njit(cache=True)
+@cached_jit(njit(cache=True))
 def _time_reason(bar_time, last_time):
     if bar_time == last_time:
         return DUPLICATE_BAR
@@ -80,7 +81,7 @@ def _time_reason(bar_time, last_time):
     return ACCEPTED
 
 
-@njit(cache=True)
+@cached_jit(njit(cache=True))
 def plan_rounds(counters, in_use, pending_last, pending_count, slots, times, closes, reasons):
     """Validate a step batch; return ``(order, round_starts)`` of the accepted updates.
 
@@ -121,7 +122,7 @@ def plan_rounds(counters, in_use, pending_last, pending_count, slots, times, clo
     return order, round_starts
 
 
-@njit(cache=True)
+@cached_jit(njit(cache=True))
 def check_previews(counters, in_use, slots, times, closes, reasons):
     """Validate a preview batch: each update is checked against committed state only."""
     n_ok = 0
@@ -135,7 +136,7 @@ def check_previews(counters, in_use, slots, times, closes, reasons):
     return n_ok
 
 
-@njit(cache=True)
+@cached_jit(njit(cache=True))
 def check_history(in_use, slot, times, closes, last_time, reasons):
     """Validate one stream's history (for warmup); return the number of accepted bars."""
     n_ok = 0

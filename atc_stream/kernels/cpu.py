@@ -1,30 +1,54 @@
-"""CPU drivers: the core update compiled with ``numba.njit`` and run over streams in parallel.
+"""CPU drivers: the core update compiled with ``numba.njit``, serial and parallel over streams.
 
 Every driver loops ``prange`` over streams (one stream's state is one contiguous row
 in C order, so its windows are contiguous in cache) and calls the same core
 functions as the CUDA drivers. ``error_model="numpy"`` makes float division follow
 IEEE (x/0 → inf/nan) like the GPU, instead of raising.
+
+Each driver is compiled twice from one Python function: ``parallel=True`` and serial
+(``prange`` is then ``range``); ``kernels/threads.py`` picks one per call. All are
+cached on disk under a key covering every kernel source (``kernels/cache.py``).
 """
 
 from __future__ import annotations
+
+import types
 
 import numpy as np
 from numba import njit, prange
 
 from ..state.layout import N_OUT
+from . import threads as threading_policy
+from .cache import cached_jit
 from .compile import compile_core
 
 # inline="always": numba otherwise calls each core function out of line with ~30 words of
 # array arguments (54 MA calls per bar); inlining halves the per-bar cost, same doubles.
-_core = compile_core(njit(error_model="numpy", inline="always"))
+_core = compile_core(cached_jit(njit(error_model="numpy", inline="always", cache=True)))
 update_stream = _core.update_stream
 stream_growth = _core.stream_growth
 growth_factor = _core.growth_factor
 
-_driver = njit(parallel=True, error_model="numpy")
+
+def _compile_both(function):
+    """(serial, parallel) dispatchers of ``function``, each cached under its own name.
+
+    numba's cache index is named by ``__qualname__`` and its key ignores compile flags,
+    so the two variants must carry different qualnames or they would share entries.
+    """
+    variants = []
+    for suffix, parallel in (("serial", False), ("parallel", True)):
+        clone = types.FunctionType(
+            function.__code__, function.__globals__, f"{function.__name__}_{suffix}",
+            function.__defaults__, function.__closure__,
+        )  # fmt: skip
+        clone.__qualname__ = clone.__name__
+        clone.__doc__ = function.__doc__
+        decorator = njit(parallel=parallel, error_model="numpy", cache=True)
+        variants.append(cached_jit(decorator)(clone))
+    return tuple(variants)
 
 
-@_driver
 def step(
     ring,
     values,
@@ -59,7 +83,6 @@ def step(
             )
 
 
-@_driver
 def preview(
     ring, values, counters, param_lengths, param_values, slots, times, closes, accepted, out
 ):
@@ -91,7 +114,6 @@ def preview(
         )
 
 
-@_driver
 def warmup(
     ring,
     values,
@@ -130,32 +152,58 @@ def warmup(
             )
 
 
+step_serial, step_parallel = _compile_both(step)
+preview_serial, preview_parallel = _compile_both(preview)
+warmup_serial, warmup_parallel = _compile_both(warmup)
+DRIVERS = (step_serial, step_parallel, preview_serial, preview_parallel,
+           warmup_serial, warmup_parallel, growth_factor)  # fmt: skip
+
+
 class CpuBackend:
-    """Runs the CPU drivers directly on the store's host arrays (C order: one stream per row)."""
+    """Runs the CPU drivers directly on the store's host arrays (C order: one stream per row).
+
+    ``threads``: None picks serial or parallel per call (``kernels/threads.py``); an int
+    fixes the thread count (1 = the serial drivers).
+    """
 
     name = "cpu"
 
-    def __init__(self, store) -> None:
+    def __init__(self, store, threads: int | None = None) -> None:
         self.store = store
+        self.threads = threading_policy.resolve_threads(threads)
 
     def _arrays(self):
         s = self.store
         return s.ring, s.values, s.counters, s.params.lengths, s.params.values
 
+    def _threads(self, work: int, units: int) -> int:
+        return threading_policy.choose_threads(work, units, self.threads)
+
     def step(self, slots, times, closes, order, round_starts) -> np.ndarray:
         out = np.full((slots.shape[0], N_OUT), np.nan)  # rows of rejected updates stay NaN
-        step(*self._arrays(), slots, times, closes, order, round_starts, out)
+        n_rounds = max(round_starts.shape[0] - 1, 1)
+        widest = order.shape[0] if n_rounds == 1 else int(np.diff(round_starts).max())
+        threading_policy.run(
+            step_serial, step_parallel, self._threads(order.shape[0] // n_rounds, widest),
+            *self._arrays(), slots, times, closes, order, round_starts, out,
+        )  # fmt: skip
         return out
 
     def preview(self, slots, times, closes, accepted) -> np.ndarray:
         out = np.full((slots.shape[0], N_OUT), np.nan)
-        preview(*self._arrays(), slots, times, closes, accepted, out)
+        threading_policy.run(
+            preview_serial, preview_parallel, self._threads(slots.shape[0], slots.shape[0]),
+            *self._arrays(), slots, times, closes, accepted, out,
+        )  # fmt: skip
         return out
 
     def warmup(self, slots, times, closes, counts, record_all: bool) -> np.ndarray:
         rows = times.shape[1] if record_all else 1
         out = np.full((slots.shape[0], max(rows, 1), N_OUT), np.nan)
-        warmup(*self._arrays(), slots, times, closes, counts, out, record_all)
+        threading_policy.run(
+            warmup_serial, warmup_parallel, self._threads(int(counts.sum()), slots.shape[0]),
+            *self._arrays(), slots, times, closes, counts, out, record_all,
+        )  # fmt: skip
         return out
 
     def pull_state(self) -> None:

@@ -1,0 +1,108 @@
+"""Threading policy for the CPU drivers: how many threads one call should use.
+
+Every CPU driver exists twice, serial and ``parallel=True`` (``kernels/cpu.py``);
+results are bit-identical because each stream is computed by the same code on one
+thread either way. Waking a thread pool costs far more than a small batch's work
+(measured on a 2-vCPU VM: a 1,000-symbol step took 1.4 ms on one thread and 7.5 ms
+with two sleeping omp threads), so a call goes parallel only when its work is
+large enough to repay the wake-up on every thread it adds, and never on more
+threads than the CPUs this process may actually use (affinity mask and cgroup
+CPU quota, not ``os.cpu_count()``).
+
+The thread count is chosen per call; ``threads=N`` (Engine, ``compute``, ``--threads``)
+fixes it instead, ``threads=1`` meaning the serial drivers.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from pathlib import Path
+
+#: Stream-bars of work each thread must get before a call goes parallel. A
+#: stream-bar costs ~1 us, so this is ~4 ms per thread: several times the wake-up
+#: of a sleeping pool even when the machine is shared (RESULTS.md, "threads").
+MIN_WORK_PER_THREAD = 4096
+
+
+def _cgroup_cpu_limit() -> float | None:
+    """CPUs allowed by the cgroup CPU quota (v2 ``cpu.max`` or v1 cfs), None if unlimited."""
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        base = Path("/sys/fs/cgroup/cpu")
+        quota = int((base / "cpu.cfs_quota_us").read_text())
+        period = int((base / "cpu.cfs_period_us").read_text())
+        return None if quota <= 0 else quota / period
+    except (OSError, ValueError):
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def available_cpus() -> int:
+    """CPUs this process can run on: affinity mask, cgroup quota and numba's thread cap."""
+    from numba import config
+
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    quota = _cgroup_cpu_limit()
+    if quota is not None:
+        cpus = min(cpus, max(1, math.floor(quota)))
+    return max(1, min(cpus, config.NUMBA_NUM_THREADS))
+
+
+#: Process-wide thread setting for engines created without ``threads=`` (``--threads``).
+_default_threads: int | None = None
+
+
+def set_default_threads(threads: int | None) -> None:
+    """Set the thread count used when an engine or ``compute`` gets no ``threads=``."""
+    global _default_threads
+    _default_threads = check_threads(threads)
+
+
+def resolve_threads(threads: int | None) -> int | None:
+    """A validated explicit setting, else the process default (None: automatic)."""
+    threads = check_threads(threads)
+    return _default_threads if threads is None else threads
+
+
+def check_threads(threads: int | None) -> int | None:
+    """Validate a user's ``threads`` setting (None or 0 = automatic)."""
+    if threads is None or threads == 0:
+        return None
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+        raise ValueError(f"threads must be a positive int or None (automatic), got {threads!r}")
+    return threads
+
+
+def choose_threads(work: int, parallel_units: int, threads: int | None = None) -> int:
+    """Threads for a call with ``work`` stream-bars spread over ``parallel_units`` streams.
+
+    ``threads`` (from the user) wins, capped by numba's pool size and the units there
+    are to share; otherwise one thread per ``MIN_WORK_PER_THREAD`` of work, at most
+    ``available_cpus()``.
+    """
+    from numba import config
+
+    if threads is not None:
+        return max(1, min(threads, config.NUMBA_NUM_THREADS, max(parallel_units, 1)))
+    by_work = work // MIN_WORK_PER_THREAD
+    return max(1, min(by_work, parallel_units, available_cpus()))
+
+
+def run(serial, parallel, n_threads: int, *args) -> None:
+    """Call the serial driver for one thread, else the parallel one on ``n_threads``."""
+    if n_threads <= 1:
+        serial(*args)
+        return
+    import numba
+
+    numba.set_num_threads(n_threads)
+    parallel(*args)
