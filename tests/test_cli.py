@@ -137,7 +137,6 @@ def test_replay_of_a_shuffled_file_with_warmup_equals_the_sorted_one(tmp_path, t
         result = runner.invoke(app, [*args, "-o", str(tmp_path / f"{name}.jsonl")])
         assert result.exit_code == 0, result.output
         assert "rejected inputs  none" in result.output
-
     def by_key(rows):  # within one bar time, rows follow file order
         return sorted(rows, key=lambda r: (r["time"], r["symbol"]))
 
