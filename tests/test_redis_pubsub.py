@@ -119,7 +119,9 @@ def test_subscribers_receive_every_message_in_order(redis_url, results, encoding
         }
     assert [m.data for m in got_one] == [r for r in expected if r.symbol == "SYM001"]
     # events channel: exactly the rows with a long or short event, in order
-    events = [r for r in expected if r.long or r.short]
+    # the events channel carries events of ready rows only (docs/spec.md, "Readiness")
+    events = [r for r in expected if (r.long or r.short) and r.ready]
+    assert any((r.long or r.short) and not r.ready for r in expected), "no unready event left out"
     assert events, "the data set should raise some events"
     assert [m.data for m in got_every if m.kind == "event"] == events
     # batch channel: one message per step, seq 1..N, same records

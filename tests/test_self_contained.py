@@ -2,8 +2,8 @@
 parity tests with nothing beside it (issue 11, item 1).
 
 The clone is made from the committed HEAD (so a file that is only on this disk, or only
-in ``../shared``, would be missing there) and its tests run with the current interpreter
-and ``PYTHONPATH`` pointing at the clone: nothing new is installed.
+in a folder beside the checkout, would be missing there) and its tests run with the
+current interpreter and ``PYTHONPATH`` pointing at the clone: nothing new is installed.
 """
 
 from __future__ import annotations
