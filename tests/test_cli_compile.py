@@ -30,7 +30,9 @@ def test_threads_option_gives_the_same_rows(tmp_path):
     rng = np.random.default_rng(5)
     closes = 100 * np.exp(np.cumsum(rng.normal(0, 0.01, 200)))
     path = tmp_path / "bars.csv"
-    path.write_text("symbol,time,close\n" + "".join(f"A,{t},{c!r}\n" for t, c in enumerate(closes)))
+    path.write_text(
+        "symbol,time,close\n" + "".join(f"A,{t},{float(c)!r}\n" for t, c in enumerate(closes))
+    )
     rows = {}
     for threads in ("1", "2"):
         done = _cli("--threads", threads, "replay", str(path), "--backend", "cpu")
