@@ -104,3 +104,28 @@ def test_items_the_fast_path_must_not_accept_are_checked(item, reason):
     result = engine.step([("S0", 60, 100.0), item])
     assert [r.reason for r in result.rejected] == ([] if reason is None else [reason])
     assert len(result) == (2 if reason is None else 1)
+
+
+def test_parallel_calls_from_two_python_threads_are_safe():
+    """The workqueue layer cannot run two parallel kernels at once; the policy serialises them."""
+    import threading
+
+    expected = _run(1)[0]
+    results, errors = [], []
+
+    def work():
+        try:
+            for _ in range(3):
+                results.append(_run(PARALLEL)[0])
+        except Exception as exc:  # reported below, not swallowed
+            errors.append(exc)
+
+    workers = [threading.Thread(target=work) for _ in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert not errors
+    assert len(results) == 6
+    for r in results:
+        np.testing.assert_array_equal(r, expected)
