@@ -112,6 +112,8 @@ def run_one(n_symbols: int, args, redis_url: str, tmp: Path) -> dict:
     reader.join(5)
     if done.returncode != 0:
         raise SystemExit(f"atc-stream live failed:\n{done.stderr[-2000:]}")
+    if not sent_at:  # the client never connected its websocket: say why
+        print(f"{n_symbols} symbols: no bar was sent; atc-stream said:\n{done.stderr[-1500:]}")
     # latest arrival of each bar's signals (all symbols) minus its kline send time
     last_arrival: dict[int, float] = {}
     counts: dict[int, int] = {}
