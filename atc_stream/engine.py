@@ -131,6 +131,7 @@ class Engine:
         self._symbol_slots: dict[str, np.ndarray] = {}
         self._slot_lists_of: dict[str, np.ndarray] | None = None  # see _slot_lists
         self._slot_lists_cache: dict[str, list[int]] = {}
+        self._single_slot: dict[str, int] | None = None
         self.rejections: Counter[str] = Counter()
         self._source_offsets: dict[str, Any] = {}
         self._logged_reasons: set[str] = set()
@@ -291,9 +292,16 @@ class Engine:
         return fast if fast is not None else self._parse_items(bars, rejected)
 
     def _slot_lists(self) -> dict[str, list[int]]:
-        """``symbol -> [slot, ...]`` as Python ints, rebuilt when the registry changes."""
+        """``symbol -> [slot, ...]`` as Python ints, rebuilt when the registry changes.
+
+        Also sets ``_single_slot``: ``symbol -> slot`` when every symbol has one stream
+        (one parameter set), else None.
+        """
         if self._slot_lists_of is not self._symbol_slots:
-            self._slot_lists_cache = {s: v.tolist() for s, v in self._symbol_slots.items()}
+            lists = {s: v.tolist() for s, v in self._symbol_slots.items()}
+            single = all(len(v) == 1 for v in lists.values())
+            self._single_slot = {s: v[0] for s, v in lists.items()} if single else None
+            self._slot_lists_cache = lists
             self._slot_lists_of = self._symbol_slots
         return self._slot_lists_cache
 
@@ -306,9 +314,25 @@ class Engine:
             return None
         if not set(map(type, closes)) <= _FAST_REAL_TYPES:
             return None
-        if not set(map(type, symbols)) <= {str}:
+        slot_lists = self._slot_lists()
+        # registered symbols are str keys: a lookup finds only str (or str-subclass)
+        # symbols, and an unhashable one raises TypeError (the per-item path rejects it)
+        if self._single_slot is not None:  # one stream per symbol: nothing to fan out
+            try:
+                firsts = list(map(self._single_slot.get, symbols))
+            except TypeError:
+                return None
+            if None in firsts:
+                return None
+            n = len(firsts)
+            return (
+                np.array(firsts, np.int64), np.array(bar_times, np.int64),
+                np.array(closes, np.float64), np.arange(n, dtype=np.int64),
+            )  # fmt: skip
+        try:
+            lists = list(map(slot_lists.get, symbols))
+        except TypeError:
             return None
-        lists = list(map(self._slot_lists().get, symbols))
         if None in lists:
             return None
         times_array = np.array(bar_times, np.int64)

@@ -377,6 +377,8 @@ def bench_per_bar(sizes: Sizes, repeats: int, seed: int, results: dict) -> None:
 
 def per_bar_rows(n, history, repeats, step_repeats, seed, with_breakdown):
     """Rows of table (a) for ``n`` symbols (and the step breakdown when asked)."""
+    import numba
+
     from atc_stream import Engine, compute
     from atc_stream.kernels import batch, cpu
 
@@ -461,14 +463,22 @@ def per_bar_rows(n, history, repeats, step_repeats, seed, with_breakdown):
     )
     out = eng.backend.step(slots, t_first, c_first, order, starts)  # applies that bar
 
+    # the driver the default threading policy picks for this batch (kernels/threads.py)
+    from atc_stream.kernels.threads import choose_threads
+
+    n_threads = choose_threads(n, n)
+    driver = cpu.step_serial if n_threads == 1 else cpu.step_parallel
+
     def kernel(arg):
-        cpu.step(*arrays, slots, arg[0], arg[1], order, starts, out)
+        if n_threads > 1:
+            numba.set_num_threads(n_threads)
+        driver(*arrays, slots, arg[0], arg[1], order, starts, out)
 
     t_kernel = bench(kernel, step_repeats, setup=next_bar)
     rows.append(
         Row(
             workload,
-            "incremental, kernel only: `kernels.cpu.step`, pre-planned",
+            f"incremental, kernel only: `kernels.cpu.step` on {n_threads} thread(s), pre-planned",
             t_kernel,
             n,
             "signals/s",
@@ -526,7 +536,9 @@ def step_breakdown(eng, slots, next_bar, repeats, t_arrays, t_items, t_kernel, k
         t = bench(fn, repeats)
         overhead += t.median
         rows.append((name, t, ""))
-    rows.append(("kernel `kernels.cpu.step` (parallel, pre-planned)", t_kernel, "the ATC math"))
+    rows.append(
+        ("kernel `kernels.cpu.step` (default threads, pre-planned)", t_kernel, "the ATC math")
+    )
     threads = numba.get_num_threads()
     cursor_kernel = bench(kernel, repeats, setup=next_bar)  # re-measure next to 1-thread run
     numba.set_num_threads(1)

@@ -90,3 +90,42 @@ def test_tuple_fast_path_matches_the_checked_path():
     assert not fast.rejected
     np.testing.assert_array_equal(fast.outputs, slow.outputs)
     np.testing.assert_array_equal(fast.slots, slow.slots)
+
+
+@pytest.mark.parametrize(
+    "item, reason",
+    [((["S1"], 60, 1.0), "unknown_symbol"), (("S1", True, 1.0), "bad_time_type"),
+     (("S1", 60, False), "bad_close_type"), (("S1", np.uint64(60), 1.0), None),
+     ([("S1", 60, 1.0)], "malformed_update"), ("S1x", "bad_time_type")],
+)  # fmt: skip
+def test_items_the_fast_path_must_not_accept_are_checked(item, reason):
+    engine = Engine(backend="cpu")
+    engine.warmup(_history(2, 60))
+    result = engine.step([("S0", 60, 100.0), item])
+    assert [r.reason for r in result.rejected] == ([] if reason is None else [reason])
+    assert len(result) == (2 if reason is None else 1)
+
+
+def test_parallel_calls_from_two_python_threads_are_safe():
+    """The workqueue layer cannot run two parallel kernels at once; the policy serialises them."""
+    import threading
+
+    expected = _run(1)[0]
+    results, errors = [], []
+
+    def work():
+        try:
+            for _ in range(3):
+                results.append(_run(PARALLEL)[0])
+        except Exception as exc:  # reported below, not swallowed
+            errors.append(exc)
+
+    workers = [threading.Thread(target=work) for _ in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert not errors
+    assert len(results) == 6
+    for r in results:
+        np.testing.assert_array_equal(r, expected)

@@ -155,6 +155,8 @@ def warmup(
 step_serial, step_parallel = _compile_both(step)
 preview_serial, preview_parallel = _compile_both(preview)
 warmup_serial, warmup_parallel = _compile_both(warmup)
+# the plain names stay the parallel drivers, as before the serial variants existed
+step, preview, warmup = step_parallel, preview_parallel, warmup_parallel
 DRIVERS = (step_serial, step_parallel, preview_serial, preview_parallel,
            warmup_serial, warmup_parallel, growth_factor)  # fmt: skip
 

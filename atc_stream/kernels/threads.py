@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import threading
 from pathlib import Path
 
 #: Stream-bars of work each thread must get before a call goes parallel. A
@@ -97,6 +98,28 @@ def choose_threads(work: int, parallel_units: int, threads: int | None = None) -
     return max(1, min(by_work, parallel_units, available_cpus()))
 
 
+#: numba threading layer used unless ``NUMBA_THREADING_LAYER`` says otherwise. On the
+#: 2-vCPU machine, shared with other work, omp's spin-then-sleep workers cost more than
+#: the work (1,000 symbols back to back: 12 ms on 2 omp threads vs 1.6 ms on 2 workqueue
+#: threads and 2.4 ms on one), and at a 50 ms cadence workqueue was again fastest
+#: (RESULTS.md, "threads"). tbb is not a dependency. workqueue must not run two
+#: parallel kernels at once, hence ``_parallel_lock``.
+PREFERRED_LAYER = "workqueue"
+_parallel_lock = threading.Lock()
+_layer_chosen = False
+
+
+def _choose_layer() -> None:
+    global _layer_chosen
+    from numba import config
+    from numba.np.ufunc import parallel as numba_parallel
+
+    if not _layer_chosen:
+        _layer_chosen = True
+        if "NUMBA_THREADING_LAYER" not in os.environ and not numba_parallel._is_initialized:
+            config.THREADING_LAYER = PREFERRED_LAYER
+
+
 def run(serial, parallel, n_threads: int, *args) -> None:
     """Call the serial driver for one thread, else the parallel one on ``n_threads``."""
     if n_threads <= 1:
@@ -104,5 +127,7 @@ def run(serial, parallel, n_threads: int, *args) -> None:
         return
     import numba
 
-    numba.set_num_threads(n_threads)
-    parallel(*args)
+    _choose_layer()
+    with _parallel_lock:  # one parallel kernel at a time (they use every core anyway)
+        numba.set_num_threads(n_threads)
+        parallel(*args)

@@ -1,0 +1,153 @@
+#!/usr/bin/env python
+"""Threading benchmark (issue 9): the default thread choice against fixed settings.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/bench_threads.py            # ~2 minutes
+    .venv/bin/python benchmarks/bench_threads.py --quick    # seconds (smoke test)
+
+For ``Engine.step_arrays`` of 100, 1,000 and 10,000 warmed symbols and ``compute`` of
+one 1,500-bar series it times three settings side by side: default (``threads=None``,
+chosen per call), one thread (the serial drivers) and all threads (the parallel
+drivers on every CPU numba may use); each back to back and at a 50 ms cadence (a
+live feed: threads fall asleep between bars), on the machine as it is and again with
+one competing busy process. Figures are medians of wall-clock samples; compilation is
+excluded (``Engine.compile()`` first). Targets: default within 15 % of the fastest
+setting on every row; 10,000 symbols with all threads >= 1.5x one thread when 2 cores
+are free. The threading layer is numba's default (``NUMBA_THREADING_LAYER`` to try
+another).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import multiprocessing
+import os
+import time
+
+import numpy as np
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+def _engine(n: int, history: int, threads: int | None):
+    from atc_stream import Engine
+
+    rng = np.random.default_rng(n)
+    closes = 100 * np.exp(np.cumsum(rng.normal(0, 0.01, (n, history + 4000)), axis=1))
+    times = np.arange(closes.shape[1], dtype=np.int64)
+    engine = Engine(backend="cpu", capacity=n, threads=threads)
+    engine.warmup({f"S{i}": (times[:history], closes[i, :history]) for i in range(n)})
+    slots = np.concatenate([engine.slots_of(f"S{i}") for i in range(n)])
+    return engine, slots, times, closes
+
+
+def _median_ms(samples: list[float]) -> float:
+    return float(np.median(samples)) * 1e3
+
+
+def time_steps(n: int, history: int, threads: int | None, repeats: int, cadence: float):
+    engine, slots, times, closes = _engine(n, history, threads)
+    samples = []
+    gc.disable()
+    try:
+        for k in range(history, history + repeats):
+            if cadence:
+                time.sleep(cadence)
+            t = time.perf_counter()
+            engine.step_arrays(slots, np.full(n, times[k]), closes[:, k])
+            samples.append(time.perf_counter() - t)
+    finally:
+        gc.enable()
+    return _median_ms(samples)
+
+
+def time_compute(n_bars: int, threads: int | None, repeats: int, cadence: float):
+    from atc_stream import compute
+
+    closes = 100 * np.exp(np.cumsum(np.random.default_rng(1).normal(0, 0.01, n_bars)))
+    samples = []
+    for _ in range(repeats):
+        if cadence:
+            time.sleep(cadence)
+        t = time.perf_counter()
+        compute(closes, threads=threads)
+        samples.append(time.perf_counter() - t)
+    return _median_ms(samples)
+
+
+def run_rows(args, competing: bool, all_threads: int) -> list[tuple]:
+    settings = {"default": None, "1 thread": 1, f"{all_threads} threads": all_threads}
+    rows = []
+    workloads = [(f"step_arrays {n:,} sym", n) for n in args.symbols] + [
+        (f"compute {args.bars:,} bars", None)
+    ]
+    for cadence in (0.0, args.cadence):
+        for name, n in workloads:
+            times = {}
+            for label, threads in settings.items():
+                if n is None:
+                    times[label] = time_compute(args.bars, threads, args.repeats, cadence)
+                else:
+                    times[label] = time_steps(n, args.history, threads, args.repeats, cadence)
+            pace = "back to back" if not cadence else f"every {cadence * 1e3:.0f} ms"
+            load = "+1 busy process" if competing else "as is"
+            rows.append((name, pace, load, times))
+    return rows
+
+
+def print_rows(rows, header_load: str) -> None:
+    labels = list(rows[0][3])
+    print(f"\n{header_load}\n")
+    print("| workload | pace | load | " + " | ".join(labels) + " | default / fastest |")
+    print("|---|---|---|" + "---|" * len(labels) + "---|")
+    for name, pace, load, times in rows:
+        fastest = min(times.values())
+        cells = " | ".join(f"{times[k]:.3f} ms" for k in labels)
+        ratio = times["default"] / fastest
+        flag = "" if ratio <= 1.15 else " (over 15 %)"
+        print(f"| {name} | {pace} | {load} | {cells} | {ratio:.2f}x{flag} |")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--repeats", type=int, default=40)
+    parser.add_argument("--history", type=int, default=300)
+    parser.add_argument("--bars", type=int, default=1500)
+    parser.add_argument("--cadence", type=float, default=0.05)
+    parser.add_argument("--symbols", type=int, nargs="+", default=[100, 1000, 10000])
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.repeats, args.history, args.symbols = 5, 60, [100, 2000]
+
+    import numba
+
+    from atc_stream import Engine
+    from atc_stream.kernels.threads import available_cpus
+
+    Engine(backend="cpu").compile(print)
+    all_threads = numba.config.NUMBA_NUM_THREADS
+    print(f"CPUs available: {available_cpus()}; numba threads: {all_threads}; layer: ", end="")
+    time_steps(200, 10, all_threads, 1, 0.0)
+    print(numba.threading_layer())
+    quiet = run_rows(args, False, all_threads)
+    print_rows(quiet, f"1-min load average before: {os.getloadavg()[0]:.2f}")
+    busy = multiprocessing.Process(target=_spin, daemon=True)
+    busy.start()
+    try:
+        time.sleep(1.0)
+        loaded = run_rows(args, True, all_threads)
+    finally:
+        busy.terminate()
+        busy.join()
+    print_rows(loaded, f"1-min load average with the busy process: {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
