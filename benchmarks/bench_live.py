@@ -38,14 +38,15 @@ sys.path.insert(0, str(ROOT / "tests"))
 from redis_fixtures import RedisServer  # noqa: E402
 from test_binance_live import IMS, FakeExchange, make_bars  # noqa: E402
 
+STREAMS_PER_CONNECTION = 200
 LIVE_WITHIN = 0.100  # seconds: a bar is "live" when its signals arrive this soon
 
 
 class WallClockExchange(FakeExchange):
     """Sends each bar's closed klines on a wall-clock tick and remembers when."""
 
-    def __init__(self, closes, start, *, bar_seconds: float, t0: int) -> None:
-        super().__init__(closes, start, previews_per_bar=0, t0=t0)
+    def __init__(self, closes, start, *, bar_seconds: float, t0: int, connections: int) -> None:
+        super().__init__(closes, start, previews_per_bar=0, t0=t0, wait_connections=connections)
         self.bar_seconds = bar_seconds
         self.sent_at: dict[int, float] = {}  # bar open time (ms) -> wall time sent
 
@@ -95,7 +96,11 @@ def run_one(n_symbols: int, args, redis_url: str, tmp: Path) -> dict:
     arrivals: list = []
     stop = threading.Event()
     reader = _subscribe(redis_url, stop, arrivals)
-    with WallClockExchange(closes, args.history, bar_seconds=args.bar_seconds, t0=t0) as ex:
+    # 200 streams per websocket: the local server rejects longer URLs (HTTP 414)
+    connections = -(-n_symbols // STREAMS_PER_CONNECTION)
+    with WallClockExchange(
+        closes, args.history, bar_seconds=args.bar_seconds, t0=t0, connections=connections
+    ) as ex:
         command = [
             sys.executable, "-m", "atc_stream.cli", "live", "--symbols", ",".join(symbols),
             "--history", str(args.history), "--ws-url", ex.ws_url, "--rest-url", ex.rest_url,
@@ -103,6 +108,7 @@ def run_one(n_symbols: int, args, redis_url: str, tmp: Path) -> dict:
             "--no-previews", "--rest-rate", "10000", "--output", str(tmp / "live.jsonl"),
             "--max-seconds", str(args.bars * args.bar_seconds + 60),
             "--max-bars", str(n_symbols * args.bars),
+            "--max-streams-per-connection", str(STREAMS_PER_CONNECTION),
         ]  # fmt: skip
         started = time.time()
         done = subprocess.run(command, capture_output=True, text=True, timeout=600)

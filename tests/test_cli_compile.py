@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from atc_stream import compute
 
@@ -47,3 +48,25 @@ def test_threads_option_gives_the_same_rows(tmp_path):
 def test_bad_threads_value_is_a_usage_error():
     done = _cli("--threads", "-2", "compile")
     assert done.returncode == 2 and "Traceback" not in done.stderr
+
+
+def test_live_max_seconds_is_honoured_with_kernels_loaded_first(tmp_path):
+    """Kernels are compiled/loaded before connecting, so --max-seconds bounds the session."""
+    import time
+
+    pytest.importorskip("aiohttp")
+    from test_binance_live import IMS, FakeExchange, make_bars
+
+    closes = make_bars(["BTCUSDT"], 400)
+    t0 = int(time.time() * 1000) - 300 * IMS - 1000
+    with FakeExchange(closes, 300, t0=t0, bar_pause=0.5) as ex:
+        started = time.monotonic()
+        done = _cli(
+            "live", "--symbols", "BTCUSDT", "--history", "50", "--ws-url", ex.ws_url,
+            "--rest-url", ex.rest_url, "--output", str(tmp_path / "o.jsonl"),
+            "--max-seconds", "2", "--backend", "cpu", "--status-every", "0",
+        )  # fmt: skip
+        elapsed = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert elapsed < 2 + 12  # interpreter start, imports and the cached-kernel load
