@@ -7,8 +7,8 @@ go to stderr so stdout stays machine-readable.
 from __future__ import annotations
 
 import json
-import signal
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -60,7 +60,13 @@ BackendOption = Annotated[str, typer.Option("--backend", help="cpu, cuda or auto
 IntervalOption = Annotated[
     str, typer.Option("--interval", help="Bar interval label of the streams.")
 ]
-
+ResumableIntervalOption = Annotated[
+    str | None,
+    typer.Option(
+        "--interval",
+        help="Bar interval label of the streams (default 1m; on --resume the snapshot's).",
+    ),
+]
 
 RedisOption = Annotated[
     str | None,
@@ -88,186 +94,49 @@ ResumeOption = Annotated[
 ]
 
 
-class _Durability:
-    """Snapshots (store + periodic ``Snapshotter``), the Redis publisher and clean shutdown
-    on SIGINT/SIGTERM for one CLI run."""
+@contextmanager
+def _user_errors():
+    """Errors meant for the user (bad option, unusable output, refused resume) become one
+    line on stderr and exit status 2, never a traceback."""
+    from .io.writers import OutputError
+    from .runner import RunError
 
-    def __init__(
-        self,
-        *,
-        redis: str | None,
-        redis_prefix: str = "atc",
-        snapshot_dir: Path | None,
-        snapshot_every: int | None,
-        resume: bool,
-        publish: bool = True,
-        namespace: str = "default",
-    ) -> None:
-        self.redis = redis
-        self.redis_prefix = redis_prefix
-        self.snapshot_every = snapshot_every
-        self.resume = resume
-        self.publish = publish and redis is not None
-        self.store = None
-        self.snapshotter = None
-        self.publisher = None
-        self.stop_requested = False
-        self.restored = False
-        self._on_stop: list = []
-        target = snapshot_dir if snapshot_dir is not None else redis
-        if target is None:
-            if snapshot_every is not None or resume:
-                raise typer.BadParameter(
-                    "--snapshot-every and --resume need --snapshot-dir or --redis"
-                )
-            return
-        if snapshot_dir is not None or snapshot_every is not None or resume:
-            from .state.stores import open_snapshot_store
-
-            self.store = open_snapshot_store(target, namespace=namespace)
-
-    def restore(self, backend: str):
-        """The engine of the newest good snapshot with ``--resume``; None to start fresh."""
-        if not self.resume or self.store is None:
-            return None
-        from .engine import Engine
-
-        found = self.store.latest()
-        if found is None:
-            _err(f"atc-stream: no snapshot in {self.store!r}; starting from the beginning")
-            return None
-        engine = Engine.restore(found.blob, backend=backend)
-        self.restored = True
-        _err(f"atc-stream: restored snapshot {found.id} ({len(engine.streams)} streams)")
-        return engine
-
-    def start(self, engine) -> None:
-        if self.store is not None:
-            from .state.snapshotter import Snapshotter
-
-            self.snapshotter = Snapshotter(
-                engine, self.store, every_bars=self.snapshot_every or 10_000
-            )
-        if self.publish:
-            from .adapters.redis_pubsub import SignalPublisher
-
-            self.publisher = SignalPublisher(self.redis, prefix=self.redis_prefix)
-
-    def on_stop(self, callback) -> None:
-        self._on_stop.append(callback)
-
-    def _handle(self, signum, frame) -> None:
-        if self.stop_requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop at once
-        self.stop_requested = True
-        _err(f"atc-stream: {signal.Signals(signum).name}: stopping after the current batch")
-        for callback in self._on_stop:
-            callback()
-
-    def __enter__(self) -> _Durability:
-        self._previous = {
-            sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)
-        }
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        clean = exc_type is None or exc_type is _StopRun
-        if self.snapshotter is not None:
-            if clean:  # the state matches the recorded offsets: keep it
-                snapshot_id = self.snapshotter.close()
-                _err(f"atc-stream: final snapshot {snapshot_id}")
-            else:
-                self.snapshotter.wait()
-        if self.publisher is not None:
-            self.publisher.close()
-            stats = self.publisher.stats()
-            _err(
-                f"  redis publish    {stats['delivered']} steps delivered, "
-                f"{stats['dropped']} dropped ({stats['dropped_rows']} rows)"
-            )
-
-
-class _StopRun(Exception):
-    """Raised from a result callback to end a replay early (after SIGINT/SIGTERM)."""
-
-
-def _play_durably(engine, table, *, warmup, speed, progress, on_result, durability, source):
-    """Play ``table`` through ``engine`` with snapshots recording the play position.
-
-    The position is the number of rows played in play order (each symbol's first
-    ``warmup`` rows, then the rest by time, stable): ``source_offsets[source]["rows"]``.
-    With ``--resume`` only the rows after the restored position are played.
-    """
-    import numpy as np
-
-    from .replay.player import BarPlayer, BarTable, _rank_within_symbol
-
-    done = 0
-    recorded = engine.source_offsets.get(source["name"]) if durability.restored else None
-    if durability.restored and recorded is None:
-        raise typer.BadParameter(
-            f"the snapshot holds no {source['name']!r} position (it was taken by another "
-            f"command; offsets: {sorted(engine.source_offsets)})"
-        )
-    if recorded is not None:
-        if recorded.get("input") != source["input"]:
-            raise typer.BadParameter(
-                f"the snapshot was taken on {recorded.get('input')!r}, not {source['input']!r}"
-            )
-        done = int(recorded["rows"])
-    if done:
-        warm = _rank_within_symbol(table.symbols, table.times) < warmup
-        order = np.concatenate(
-            [
-                np.flatnonzero(warm),
-                np.flatnonzero(~warm)[np.argsort(table.times[~warm], kind="stable")],
-            ]
-        )[done:]
-        table = BarTable(table.symbols[order], table.times[order], table.closes[order])
-        warmup = 0
-        _err(f"atc-stream: resuming after row {done} of the play order")
-    durability.start(engine)
-    player = BarPlayer(engine, table, warmup_bars=warmup, speed=speed, progress=progress)
-
-    def emit(result) -> None:
-        if on_result is not None:
-            on_result(result)
-        if durability.publisher is not None:
-            durability.publisher.publish(result)
-        if durability.snapshotter is not None:
-            rows = done + player.summary.warmup_bars + player.summary.step_bars
-            offset = {"input": source["input"], "rows": rows}
-            durability.snapshotter.maybe_snapshot(len(result), {source["name"]: offset})
-        if durability.stop_requested:
-            raise _StopRun
-
-    player.on_result = emit
-    with durability:
-        try:
-            summary = player.run()
-        except _StopRun:
-            summary = player.summary
-    return summary
+    try:
+        yield
+    except (RunError, OutputError) as exc:
+        _err(f"atc-stream: error: {exc}")
+        raise typer.Exit(2) from None
 
 
 def _replay_table(
     table, *, params, output, warmup, speed, progress, backend, interval, durability=None,
     source=None,
-) -> None:  # fmt: skip
-    from .adapters.sinks import open_sink
-    from .engine import Engine
+):  # fmt: skip
+    """Replay ``table`` into ``output`` (resuming from a snapshot with ``--resume``).
 
+    ``params``/``interval`` None: the snapshot's on resume, else the defaults.
+    """
+    from .engine import Engine
+    from .io.writers import open_writer, output_format
+    from .runner import Durability, check_resume_matches, play_durably
+    from .schema import params_metadata
+
+    output_format(output)  # refuse an unknown extension before any work
     if durability is None:
-        durability = _Durability(redis=None, snapshot_dir=None, snapshot_every=None, resume=False)
-    engine = durability.restore(backend) or Engine(
-        params, backend=backend, interval=interval, capacity=max(len(table), 1)
-    )
-    with open_sink(output) as sink:
-        summary = _play_durably(
-            engine, table, warmup=warmup, speed=speed, progress=progress, on_result=sink.write,
-            durability=durability, source=source or {"name": "file", "input": None},
+        durability = Durability(redis=None, snapshot_dir=None, snapshot_every=None, resume=False)
+    source = source or {"name": "file", "input": None}
+    engine = durability.restore(backend)
+    resume_from = None
+    if engine is not None:
+        check_resume_matches(engine, param_sets=params, interval=interval)
+        resume_from = (engine.source_offsets.get(source["name"]) or {}).get("output")
+    else:
+        engine = Engine(params or [ATCParams()], backend=backend, interval=interval or "1m")
+    metadata = params_metadata(engine.param_sets, engine.interval)
+    with open_writer(output, metadata=metadata, resume_from=resume_from) as writer:
+        summary = play_durably(
+            engine, table, warmup=warmup, speed=speed, progress=progress, writer=writer,
+            durability=durability, source=source,
         )  # fmt: skip
     _err(f"atc-stream: replay done ({engine.backend.name} backend)")
     for line in summary.lines():
@@ -319,7 +188,7 @@ def replay(
     ] = None,
     progress: ProgressOption = True,
     backend: BackendOption = "auto",
-    interval: IntervalOption = "1m",
+    interval: ResumableIntervalOption = None,
     redis: RedisOption = None,
     redis_prefix: RedisPrefixOption = "atc",
     snapshot_dir: SnapshotDirOption = None,
@@ -329,42 +198,47 @@ def replay(
     """Feed bars (or ticks aggregated to bars) through the engine; one signal row per
     (stream, bar)."""
     from .replay.player import load_bars
+    from .runner import Durability
 
     if (bars is None) == (ticks is None):
         raise typer.BadParameter("give either a bar file BARS or --ticks FILE (exactly one)")
-    if ticks is not None:
-        table, source_input = _tick_table(
-            ticks, interval=interval, empty=empty, time_column=time_column,
-            symbol_column=symbol_column, price_column=price_column, size_column=size_column,
-            symbol=symbol,
-        )  # fmt: skip
-    else:
-        try:
-            table = load_bars(
-                bars,
-                symbol_column=symbol_column,
-                time_column=time_column,
-                close_column=close_column,
-                symbol=symbol,
-            )
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc), param_hint="BARS") from exc
-        source_input = str(bars.resolve())
-    _replay_table(
-        table,
-        params=load_param_sets(params),
-        output=output,
-        warmup=warmup,
-        speed=speed,
-        progress=progress,
-        backend=backend,
-        interval=interval,
-        durability=_Durability(
+    with _user_errors():
+        durability = Durability(
             redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
             snapshot_every=snapshot_every, resume=resume,
-        ),
-        source={"name": "file", "input": source_input},
-    )  # fmt: skip
+        )  # fmt: skip
+        columns = {"symbol": symbol_column, "time": time_column, "close": close_column}
+        if ticks is not None:
+            table, source_input = _tick_table(
+                ticks, interval=interval or "1m", empty=empty, time_column=time_column,
+                symbol_column=symbol_column, price_column=price_column,
+                size_column=size_column, symbol=symbol,
+            )  # fmt: skip
+            columns = {**columns, "close": price_column, "size": size_column}
+        else:
+            try:
+                table = load_bars(
+                    bars,
+                    symbol_column=symbol_column,
+                    time_column=time_column,
+                    close_column=close_column,
+                    symbol=symbol,
+                )
+            except ValueError as exc:
+                raise typer.BadParameter(str(exc), param_hint="BARS") from exc
+            source_input = str(bars.resolve())
+        _replay_table(
+            table,
+            params=load_param_sets(params) if params is not None else None,
+            output=output,
+            warmup=warmup,
+            speed=speed,
+            progress=progress,
+            backend=backend,
+            interval=interval,
+            durability=durability,
+            source={"name": "file", "input": source_input, "columns": columns},
+        )
 
 
 def _tick_table(path: Path, *, interval: str, empty: str, symbol: str | None, **columns):
@@ -457,9 +331,10 @@ def live(
     import logging
 
     from .adapters.binance import KlineClient, LiveConfig, RestError
-    from .adapters.sinks import open_sink
     from .engine import Engine
     from .intervals import validate_interval
+    from .io.writers import open_writer, output_format
+    from .runner import Durability, check_resume_matches
 
     logging.basicConfig(level=logging.WARNING, format="atc-stream: %(levelname)s %(message)s")
     previews = previews and not str(output).endswith(".parquet")  # Parquet: no provisional flag
@@ -475,24 +350,25 @@ def live(
         validate_interval(interval)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    durability = _Durability(
-        redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
-        snapshot_every=snapshot_every, resume=resume,
-    )  # fmt: skip
-    engine = durability.restore(backend) or Engine(
-        load_param_sets(params), backend=backend, interval=interval
-    )
-    if engine.interval != interval:
-        raise typer.BadParameter(
-            f"the snapshot holds {engine.interval!r} streams, not --interval {interval!r}"
-        )
+    param_sets = load_param_sets(params) if params is not None else None
+    with _user_errors():
+        output_format(output)
+        durability = Durability(
+            redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
+            snapshot_every=snapshot_every, resume=resume,
+        )  # fmt: skip
+        engine = durability.restore(backend)
+        if engine is not None:
+            check_resume_matches(engine, param_sets=param_sets, interval=interval)
+        else:
+            engine = Engine(param_sets or [ATCParams()], backend=backend, interval=interval)
     tty = sys.stderr.isatty()
 
     def show_status(stats) -> None:
         line = stats.status_line()
         print(f"\r{line:<110}" if tty else line, end="" if tty else "\n", file=sys.stderr)
 
-    with open_sink(output) as sink:
+    with open_writer(output) as sink:
         durability.start(engine)
 
         def on_result(result) -> None:
@@ -569,28 +445,27 @@ def demo(
             if key.params_id == 0:
                 last_signal[key.symbol] = value
 
-    from .adapters.sinks import open_sink
+    from .engine import Engine
+    from .io.writers import open_writer
+    from .runner import Durability, check_resume_matches, play_durably
 
-    with open_sink(output) as sink:
-
-        def on_result(result) -> None:
-            sink.write(result)
-            remember(result)
-
-        from .engine import Engine
-
-        durability = _Durability(
+    with _user_errors():
+        durability = Durability(
             redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
             snapshot_every=snapshot_every, resume=resume,
         )  # fmt: skip
-        engine = durability.restore(backend) or Engine(
-            param_sets, backend=backend, capacity=max(symbols * len(param_sets), 1)
-        )
-        summary = _play_durably(
-            engine, table, warmup=warmup, speed=None, progress=progress, on_result=on_result,
-            durability=durability,
-            source={"name": "demo", "input": f"random-walk {symbols}x{bars} seed {seed}"},
-        )  # fmt: skip
+        engine = durability.restore(backend)
+        if engine is not None:
+            check_resume_matches(engine, param_sets=param_sets if params else None)
+        else:
+            engine = Engine(param_sets, backend=backend)
+        source = {"name": "demo", "input": f"random-walk {symbols}x{bars} seed {seed}"}
+        resume_from = (engine.source_offsets.get("demo") or {}).get("output")
+        with open_writer(output, resume_from=resume_from) as writer:
+            summary = play_durably(
+                engine, table, warmup=warmup, speed=None, progress=progress, writer=writer,
+                durability=durability, source=source, on_result=remember,
+            )  # fmt: skip
     _err(f"atc-stream: demo done ({engine.backend.name} backend)")
     for line in summary.lines():
         _err("  " + line)
@@ -700,7 +575,7 @@ def run_stream(
     ] = "default",
     params: ParamsOption = None,
     backend: BackendOption = "auto",
-    interval: IntervalOption = "1m",
+    interval: ResumableIntervalOption = None,
 ) -> None:
     """Apply bars from a Redis Stream (consumer group), exactly once across restarts.
 
@@ -712,15 +587,21 @@ def run_stream(
 
     from .adapters.redis_streams import RedisStreamRunner
     from .engine import Engine
+    from .runner import Durability, check_resume_matches
 
     logging.basicConfig(level=logging.WARNING, format="atc-stream: %(levelname)s %(message)s")
-    durability = _Durability(
-        redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
-        snapshot_every=snapshot_every, resume=resume, publish=publish, namespace=namespace,
-    )  # fmt: skip
-    engine = durability.restore(backend) or Engine(
-        load_param_sets(params), backend=backend, interval=interval
-    )
+    param_sets = load_param_sets(params) if params is not None else None
+    with _user_errors():
+        durability = Durability(
+            redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
+            snapshot_every=snapshot_every, resume=resume, publish=publish,
+            namespace=namespace, refuse_existing=True,
+        )  # fmt: skip
+        engine = durability.restore(backend)
+        if engine is not None:
+            check_resume_matches(engine, param_sets=param_sets, interval=interval)
+        else:
+            engine = Engine(param_sets or [ATCParams()], backend=backend, interval=interval or "1m")
     durability.start(engine)
     try:
         runner = RedisStreamRunner(
