@@ -6,21 +6,20 @@ snapshot is being written) and restarted with ``--resume`` into the same output 
 time; at the end the output must equal an uninterrupted run's, row for row: every
 (symbol, params_id, time) exactly once, in the same order, with the same values.
 
-Kill points: 8 random ones for JSONL (each restart pays the numba load, ~2-4 s on a busy
-2-core machine), 4 each for CSV and Parquet, plus one during a snapshot write. That keeps
-the module near a minute while every crash window (mid-step, mid-output-write, between
-the state copy and the snapshot's rename) is hit.
+Kill points: 20 random ones each for JSONL and Parquet, 8 for CSV, plus 2 per format while
+a snapshot file is being written. A fresh process would pay the numba compilation each
+time (~20 s here), so ``tests/crash_driver.py`` compiles once and forks one child per
+attempt that runs the real CLI; the parent SIGKILLs it. About a minute in all on a busy
+2-core machine.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import random
 import signal
 import subprocess
 import sys
-import time
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -71,83 +70,89 @@ def read_rows(path):
     return table.to_pylist()
 
 
-def run_killed_and_resumed(bars, out, snaps, rng, kills: int, during_snapshot: bool):
-    """Replay into ``out``, SIGKILL it ``kills`` times at random moments (and once while a
-    snapshot file is being written), resume each time; the last run goes to the end."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    outcomes = []
-    for attempt in range(kills + 2):
-        resume = attempt > 0
-        # paced so that a run lasts a few seconds and can be killed part-way
-        args = replay_args(bars, out, snaps, speed=12_000)
-        if resume:
-            args.append("--resume")
-        last = attempt == kills + 1
-        proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        if not last:
-            if during_snapshot and attempt == 1:
-                # kill as soon as a temporary snapshot file shows up (a write in progress)
-                deadline = time.monotonic() + 60
-                while proc.poll() is None and time.monotonic() < deadline:
-                    if any(p.name.startswith(".") for p in snaps.iterdir()):
-                        break
-                    time.sleep(0.0005)
-            else:
-                time.sleep(rng.uniform(1.5, 4.0))  # numba load + some replay
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-        _, err = proc.communicate(timeout=120)
-        outcomes.append(proc.returncode)
-        if proc.returncode not in (0, -signal.SIGKILL):
-            pytest.fail(f"run {attempt} exited with {proc.returncode}:\n{err.decode()}")
-        if last:
-            assert proc.returncode == 0, err.decode()
-    return outcomes
+KILLS = {".jsonl": 20, ".parquet": 20, ".csv": 8}
 
 
-@pytest.mark.parametrize(
-    ("suffix", "kills"), [(".jsonl", 8), (".parquet", 4), (".csv", 4)], ids=["jsonl", "parquet", "csv"]
-)
-def test_sigkill_then_resume_gives_the_uninterrupted_output(bars, tmp_path, suffix, kills):
-    full = tmp_path / f"full{suffix}"
-    done = subprocess.run(replay_args(bars, full), capture_output=True, timeout=120)
-    assert done.returncode == 0, done.stderr.decode()
-    expected = read_rows(full)
+@pytest.fixture(scope="module")
+def crash_runs(bars, tmp_path_factory):
+    """One driver process (one numba compilation) kills and resumes a replay into each
+    output format; returns per suffix (reference path, output path, attempt statuses)."""
+    root = tmp_path_factory.mktemp("crash")
+    specs = [
+        {
+            "args": ["replay", str(bars), "--warmup", "50", "--no-progress", "--backend", "cpu"],
+            "reference": str(root / f"full{suffix}"),
+            "out": str(root / f"out{suffix}"),
+            "snaps": str(root / f"snaps{suffix}"),
+            "kills": kills,
+            "snapshot_kills": 2,
+            "seed": len(suffix),
+        }
+        for suffix, kills in KILLS.items()
+    ]
+    (root / "specs.json").write_text(json.dumps(specs))
+    driver = Path(__file__).with_name("crash_driver.py")
+    done = subprocess.run(
+        [sys.executable, str(driver), str(root / "specs.json")],
+        capture_output=True, text=True, timeout=500,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    reports = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    by_out = {r["out"]: r["statuses"] for r in reports}
+    return {
+        Path(s["out"]).suffix: (Path(s["reference"]), Path(s["out"]), by_out[s["out"]])
+        for s in specs
+    }
 
-    out, snaps = tmp_path / f"out{suffix}", tmp_path / "snaps"
-    rng = random.Random(hash(suffix) % 1000)
-    outcomes = run_killed_and_resumed(bars, out, snaps, rng, kills, during_snapshot=True)
-    assert outcomes.count(-signal.SIGKILL) >= kills // 2, outcomes  # most kills landed
+
+@pytest.mark.parametrize("suffix", list(KILLS), ids=[s[1:] for s in KILLS])
+def test_sigkill_then_resume_gives_the_uninterrupted_output(crash_runs, suffix):
+    reference, out, statuses = crash_runs[suffix]
+    killed = [s for s in statuses if s[1] == -signal.SIGKILL]
+    assert all(code in (0, -signal.SIGKILL) for _, code in statuses), statuses
+    assert statuses[-1] == ["finish", 0]
+    assert len(killed) >= KILLS[suffix] // 2, statuses  # most kills landed mid-run
+    assert any(how == "snapshot" for how, _ in killed), statuses
+    expected = read_rows(reference)
     got = read_rows(out)
     assert len(got) == len(expected)
     assert got == expected
+
+
+def cli(args):
+    """Run ``atc-stream`` in this process (the kernels compile once per test session)."""
+    from typer.testing import CliRunner
+
+    from atc_stream.cli import app
+
+    return CliRunner().invoke(app, args)
 
 
 def test_resume_skips_by_time_not_by_row_count(bars, tmp_path):
     """Resumed from a mid-run snapshot on an input whose first 100 rows were cut away:
     no bar is skipped (a row count would skip 100 more) and none is written twice."""
     out, snaps = tmp_path / "out.jsonl", tmp_path / "snaps"
-    first = subprocess.run(replay_args(bars, out, snaps), capture_output=True, timeout=120)
-    assert first.returncode == 0, first.stderr.decode()
+    first = cli(replay_args(bars, out, snaps)[len(ATC) :])
+    assert first.exit_code == 0, first.output
     rows = [json.loads(line) for line in open(out)]
     store = DirectorySnapshotStore(snaps)
     for newer in store.list()[-2:]:  # back to an earlier snapshot, as if killed there
         store.delete(newer)
-    assert 0 < store.latest().header.source_offsets["file"]["output"]["bytes"] < out.stat().st_size
+    position = store.latest().header.source_offsets["file"]["output"]["bytes"]
+    assert 0 < position < out.stat().st_size
     lines = open(bars).read().splitlines()
     trimmed = tmp_path / "trimmed.csv"
     trimmed.write_text("\n".join([lines[0], *lines[101:]]) + "\n")
-    again = subprocess.run(
-        [*replay_args(trimmed, out, snaps), "--resume"], capture_output=True, timeout=120
-    )
-    assert again.returncode == 0, again.stderr.decode()
+    again = cli([*replay_args(trimmed, out, snaps)[len(ATC) :], "--resume"])
+    assert again.exit_code == 0, again.output
     assert [json.loads(line) for line in open(out)] == rows
 
 
 def test_resume_refuses_other_params_interval_or_columns(bars, tmp_path):
     out, snaps = tmp_path / "out.jsonl", tmp_path / "snaps"
-    first = subprocess.run(replay_args(bars, out, snaps), capture_output=True, timeout=120)
-    assert first.returncode == 0
+    first = cli(replay_args(bars, out, snaps)[len(ATC) :])
+    assert first.exit_code == 0, first.output
+    size = out.stat().st_size
     params = tmp_path / "p.json"
     params.write_text(json.dumps({"ema_len": 20}))
     for extra, needle in [
@@ -155,13 +160,22 @@ def test_resume_refuses_other_params_interval_or_columns(bars, tmp_path):
         (["--interval", "5m"], "--interval '5m' differs"),
         (["--close-column", "time"], "input columns"),
     ]:
-        res = subprocess.run(
-            [*replay_args(bars, out, snaps), "--resume", *extra],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert res.returncode == 2, res.stderr
-        assert needle in res.stderr
-        assert "Traceback" not in res.stderr
-        assert res.stderr.strip().splitlines()[-1].startswith("atc-stream: error:")
+        res = cli([*replay_args(bars, out, snaps)[len(ATC) :], "--resume", *extra])
+        assert res.exit_code == 2, res.output
+        assert needle in res.output
+        assert res.output.strip().splitlines()[-1].startswith("atc-stream: error:")
+        assert res.exception is None or isinstance(res.exception, SystemExit)
+        assert out.stat().st_size == size  # the output is left alone
+
+
+def test_run_stream_refuses_to_overwrite_existing_snapshots(tmp_path):
+    from atc_stream import ATCParams, Engine
+
+    snaps = tmp_path / "snaps"
+    store = DirectorySnapshotStore(snaps)
+    store.save(Engine(ATCParams(), backend="cpu").snapshot())
+    res = cli(["run-stream", "--redis", "redis://127.0.0.1:1", "--input-stream", "in",
+               "--snapshot-dir", str(snaps)])  # fmt: skip
+    assert res.exit_code == 2, res.output
+    assert "already holds snapshots" in res.output and "--resume" in res.output
+    assert len(store.list()) == 1
