@@ -326,4 +326,3 @@ def open_writer(
     if fmt == "csv":
         return CsvWriter(path, resume_bytes=resume_bytes)
     return JsonlWriter(path, resume_bytes=resume_bytes)
-
