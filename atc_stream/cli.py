@@ -9,18 +9,30 @@ from __future__ import annotations
 import json
 import sys
 from contextlib import contextmanager
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from .params import ATCParams
+from .runner import RunError
 
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     help="Exact, incremental Adaptive Trend Classification (ATC) signals for many symbols.",
 )
+
+
+class TimeUnit(str, Enum):
+    """Units of integer times in bar files."""
+
+    auto = "auto"
+    s = "s"
+    ms = "ms"
+    us = "us"
+    ns = "ns"
 
 
 def _err(line: str) -> None:
@@ -53,10 +65,21 @@ OutputOption = Annotated[
     ),
 ]
 WarmupOption = Annotated[
-    int, typer.Option("--warmup", help="Bars per symbol applied in one batched warmup first.")
+    int,
+    typer.Option("--warmup", min=0, help="Bars per symbol applied in one batched warmup first."),
 ]
 ProgressOption = Annotated[bool, typer.Option("--progress/--no-progress", help="Progress bar.")]
-BackendOption = Annotated[str, typer.Option("--backend", help="cpu, cuda or auto.")]
+
+
+def _check_backend(value: str) -> str:
+    if value not in ("cpu", "cuda", "auto"):
+        raise typer.BadParameter(f"{value!r} is not one of 'cpu', 'cuda', 'auto'")
+    return value
+
+
+BackendOption = Annotated[
+    str, typer.Option("--backend", help="cpu, cuda or auto.", callback=_check_backend)
+]
 IntervalOption = Annotated[
     str, typer.Option("--interval", help="Bar interval label of the streams.")
 ]
@@ -99,7 +122,6 @@ def _user_errors():
     """Errors meant for the user (bad option, unusable output, refused resume) become one
     line on stderr and exit status 2, never a traceback."""
     from .io.writers import OutputError
-    from .runner import RunError
 
     try:
         yield
@@ -184,7 +206,11 @@ def replay(
     warmup: WarmupOption = 0,
     speed: Annotated[
         float | None,
-        typer.Option(help="Play at SPEED x real time (bar times in ms); default: max."),
+        typer.Option(
+            min=0.0,
+            min_open=True,
+            help="Play at SPEED x real time (bar times in ms); default: max.",
+        ),
     ] = None,
     progress: ProgressOption = True,
     backend: BackendOption = "auto",
@@ -194,10 +220,19 @@ def replay(
     snapshot_dir: SnapshotDirOption = None,
     snapshot_every: SnapshotEveryOption = None,
     resume: ResumeOption = False,
+    time_unit: Annotated[
+        TimeUnit,
+        typer.Option(
+            "--time-unit",
+            help="Unit of integer times; auto: by magnitude (refusing values that fit none).",
+        ),
+    ] = TimeUnit.auto,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="Exit 2 when any input row was rejected.")
+    ] = False,
 ) -> None:
     """Feed bars (or ticks aggregated to bars) through the engine; one signal row per
     (stream, bar)."""
-    from .replay.player import load_bars
     from .runner import Durability
 
     if (bars is None) == (ticks is None):
@@ -216,16 +251,11 @@ def replay(
             )  # fmt: skip
             columns = {**columns, "close": price_column, "size": size_column}
         else:
-            try:
-                table = load_bars(
-                    bars,
-                    symbol_column=symbol_column,
-                    time_column=time_column,
-                    close_column=close_column,
-                    symbol=symbol,
-                )
-            except ValueError as exc:
-                raise typer.BadParameter(str(exc), param_hint="BARS") from exc
+            table, interval = _bar_table(
+                bars, symbol_column=symbol_column, time_column=time_column,
+                close_column=close_column, symbol=symbol, time_unit=time_unit.value,
+                interval=interval, strict=strict, resume=resume,
+            )  # fmt: skip
             source_input = str(bars.resolve())
         _replay_table(
             table,
@@ -239,6 +269,43 @@ def replay(
             durability=durability,
             source={"name": "file", "input": source_input, "columns": columns},
         )
+
+
+def _bar_table(path: Path, *, interval, strict, resume, **options):
+    """Bars of ``path`` (bad rows reported on stderr) and the interval to label them with.
+
+    The interval is ``interval`` when given (refused when the bars' spacing says
+    otherwise), else inferred from the spacing (on ``--resume``: the snapshot's).
+    """
+    from .intervals import interval_ms, is_calendar, validate_interval
+    from .io.readers import InputError, infer_interval, read_bars
+
+    try:
+        table = read_bars(path, **options)
+        if interval is not None:
+            validate_interval(interval)
+    except InputError as exc:
+        raise RunError(str(exc)) from None
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--interval") from None
+    for line in table.bad_rows.lines():
+        _err(f"atc-stream: {line}")
+    if strict and table.bad_rows.total:
+        raise RunError(f"{table.bad_rows.total} rejected rows in {path} (--strict)")
+    inferred = infer_interval(table)
+    if interval is None:
+        if resume:
+            return table, None
+        if inferred is None:
+            _err("atc-stream: note: cannot infer the interval (no symbol has two bars); 1m")
+        return table, inferred or "1m"
+    if inferred is not None and not is_calendar(interval):
+        if interval_ms(interval) != interval_ms(inferred):
+            raise RunError(
+                f"--interval {interval} does not match the bars, which are {inferred} apart "
+                f"(most common spacing in {path.name}); give --interval {inferred}"
+            )
+    return table, interval
 
 
 def _tick_table(path: Path, *, interval: str, empty: str, symbol: str | None, **columns):
@@ -626,8 +693,26 @@ def run_stream(
         _err("  " + line)
 
 
-def main() -> None:
-    app()
+def main(argv: list[str] | None = None) -> None:
+    """The console entry point: a usage error (bad option value, missing file, unknown
+    option) is one line on stderr and exit status 2, not a usage box."""
+    from typer.core import _click
+
+    try:
+        result = app(args=argv, standalone_mode=False)
+    except _click.exceptions.UsageError as exc:
+        hint = ""
+        if exc.ctx is not None:
+            hint = f" (see: {exc.ctx.command_path} --help)"
+        _err(f"atc-stream: error: {exc.format_message()}{hint}")
+        sys.exit(2)
+    except _click.exceptions.ClickException as exc:
+        _err(f"atc-stream: error: {exc.format_message()}")
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        _err("atc-stream: interrupted")
+        sys.exit(130)
+    sys.exit(result if isinstance(result, int) else 0)
 
 
 if __name__ == "__main__":

@@ -177,7 +177,9 @@ class _Accumulator:
         uniq, inverse = np.unique(
             np.asarray(symbols, dtype=object).astype(str), return_inverse=True
         )
-        mapping = np.array([self.codes.setdefault(s, len(self.codes)) for s in uniq], np.int32)
+        mapping = np.array(
+            [self.codes.setdefault(s, len(self.codes)) for s in uniq.tolist()], np.int32
+        )
         self.parts.append((mapping[inverse], times, closes))
 
     def table(self):
@@ -422,3 +424,28 @@ def _parquet_batches(path: Path, columns):
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def infer_interval(table) -> str | None:
+    """The interval label of the bars' most common spacing within a symbol (``1m``,
+    ``5m``, ``1h``, ``1d``, ...); None when no symbol has two bars."""
+    if len(table) < 2:
+        return None
+    _, codes = np.unique(table.symbols.astype(str), return_inverse=True)
+    order = np.lexsort((table.times, codes))
+    times, codes = table.times[order], codes[order]
+    gaps = np.diff(times)[(np.diff(codes) == 0)]
+    gaps = gaps[gaps > 0]
+    if gaps.size == 0:
+        return None
+    values, counts = np.unique(gaps, return_counts=True)
+    return interval_label(int(values[np.argmax(counts)]))
+
+
+def interval_label(ms: int) -> str:
+    """``60000`` → ``"1m"``: the largest unit (w, d, h, m, s, ms) that divides ``ms``."""
+    for unit, size in (("w", 604_800_000), ("d", 86_400_000), ("h", 3_600_000),
+                       ("m", 60_000), ("s", 1_000)):  # fmt: skip
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
