@@ -71,6 +71,12 @@ WarmupOption = Annotated[
 ProgressOption = Annotated[bool, typer.Option("--progress/--no-progress", help="Progress bar.")]
 
 
+def _check_speed(value: float | None) -> float | None:
+    if value is not None and not value > 0:
+        raise typer.BadParameter(f"must be > 0 (x real time), got {value}")
+    return value
+
+
 def _check_backend(value: str) -> str:
     if value not in ("cpu", "cuda", "auto"):
         raise typer.BadParameter(f"{value!r} is not one of 'cpu', 'cuda', 'auto'")
@@ -207,8 +213,7 @@ def replay(
     speed: Annotated[
         float | None,
         typer.Option(
-            min=0.0,
-            min_open=True,
+            callback=_check_speed,
             help="Play at SPEED x real time (bar times in ms); default: max.",
         ),
     ] = None,
