@@ -119,7 +119,7 @@ class Durability:
         if found is None:
             _err(f"atc-stream: no snapshot in {self.store!r}; starting from the beginning")
             return None
-        engine = Engine.restore(found.blob, backend=backend)
+        engine = Engine.restore(found.decoded or found.blob, backend=backend)
         self.restored = True
         _err(f"atc-stream: restored snapshot {found.id} ({len(engine.streams)} streams)")
         return engine
