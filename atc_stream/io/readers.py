@@ -210,8 +210,8 @@ def read_bars(
 ):
     """A ``BarTable`` of a CSV/Parquet file or a directory of them; bad rows go to ``bad``.
 
-    Rows keep file order (files of a directory by name); ``BarPlayer`` plays them in time
-    order. Raises ``InputError`` for damage that makes a file unreadable.
+    A file's rows keep file order; a directory's files (by name) are merged in time order
+    (stable). ``BarPlayer`` plays rows in time order either way. Raises ``InputError`` for damage that makes a file unreadable.
     """
     if time_unit != "auto" and time_unit not in TIME_UNITS:
         raise InputError(f"time unit must be auto, s, ms, us or ns, got {time_unit!r}")
@@ -237,6 +237,13 @@ def read_bars(
         for batch, line_of in batches:
             _parse_batch(f, batch, columns, default_symbol, time_unit, acc, bad, line_of)
     table = acc.table()
+    if len(files) > 1:  # files of a directory: put their rows in time order (stable)
+        order = np.argsort(table.times, kind="stable")
+        table.symbols, table.times, table.closes = (
+            table.symbols[order],
+            table.times[order],
+            table.closes[order],
+        )
     table.bad_rows = bad
     return table
 
