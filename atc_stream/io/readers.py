@@ -211,7 +211,8 @@ def read_bars(
     """A ``BarTable`` of a CSV/Parquet file or a directory of them; bad rows go to ``bad``.
 
     A file's rows keep file order; a directory's files (by name) are merged in time order
-    (stable). ``BarPlayer`` plays rows in time order either way. Raises ``InputError`` for damage that makes a file unreadable.
+    (stable). ``BarPlayer`` plays rows in time order either way. Raises ``InputError``
+    for damage that makes a file unreadable.
     """
     if time_unit != "auto" and time_unit not in TIME_UNITS:
         raise InputError(f"time unit must be auto, s, ms, us or ns, got {time_unit!r}")
