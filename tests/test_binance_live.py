@@ -675,6 +675,11 @@ def test_parser_counts_each_hostile_class():
         good.replace('"t": 1700000040000', '"t": -5'): "bad_time",
         good.replace('"t": 1700000040000', '"t": 99999999999999999999999'): "bad_time",
         good.replace('"T": 1700000099999', '"T": 1700000000000'): "inconsistent_message",
+        # a closed kline a day ahead of the exchange's clock (E), and one off the 1m grid
+        good.replace('"t": 1700000040000', '"t": 1700086440000').replace(
+            '"T": 1700000099999', '"T": 1700086499999'
+        ): "future_kline",
+        good.replace('"t": 1700000040000', '"t": 1700000041000'): "off_grid_kline",
     }
     for raw, reason in cases.items():
         before = rejections[reason]

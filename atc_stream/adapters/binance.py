@@ -57,7 +57,7 @@ import msgspec
 import numpy as np
 
 from ..engine import Engine
-from ..intervals import approx_interval_ms, next_open, validate_interval
+from ..intervals import approx_interval_ms, next_open, on_grid, validate_interval
 from ..results import StepResult
 
 log = logging.getLogger("atc_stream.binance")
@@ -82,6 +82,8 @@ REJECTION_REASONS = {
     "inconsistent_message": "stream name, symbols or times of one message disagree",
     "unsubscribed_symbol": "a kline for a symbol this client did not subscribe to",
     "wrong_interval": "a kline of another interval",
+    "off_grid_kline": "an open time that is not on the interval's grid (e.g. not a whole minute)",
+    "future_kline": "a closed kline opening more than one interval after the exchange's clock",
     "duplicate_kline": "a closed kline for a bar already applied",
     "out_of_order_kline": "a closed kline older than the last applied bar",
     "stale_preview": "an in-progress kline for a bar already applied",
@@ -231,6 +233,17 @@ class KlineParser:
         if tc < t:
             self._reject("inconsistent_message", raw)
             return None
+        if not on_grid(t, self.interval):
+            self._reject("off_grid_kline", raw)
+            return None
+        if closed:
+            # the exchange's clock is the event time E (else ours): a closed bar cannot
+            # open later than one interval after it; applying one would freeze the symbol
+            clock = _time(data.get("E"))
+            now = clock if clock is not None else int(time.time() * 1000)
+            if t > now + approx_interval_ms(self.interval):
+                self._reject("future_kline", raw)
+                return None
         o, h, lo, c, v = (_number(k[name]) for name in ("o", "h", "l", "c", "v"))
         if o is None or h is None or lo is None or c is None or v is None or v < 0:
             self._reject("bad_number", raw)
