@@ -613,6 +613,9 @@ def subscribe(
         pass
     finally:
         sub.close()
+        if sub.malformed or sub.reconnects:
+            _err(f"atc-stream: subscribe: {sub.malformed} malformed messages skipped, "
+                 f"{sub.reconnects} reconnects")  # fmt: skip
 
 
 @app.command("run-stream")
