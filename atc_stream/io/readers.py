@@ -334,7 +334,8 @@ def _csv_batches(path: Path, columns, bad: BadRows):
     reported = 0
 
     def on_invalid(row) -> str:
-        if "\n" in (row.text or "") or "\r" in (row.text or ""):
+        text = row.text or ""
+        if "\n" in text or "\r" in text or text.count('"') % 2:
             unterminated.append(row.number or -1)
         skipped_lines.append(row.number or -1)
         detail = f"{row.actual_columns} columns, expected {row.expected_columns}"
