@@ -158,12 +158,23 @@ class Durability:
             signal.signal(sig, handler)
         clean = exc_type is None or exc_type is StopRun
         if self.snapshotter is not None:
+            snapshotter = self.snapshotter
             if clean:  # the state matches the recorded offsets: keep it
-                offsets = self.final_offsets() if self.final_offsets is not None else None
-                snapshot_id = self.snapshotter.close(offsets)
-                _err(f"atc-stream: final snapshot {snapshot_id}")
+                try:
+                    offsets = self.final_offsets() if self.final_offsets is not None else None
+                    snapshot_id = snapshotter.close(offsets)
+                    _err(f"atc-stream: final snapshot {snapshot_id}")
+                except Exception as exc:  # store down, disk full: say so, do not crash
+                    snapshotter.failures += 1
+                    snapshotter.last_error = exc
+                    _err(f"atc-stream: final snapshot NOT saved ({type(exc).__name__}: {exc}); "
+                         f"the newest saved one is {snapshotter.last_id or 'none'}")  # fmt: skip
             else:
-                self.snapshotter.wait()
+                snapshotter.wait()
+            if snapshotter.failures:
+                written, failed = snapshotter.snapshots_written, snapshotter.failures
+                _err(f"  snapshots        {written} written, {failed} failed "
+                     f"(last error: {snapshotter.last_error})")  # fmt: skip
         if self.publisher is not None:
             self.publisher.close()
             stats = self.publisher.stats()

@@ -89,6 +89,7 @@ class Snapshotter:
         self.skipped = 0
         #: failed background writes
         self.failures = 0
+        self._failing = False
         self.last_id: str | None = None
         self.last_error: BaseException | None = None
         #: seconds spent copying on the caller's thread by the last capture
@@ -199,9 +200,18 @@ class Snapshotter:
                 self.failures += 1
                 self.last_error = exc
                 self._dirty = True  # the state is still unsaved: the next trigger retries
-            log.error("snapshot write to %r failed: %s", self.store, exc, exc_info=True)
+                first = not self._failing
+                self._failing = True
+            if first:  # once per outage, not once per attempt
+                log.error(
+                    "snapshot write to %r failed: %s (retried at each later trigger; "
+                    "further failures are only counted)", self.store, exc,
+                )  # fmt: skip
             return None
         with self._lock:
+            if self._failing:
+                log.warning("snapshot writes to %r work again", self.store)
+            self._failing = False
             self.snapshots_written += 1
             self.last_id = snapshot_id
             self.last_write_seconds = time.perf_counter() - t0
