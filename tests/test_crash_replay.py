@@ -179,3 +179,18 @@ def test_run_stream_refuses_to_overwrite_existing_snapshots(tmp_path):
     assert res.exit_code == 2, res.output
     assert "already holds snapshots" in res.output and "--resume" in res.output
     assert len(store.list()) == 1
+
+
+def test_all_snapshots_damaged_is_one_line_and_exit_2(bars, tmp_path):
+    out, snaps = tmp_path / "out.jsonl", tmp_path / "snaps"
+    first = cli(replay_args(bars, out, snaps)[len(ATC) :])
+    assert first.exit_code == 0, first.output
+    for path in snaps.glob("*.atcsnap"):
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+    res = cli([*replay_args(bars, out, snaps)[len(ATC) :], "--resume"])
+    assert res.exit_code == 2, res.output
+    last = res.output.strip().splitlines()[-1]
+    assert last.startswith("atc-stream: error: no snapshot in") and "to start fresh" in last
+    assert res.exception is None or isinstance(res.exception, SystemExit)
