@@ -7,20 +7,32 @@ go to stderr so stdout stays machine-readable.
 from __future__ import annotations
 
 import json
-import signal
 import sys
+from contextlib import contextmanager
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from .params import ATCParams
+from .runner import RunError
 
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     help="Exact, incremental Adaptive Trend Classification (ATC) signals for many symbols.",
 )
+
+
+class TimeUnit(str, Enum):
+    """Units of integer times in bar files."""
+
+    auto = "auto"
+    s = "s"
+    ms = "ms"
+    us = "us"
+    ns = "ns"
 
 
 def _print_version(value: bool) -> None:
@@ -92,14 +104,37 @@ OutputOption = Annotated[
     ),
 ]
 WarmupOption = Annotated[
-    int, typer.Option("--warmup", help="Bars per symbol applied in one batched warmup first.")
+    int,
+    typer.Option("--warmup", min=0, help="Bars per symbol applied in one batched warmup first."),
 ]
 ProgressOption = Annotated[bool, typer.Option("--progress/--no-progress", help="Progress bar.")]
-BackendOption = Annotated[str, typer.Option("--backend", help="cpu, cuda or auto.")]
+
+
+def _check_speed(value: float | None) -> float | None:
+    if value is not None and not value > 0:
+        raise typer.BadParameter(f"must be > 0 (x real time), got {value}")
+    return value
+
+
+def _check_backend(value: str) -> str:
+    if value not in ("cpu", "cuda", "auto"):
+        raise typer.BadParameter(f"{value!r} is not one of 'cpu', 'cuda', 'auto'")
+    return value
+
+
+BackendOption = Annotated[
+    str, typer.Option("--backend", help="cpu, cuda or auto.", callback=_check_backend)
+]
 IntervalOption = Annotated[
     str, typer.Option("--interval", help="Bar interval label of the streams.")
 ]
-
+ResumableIntervalOption = Annotated[
+    str | None,
+    typer.Option(
+        "--interval",
+        help="Bar interval label of the streams (default 1m; on --resume the snapshot's).",
+    ),
+]
 
 RedisOption = Annotated[
     str | None,
@@ -135,196 +170,51 @@ EventsBeforeReadyOption = Annotated[
 ]
 
 
-class _Durability:
-    """Snapshots (store + periodic ``Snapshotter``), the Redis publisher and clean shutdown
-    on SIGINT/SIGTERM for one CLI run."""
+@contextmanager
+def _user_errors():
+    """Errors meant for the user (bad option, unusable output, refused resume) become one
+    line on stderr and exit status 2, never a traceback."""
+    from .io.writers import OutputError
 
-    def __init__(
-        self,
-        *,
-        redis: str | None,
-        redis_prefix: str = "atc",
-        snapshot_dir: Path | None,
-        snapshot_every: int | None,
-        resume: bool,
-        publish: bool = True,
-        namespace: str = "default",
-        events_before_ready: bool = False,
-    ) -> None:
-        self.events_before_ready = events_before_ready
-        self.redis = redis
-        self.redis_prefix = redis_prefix
-        self.snapshot_every = snapshot_every
-        self.resume = resume
-        self.publish = publish and redis is not None
-        self.store = None
-        self.snapshotter = None
-        self.publisher = None
-        self.stop_requested = False
-        self.restored = False
-        self._on_stop: list = []
-        target = snapshot_dir if snapshot_dir is not None else redis
-        if target is None:
-            if snapshot_every is not None or resume:
-                raise typer.BadParameter(
-                    "--snapshot-every and --resume need --snapshot-dir or --redis"
-                )
-            return
-        if snapshot_dir is not None or snapshot_every is not None or resume:
-            from .state.stores import open_snapshot_store
-
-            self.store = open_snapshot_store(target, namespace=namespace)
-
-    def restore(self, backend: str):
-        """The engine of the newest good snapshot with ``--resume``; None to start fresh."""
-        if not self.resume or self.store is None:
-            return None
-        from .engine import Engine
-
-        found = self.store.latest()
-        if found is None:
-            _err(f"atc-stream: no snapshot in {self.store!r}; starting from the beginning")
-            return None
-        engine = Engine.restore(found.blob, backend=backend)
-        self.restored = True
-        _err(f"atc-stream: restored snapshot {found.id} ({len(engine.streams)} streams)")
-        return engine
-
-    def start(self, engine) -> None:
-        if self.store is not None:
-            from .state.snapshotter import Snapshotter
-
-            self.snapshotter = Snapshotter(
-                engine, self.store, every_bars=self.snapshot_every or 10_000
-            )
-        if self.publish:
-            from .adapters.redis_pubsub import SignalPublisher
-
-            self.publisher = SignalPublisher(
-                self.redis, prefix=self.redis_prefix, events_before_ready=self.events_before_ready
-            )
-
-    def on_stop(self, callback) -> None:
-        self._on_stop.append(callback)
-
-    def _handle(self, signum, frame) -> None:
-        if self.stop_requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop at once
-        self.stop_requested = True
-        _err(f"atc-stream: {signal.Signals(signum).name}: stopping after the current batch")
-        for callback in self._on_stop:
-            callback()
-
-    def __enter__(self) -> _Durability:
-        self._previous = {
-            sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)
-        }
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        clean = exc_type is None or exc_type is _StopRun
-        if self.snapshotter is not None:
-            if clean:  # the state matches the recorded offsets: keep it
-                snapshot_id = self.snapshotter.close()
-                _err(f"atc-stream: final snapshot {snapshot_id}")
-            else:
-                self.snapshotter.wait()
-        if self.publisher is not None:
-            self.publisher.close()
-            stats = self.publisher.stats()
-            _err(
-                f"  redis publish    {stats['delivered']} steps delivered, "
-                f"{stats['dropped']} dropped ({stats['dropped_rows']} rows)"
-            )
-
-
-class _StopRun(Exception):
-    """Raised from a result callback to end a replay early (after SIGINT/SIGTERM)."""
-
-
-def _play_durably(engine, table, *, warmup, speed, progress, on_result, durability, source):
-    """Play ``table`` through ``engine`` with snapshots recording the play position.
-
-    The position is the number of rows played in play order (each symbol's first
-    ``warmup`` rows, then the rest by time, stable): ``source_offsets[source]["rows"]``.
-    With ``--resume`` only the rows after the restored position are played.
-    """
-    import numpy as np
-
-    from .replay.player import BarPlayer, BarTable, _rank_within_symbol
-
-    done = 0
-    recorded = engine.source_offsets.get(source["name"]) if durability.restored else None
-    if durability.restored and recorded is None:
-        raise typer.BadParameter(
-            f"the snapshot holds no {source['name']!r} position (it was taken by another "
-            f"command; offsets: {sorted(engine.source_offsets)})"
-        )
-    if recorded is not None:
-        if recorded.get("input") != source["input"]:
-            raise typer.BadParameter(
-                f"the snapshot was taken on {recorded.get('input')!r}, not {source['input']!r}"
-            )
-        done = int(recorded["rows"])
-    if done:
-        warm = _rank_within_symbol(table.symbols, table.times) < warmup
-        order = np.concatenate(
-            [
-                np.flatnonzero(warm),
-                np.flatnonzero(~warm)[np.argsort(table.times[~warm], kind="stable")],
-            ]
-        )[done:]
-        table = BarTable(table.symbols[order], table.times[order], table.closes[order])
-        warmup = 0
-        _err(f"atc-stream: resuming after row {done} of the play order")
-    durability.start(engine)
-    player = BarPlayer(
-        engine, table, warmup_bars=warmup, speed=speed, progress=progress,
-        events_before_ready=durability.events_before_ready,
-    )  # fmt: skip
-
-    def emit(result) -> None:
-        if on_result is not None:
-            on_result(result)
-        if durability.publisher is not None:
-            durability.publisher.publish(result)
-        if durability.snapshotter is not None:
-            rows = done + player.summary.warmup_bars + player.summary.step_bars
-            offset = {"input": source["input"], "rows": rows}
-            durability.snapshotter.maybe_snapshot(len(result), {source["name"]: offset})
-        if durability.stop_requested:
-            raise _StopRun
-
-    player.on_result = emit
-    with durability:
-        try:
-            summary = player.run()
-        except _StopRun:
-            summary = player.summary
-    return summary
+    try:
+        yield
+    except (RunError, OutputError) as exc:
+        _err(f"atc-stream: error: {exc}")
+        raise typer.Exit(2) from None
 
 
 def _replay_table(
     table, *, params, output, warmup, speed, progress, backend, interval, durability=None,
     source=None,
-) -> None:  # fmt: skip
-    from .adapters.sinks import open_sink
-    from .engine import Engine
+):  # fmt: skip
+    """Replay ``table`` into ``output`` (resuming from a snapshot with ``--resume``).
 
+    ``params``/``interval`` None: the snapshot's on resume, else the defaults.
+    """
+    from .engine import Engine
+    from .io.writers import open_writer, output_format
+    from .runner import Durability, check_resume_matches, play_durably
+    from .schema import params_metadata
+
+    output_format(output)  # refuse an unknown extension before any work
     if durability is None:
-        durability = _Durability(redis=None, snapshot_dir=None, snapshot_every=None, resume=False)
-    engine = durability.restore(backend) or Engine(
-        params, backend=backend, interval=interval, capacity=max(len(table), 1)
-    )
+        durability = Durability(redis=None, snapshot_dir=None, snapshot_every=None, resume=False)
+    source = source or {"name": "file", "input": None}
+    engine = durability.restore(backend)
+    resume_from = None
+    if engine is not None:
+        check_resume_matches(engine, param_sets=params, interval=interval)
+        resume_from = (engine.source_offsets.get(source["name"]) or {}).get("output")
+    else:
+        engine = Engine(params or [ATCParams()], backend=backend, interval=interval or "1m")
     from .kernels.prepare import prepare_for_cli
 
     prepare_for_cli(engine, _err)  # not inside the progress bar's rate and ETA
-    with open_sink(output) as sink:
-        summary = _play_durably(
-            engine, table, warmup=warmup, speed=speed, progress=progress, on_result=sink.write,
-            durability=durability, source=source or {"name": "file", "input": None},
+    metadata = params_metadata(engine.param_sets, engine.interval)
+    with open_writer(output, metadata=metadata, resume_from=resume_from) as writer:
+        summary = play_durably(
+            engine, table, warmup=warmup, speed=speed, progress=progress, writer=writer,
+            durability=durability, source=source,
         )  # fmt: skip
     _err(f"atc-stream: replay done ({engine.backend.name} backend)")
     for line in summary.lines():
@@ -372,57 +262,106 @@ def replay(
     warmup: WarmupOption = 0,
     speed: Annotated[
         float | None,
-        typer.Option(help="Play at SPEED x real time (bar times in ms); default: max."),
+        typer.Option(
+            callback=_check_speed,
+            help="Play at SPEED x real time (bar times in ms); default: max.",
+        ),
     ] = None,
     progress: ProgressOption = True,
     backend: BackendOption = "auto",
-    interval: IntervalOption = "1m",
+    interval: ResumableIntervalOption = None,
     redis: RedisOption = None,
     redis_prefix: RedisPrefixOption = "atc",
     snapshot_dir: SnapshotDirOption = None,
     snapshot_every: SnapshotEveryOption = None,
     resume: ResumeOption = False,
+    time_unit: Annotated[
+        TimeUnit,
+        typer.Option(
+            "--time-unit",
+            help="Unit of integer times; auto: by magnitude (refusing values that fit none).",
+        ),
+    ] = TimeUnit.auto,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="Exit 2 when any input row was rejected.")
+    ] = False,
     events_before_ready: EventsBeforeReadyOption = False,
 ) -> None:
     """Feed bars (or ticks aggregated to bars) through the engine; one signal row per
     (stream, bar)."""
-    from .replay.player import load_bars
+    from .runner import Durability
 
     if (bars is None) == (ticks is None):
         raise typer.BadParameter("give either a bar file BARS or --ticks FILE (exactly one)")
-    if ticks is not None:
-        table, source_input = _tick_table(
-            ticks, interval=interval, empty=empty, time_column=time_column,
-            symbol_column=symbol_column, price_column=price_column, size_column=size_column,
-            symbol=symbol,
-        )  # fmt: skip
-    else:
-        try:
-            table = load_bars(
-                bars,
-                symbol_column=symbol_column,
-                time_column=time_column,
-                close_column=close_column,
-                symbol=symbol,
-            )
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc), param_hint="BARS") from exc
-        source_input = str(bars.resolve())
-    _replay_table(
-        table,
-        params=load_param_sets(params),
-        output=output,
-        warmup=warmup,
-        speed=speed,
-        progress=progress,
-        backend=backend,
-        interval=interval,
-        durability=_Durability(
+    with _user_errors():
+        durability = Durability(
             redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
             snapshot_every=snapshot_every, resume=resume, events_before_ready=events_before_ready,
-        ),
-        source={"name": "file", "input": source_input},
-    )  # fmt: skip
+        )  # fmt: skip
+        columns = {"symbol": symbol_column, "time": time_column, "close": close_column}
+        if ticks is not None:
+            table, source_input = _tick_table(
+                ticks, interval=interval or "1m", empty=empty, time_column=time_column,
+                symbol_column=symbol_column, price_column=price_column,
+                size_column=size_column, symbol=symbol,
+            )  # fmt: skip
+            columns = {**columns, "close": price_column, "size": size_column}
+        else:
+            table, interval = _bar_table(
+                bars, symbol_column=symbol_column, time_column=time_column,
+                close_column=close_column, symbol=symbol, time_unit=time_unit.value,
+                interval=interval, strict=strict, resume=resume,
+            )  # fmt: skip
+            source_input = str(bars.resolve())
+        _replay_table(
+            table,
+            params=load_param_sets(params) if params is not None else None,
+            output=output,
+            warmup=warmup,
+            speed=speed,
+            progress=progress,
+            backend=backend,
+            interval=interval,
+            durability=durability,
+            source={"name": "file", "input": source_input, "columns": columns},
+        )
+
+
+def _bar_table(path: Path, *, interval, strict, resume, **options):
+    """Bars of ``path`` (bad rows reported on stderr) and the interval to label them with.
+
+    The interval is ``interval`` when given (refused when the bars' spacing says
+    otherwise), else inferred from the spacing (on ``--resume``: the snapshot's).
+    """
+    from .intervals import interval_ms, is_calendar, validate_interval
+    from .io.readers import InputError, infer_interval, read_bars
+
+    try:
+        table = read_bars(path, **options)
+        if interval is not None:
+            validate_interval(interval)
+    except InputError as exc:
+        raise RunError(str(exc)) from None
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--interval") from None
+    for line in table.bad_rows.lines():
+        _err(f"atc-stream: {line}")
+    if strict and table.bad_rows.total:
+        raise RunError(f"{table.bad_rows.total} rejected rows in {path} (--strict)")
+    inferred = infer_interval(table)
+    if interval is None:
+        if resume:
+            return table, None
+        if inferred is None:
+            _err("atc-stream: note: cannot infer the interval (no symbol has two bars); 1m")
+        return table, inferred or "1m"
+    if inferred is not None and not is_calendar(interval):
+        if interval_ms(interval) != interval_ms(inferred):
+            raise RunError(
+                f"--interval {interval} does not match the bars, which are {inferred} apart "
+                f"(most common spacing in {path.name}); give --interval {inferred}"
+            )
+    return table, interval
 
 
 def _tick_table(path: Path, *, interval: str, empty: str, symbol: str | None, **columns):
@@ -516,9 +455,10 @@ def live(
     import logging
 
     from .adapters.binance import KlineClient, LiveConfig, RestError
-    from .adapters.sinks import open_sink
     from .engine import Engine
     from .intervals import validate_interval
+    from .io.writers import open_writer, output_format
+    from .runner import Durability, check_resume_matches
 
     logging.basicConfig(level=logging.WARNING, format="atc-stream: %(levelname)s %(message)s")
     previews = previews and not str(output).endswith(".parquet")  # Parquet: no provisional flag
@@ -534,17 +474,18 @@ def live(
         validate_interval(interval)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    durability = _Durability(
-        redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
-        snapshot_every=snapshot_every, resume=resume, events_before_ready=events_before_ready,
-    )  # fmt: skip
-    engine = durability.restore(backend) or Engine(
-        load_param_sets(params), backend=backend, interval=interval
-    )
-    if engine.interval != interval:
-        raise typer.BadParameter(
-            f"the snapshot holds {engine.interval!r} streams, not --interval {interval!r}"
-        )
+    param_sets = load_param_sets(params) if params is not None else None
+    with _user_errors():
+        output_format(output)
+        durability = Durability(
+            redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
+            snapshot_every=snapshot_every, resume=resume, events_before_ready=events_before_ready,
+        )  # fmt: skip
+        engine = durability.restore(backend)
+        if engine is not None:
+            check_resume_matches(engine, param_sets=param_sets, interval=interval)
+        else:
+            engine = Engine(param_sets or [ATCParams()], backend=backend, interval=interval)
     from .kernels.prepare import prepare_for_cli
 
     prepare_for_cli(engine, _err)  # before connecting: nothing compiles in the event loop
@@ -554,7 +495,7 @@ def live(
         line = stats.status_line()
         print(f"\r{line:<110}" if tty else line, end="" if tty else "\n", file=sys.stderr)
 
-    with open_sink(output) as sink:
+    with open_writer(output) as sink:
         durability.start(engine)
 
         def on_result(result) -> None:
@@ -631,28 +572,27 @@ def demo(
             if key.params_id == 0:
                 last_signal[key.symbol] = value
 
-    from .adapters.sinks import open_sink
+    from .engine import Engine
+    from .io.writers import open_writer
+    from .runner import Durability, check_resume_matches, play_durably
 
-    with open_sink(output) as sink:
-
-        def on_result(result) -> None:
-            sink.write(result)
-            remember(result)
-
-        from .engine import Engine
-
-        durability = _Durability(
+    with _user_errors():
+        durability = Durability(
             redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
             snapshot_every=snapshot_every, resume=resume,
         )  # fmt: skip
-        engine = durability.restore(backend) or Engine(
-            param_sets, backend=backend, capacity=max(symbols * len(param_sets), 1)
-        )
-        summary = _play_durably(
-            engine, table, warmup=warmup, speed=None, progress=progress, on_result=on_result,
-            durability=durability,
-            source={"name": "demo", "input": f"random-walk {symbols}x{bars} seed {seed}"},
-        )  # fmt: skip
+        engine = durability.restore(backend)
+        if engine is not None:
+            check_resume_matches(engine, param_sets=param_sets if params else None)
+        else:
+            engine = Engine(param_sets, backend=backend)
+        source = {"name": "demo", "input": f"random-walk {symbols}x{bars} seed {seed}"}
+        resume_from = (engine.source_offsets.get("demo") or {}).get("output")
+        with open_writer(output, resume_from=resume_from) as writer:
+            summary = play_durably(
+                engine, table, warmup=warmup, speed=None, progress=progress, writer=writer,
+                durability=durability, source=source, on_result=remember,
+            )  # fmt: skip
     _err(f"atc-stream: demo done ({engine.backend.name} backend)")
     for line in summary.lines():
         _err("  " + line)
@@ -728,6 +668,9 @@ def subscribe(
         pass
     finally:
         sub.close()
+        if sub.malformed or sub.reconnects:
+            _err(f"atc-stream: subscribe: {sub.malformed} malformed messages skipped, "
+                 f"{sub.reconnects} reconnects")  # fmt: skip
 
 
 @app.command("run-stream")
@@ -762,7 +705,7 @@ def run_stream(
     ] = "default",
     params: ParamsOption = None,
     backend: BackendOption = "auto",
-    interval: IntervalOption = "1m",
+    interval: ResumableIntervalOption = None,
 ) -> None:
     """Apply bars from a Redis Stream (consumer group), exactly once across restarts.
 
@@ -774,15 +717,21 @@ def run_stream(
 
     from .adapters.redis_streams import RedisStreamRunner
     from .engine import Engine
+    from .runner import Durability, check_resume_matches
 
     logging.basicConfig(level=logging.WARNING, format="atc-stream: %(levelname)s %(message)s")
-    durability = _Durability(
-        redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
-        snapshot_every=snapshot_every, resume=resume, publish=publish, namespace=namespace,
-    )  # fmt: skip
-    engine = durability.restore(backend) or Engine(
-        load_param_sets(params), backend=backend, interval=interval
-    )
+    param_sets = load_param_sets(params) if params is not None else None
+    with _user_errors():
+        durability = Durability(
+            redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
+            snapshot_every=snapshot_every, resume=resume, publish=publish,
+            namespace=namespace, refuse_existing=True,
+        )  # fmt: skip
+        engine = durability.restore(backend)
+        if engine is not None:
+            check_resume_matches(engine, param_sets=param_sets, interval=interval)
+        else:
+            engine = Engine(param_sets or [ATCParams()], backend=backend, interval=interval or "1m")
     from .kernels.prepare import prepare_for_cli
 
     prepare_for_cli(engine, _err)  # before reading the stream
@@ -814,7 +763,7 @@ def run_stream(
 def plot(
     signals: Annotated[
         Path,
-        typer.Argument(help="Signal rows: a Parquet, JSONL or CSV file written by atc-stream."),
+        typer.Argument(help="Signal rows written by atc-stream: a Parquet directory or file, JSONL or CSV."),
     ],
     symbol: Annotated[
         str | None, typer.Option(help="Symbol to draw (needed when the file holds several).")
@@ -841,8 +790,26 @@ def plot(
     _err(f"atc-stream: wrote {output}")
 
 
-def main() -> None:
-    app()
+def main(argv: list[str] | None = None) -> None:
+    """The console entry point: a usage error (bad option value, missing file, unknown
+    option) is one line on stderr and exit status 2, not a usage box."""
+    from typer.core import _click
+
+    try:
+        result = app(args=argv, standalone_mode=False)
+    except _click.exceptions.UsageError as exc:
+        hint = ""
+        if exc.ctx is not None:
+            hint = f" (see: {exc.ctx.command_path} --help)"
+        _err(f"atc-stream: error: {exc.format_message()}{hint}")
+        sys.exit(2)
+    except _click.exceptions.ClickException as exc:
+        _err(f"atc-stream: error: {exc.format_message()}")
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        _err("atc-stream: interrupted")
+        sys.exit(130)
+    sys.exit(result if isinstance(result, int) else 0)
 
 
 if __name__ == "__main__":

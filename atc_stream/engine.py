@@ -642,11 +642,16 @@ class Engine:
             self.source_offsets.update(normalize_offsets(source_offsets))
         self.backend.pull_state()
         s = self.store
+        # free slots after the last live one are left out, so a snapshot's size follows
+        # the streams, not the capacity (slot numbers stay as they are)
+        live = np.flatnonzero(s.in_use)
+        n = int(live[-1]) + 1 if live.size else 1
         return capture_state(
             params=s.params.params, interval=self.interval,
             backend=getattr(self.backend, "name", type(self.backend).__name__),
-            registry=self._slot_of, ring=s.ring, values=s.values, counters=s.counters,
-            in_use=s.in_use, param_lengths=s.params.lengths, param_values=s.params.values,
+            registry=self._slot_of, ring=s.ring[:n], values=s.values[:n],
+            counters=s.counters[:n], in_use=s.in_use[:n],
+            param_lengths=s.params.lengths, param_values=s.params.values,
             ring_capacity=s.ring_capacity, source_offsets=self.source_offsets,
             rejections=self.rejections, copy=copy,
         )  # fmt: skip
@@ -660,11 +665,15 @@ class Engine:
         return encode_snapshot(self.capture_snapshot(source_offsets, copy=False), compression)
 
     @classmethod
-    def restore(cls, blob: bytes, backend: str = "auto", threads: int | None = None) -> Engine:
-        """The engine a snapshot blob was taken from; ``SnapshotError`` if it does not verify."""
-        from .state.snapshot import decode_snapshot
+    def restore(cls, blob, backend: str = "auto", threads: int | None = None) -> Engine:
+        """The engine a snapshot blob was taken from; ``SnapshotError`` if it does not verify.
 
-        snap = decode_snapshot(blob)
+        ``blob`` may also be an already verified ``state.snapshot.Snapshot`` (a store's
+        ``latest().decoded``), so that a blob is decoded once.
+        """
+        from .state.snapshot import Snapshot, decode_snapshot
+
+        snap = blob if isinstance(blob, Snapshot) else decode_snapshot(blob)
         h = snap.header
         eng = cls(
             snap.params, backend=backend, interval=h.interval, capacity=h.capacity, threads=threads

@@ -56,3 +56,19 @@ def next_open(open_time: int, interval: str) -> int:
     months = d.year * 12 + (d.month - 1) + count
     nxt = _dt.datetime(months // 12, months % 12 + 1, 1, tzinfo=_dt.timezone.utc)
     return int(nxt.timestamp()) * 1000
+
+
+#: Weekly bars open on Mondays 00:00 UTC (the exchange's grid); 1970-01-05 was a Monday.
+_WEEK_ORIGIN_MS = 4 * 86_400_000
+
+
+def on_grid(open_time: int, interval: str) -> bool:
+    """Whether ``open_time`` is a bar open time of ``interval`` (whole minutes for ``1m``,
+    Mondays for weeks, the 1st of a month for months; all UTC)."""
+    count, unit = _split(interval)
+    if unit == "M":
+        d = _dt.datetime.fromtimestamp(open_time / 1000, tz=_dt.timezone.utc)
+        return open_time % 86_400_000 == 0 and d.day == 1
+    size = count * _UNIT_MS[unit]
+    origin = _WEEK_ORIGIN_MS if unit == "w" else 0
+    return (open_time - origin) % size == 0

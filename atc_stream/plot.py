@@ -20,13 +20,14 @@ class PlotError(ValueError):
 
 
 def load_signals(path: str | Path):
-    """Signal rows from a Parquet, JSONL or CSV file as a pandas DataFrame."""
+    """Signal rows from a Parquet file or directory of parts (what ``-o x.parquet`` writes),
+    a JSONL or a CSV file, as a pandas DataFrame."""
     import pandas as pd
 
     path = Path(path)
-    if not path.is_file():
-        raise PlotError(f"{path}: no such file")
     suffix = path.suffix.lower()
+    if not (path.is_file() or (path.is_dir() and suffix in (".parquet", ".pq"))):
+        raise PlotError(f"{path}: no such file")
     try:
         if suffix in (".parquet", ".pq"):
             return pd.read_parquet(path)

@@ -507,6 +507,15 @@ def test_hostile_stream_inputs_counted_and_survived():
             ("raw", "ETHUSDT", ex0.ws_message("ETHUSDT", 261, 1.0, False)),
         ]
     )
+    # a closed kline half an interval off the grid (would be an extra bar) and one a day
+    # ahead of the exchange's clock (would freeze the symbol): both rejected, counted
+    off_grid = json.loads(ex0.ws_message("BTCUSDT", 272, closes["BTCUSDT"][272], True))
+    off_grid["data"]["k"]["t"] += IMS // 2
+    off_grid["data"]["k"]["T"] += IMS // 2
+    future = json.loads(ex0.ws_message("BTCUSDT", 272 + 1440, 1.0, True))
+    faults.setdefault(272, []).extend(
+        [("raw", "BTCUSDT", json.dumps(off_grid)), ("raw", "BTCUSDT", json.dumps(future))]
+    )
     # a closed kline corrupted in transit (the real one never comes): refetched over REST
     corrupt = json.loads(ex0.ws_message("ETHUSDT", 275, closes["ETHUSDT"][275], True))
     corrupt["data"]["k"]["c"] = "12,5"
@@ -534,6 +543,7 @@ def test_hostile_stream_inputs_counted_and_survived():
         assert rej[reason] == expected, (reason, rej[reason], expected)
     assert rej["duplicate_kline"] == 1 and rej["out_of_order_kline"] == 2
     assert rej["stale_preview"] == 1
+    assert rej["off_grid_kline"] == 1 and rej["future_kline"] == 1
     assert stats.backfilled_bars == 1  # ETHUSDT bar 275, from REST
     assert not stats.engine_rejections
     assert_exact(collect(results), closes, start - 120, start - 1, 289)

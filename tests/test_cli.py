@@ -77,9 +77,12 @@ def test_replay_single_symbol_unsorted_file_uses_file_stem_and_counts_bad_rows(t
     path = tmp_path / "ETHUSDT.csv"
     path.write_text("time,close\n4,12.5\n1,10.0\n2,abc\n3,-1\n3,11\n3,11.5\n")
     out = tmp_path / "s.parquet"
-    result = runner.invoke(app, ["replay", str(path), "-o", str(out), "--no-progress"])
+    args = ["replay", str(path), "-o", str(out), "--no-progress", "--time-unit", "ms"]
+    result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert "non_finite_close=1" in result.output and "non_positive_close=1" in result.output
+    # 'abc' is refused by the reader (with its line), -1 by the engine
+    assert "bad_close=1" in result.output and "ETHUSDT.csv:4: bad_close: 'abc'" in result.output
+    assert "non_positive_close=1" in result.output
     assert "duplicate_bar=1" in result.output  # rows replay in time order
     parquet = pq.read_table(out)
     assert parquet.schema.field("time").type == pa.timestamp("ms", tz="UTC")
@@ -137,6 +140,7 @@ def test_replay_of_a_shuffled_file_with_warmup_equals_the_sorted_one(tmp_path, t
         result = runner.invoke(app, [*args, "-o", str(tmp_path / f"{name}.jsonl")])
         assert result.exit_code == 0, result.output
         assert "rejected inputs  none" in result.output
+
     def by_key(rows):  # within one bar time, rows follow file order
         return sorted(rows, key=lambda r: (r["time"], r["symbol"]))
 

@@ -40,7 +40,7 @@ def test_threads_option_gives_the_same_rows(tmp_path):
         assert done.returncode == 0, done.stderr
         rows[threads] = [json.loads(line) for line in done.stdout.splitlines()]
     assert rows["1"] == rows["2"]
-    expected = compute(closes)["Average_Signal"]
+    expected = compute(closes)["signal"]
     got = np.array([r["signal"] for r in rows["1"]], dtype=float)
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-9, equal_nan=True)
 

@@ -113,7 +113,7 @@ def test_replay_killed_then_resumed_continues_at_the_recorded_row(tmp_path):
         timeout=120,
     )
     assert second.returncode == 0, second.stderr
-    assert f"resuming after row {position} of the play order" in second.stderr
+    assert f"resuming: {position} rows at or before" in second.stderr
     resumed_rows = read_jsonl(tmp_path / "2.jsonl")
     # the resumed run writes exactly the rows after the snapshot's position
     assert resumed_rows == full_rows[len(full_rows) - len(resumed_rows) :]

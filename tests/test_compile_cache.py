@@ -37,7 +37,7 @@ print(json.dumps({
     "cache_dir": str(cache.cache_dir()),
     "package": cache._PACKAGE.as_posix(),
     "growth": [None if g != g else g for g in out["growth"].tolist()],
-    "signal": [None if g != g else g for g in out["Average_Signal"].tolist()],
+    "signal": [None if g != g else g for g in out["signal"].tolist()],
 }))
 """
 

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 import atc_stream
 from atc_stream import ATCParams, Engine, compute
-from atc_stream.adapters.sinks import JsonlSink, ParquetSink
 from atc_stream.cli import app
+from atc_stream.io.writers import JsonlWriter, ParquetWriter
 from atc_stream.schema import params_metadata
 
 pytest.importorskip("matplotlib")
@@ -41,8 +41,8 @@ def signal_files(tmp_path_factory):
         eng.add_symbol(s)
     paths = folder / "signals.parquet", folder / "signals.jsonl"
     with (
-        ParquetSink(paths[0], metadata=params_metadata(eng.param_sets)) as pq,
-        JsonlSink(paths[1]) as js,
+        ParquetWriter(paths[0], metadata=params_metadata(eng.param_sets)) as pq,
+        JsonlWriter(paths[1]) as js,
     ):
         for i in range(160):
             res = eng.step([(s, T0 + i * 60_000, float(c[i])) for s, c in bars.items()])

@@ -308,3 +308,52 @@ def test_subscribe_cli_prints_messages(redis_url, results):  # noqa: F811
     assert len(lines) == 6
     assert {line["channel"] for line in lines} <= {"atc:signal:SYM000", "atc:signal:SYM002"}
     assert lines[0]["kind"] == "signal" and lines[0]["data"]["symbol"] in ("SYM000", "SYM002")
+
+
+def test_subscriber_survives_a_redis_restart_and_counts_malformed(private_redis):  # noqa: F811
+    """A real redis-server is restarted under a subscriber, and garbage is published on its
+    channel: the subscriber reconnects with backoff, skips and counts the garbage, and
+    receives what is published after the restart."""
+    from atc_stream.adapters.redis_pubsub import SignalSubscriber, signal_channel
+
+    good = msgspec.json.encode(SignalRecord(**{name: _example_value(name) for name in COLUMNS}))
+    channel = signal_channel("atc", "SYM000")
+    sub = SignalSubscriber(private_redis.url, symbols=["SYM000"])
+    sub.wait_ready()
+    client = private_redis.client()
+    client.publish(channel, b"not json {")
+    client.publish(channel, good)
+    msg = sub.get(timeout=5)
+    assert msg is not None and msg.data.symbol == "SYM000" and sub.malformed == 1
+    client.close()
+
+    private_redis.restart()
+    done = threading.Event()
+
+    def publish_until_received():
+        c = private_redis.client()
+        try:
+            while not done.is_set():
+                c.publish(channel, good)
+                time.sleep(0.05)
+        finally:
+            c.close()
+
+    publisher = threading.Thread(target=publish_until_received, daemon=True)
+    publisher.start()
+    try:
+        msg = sub.get(timeout=20)
+    finally:
+        done.set()
+        publisher.join(5)
+    assert msg is not None and msg.data.symbol == "SYM000"
+    assert sub.reconnects >= 1
+    sub.close()
+
+
+def _example_value(name: str):
+    from atc_stream.schema import COLUMN_TYPES
+
+    kind = COLUMN_TYPES[name]
+    return {"str": "SYM000" if name == "symbol" else "1m", "int": 1, "float": 1.0,
+            "bool": False, "time": 1_700_000_040_000}[kind]  # fmt: skip

@@ -22,8 +22,8 @@ from redis_fixtures import redis_server, redis_url  # noqa: F401
 from typer.testing import CliRunner
 
 from atc_stream import ATCParams, Engine, compute
-from atc_stream.adapters.sinks import JsonlSink, ParquetSink
 from atc_stream.cli import app
+from atc_stream.io.writers import CsvWriter, JsonlWriter, ParquetWriter
 from atc_stream.params import FAMILIES, LENGTHS_PER_FAMILY
 from atc_stream.reference import compute_reference
 from atc_stream.schema import COLUMN_TYPES, COLUMNS, params_metadata, ready_bar
@@ -117,14 +117,27 @@ def test_compute_and_step_result_share_columns_and_values(stepped, expected_fram
     _assert_same_frame(records, expected_frame, "records")
 
 
-def test_jsonl_and_parquet_sinks_share_columns_and_values(tmp_path, stepped, expected_frame):
+def test_jsonl_csv_and_parquet_writers_share_columns_and_values(tmp_path, stepped, expected_frame):
     eng, results = stepped
-    jsonl, parquet = tmp_path / "rows.jsonl", tmp_path / "rows.parquet"
+    jsonl, csv, parquet = tmp_path / "rows.jsonl", tmp_path / "rows.csv", tmp_path / "rows.parquet"
     meta = params_metadata(eng.param_sets, eng.interval)
-    with JsonlSink(jsonl) as js, ParquetSink(parquet, metadata=meta) as ps:
+    with (
+        JsonlWriter(jsonl) as js,
+        CsvWriter(csv) as cs,
+        ParquetWriter(parquet, metadata=meta) as ps,
+    ):
         for r in results:
             js.write(r)
+            cs.write(r)
             ps.write(r)
+    # CSV: header = the schema; floats written shortest-round-trip, read back exactly
+    assert csv.read_text().splitlines()[0] == ",".join(COLUMNS)
+    csv_frame = pd.read_csv(
+        csv,
+        keep_default_na=False,
+        na_values={n: [""] for n, k in COLUMN_TYPES.items() if k == "float"},
+    )
+    _assert_same_frame(csv_frame, expected_frame, "csv")
     lines = [json.loads(line) for line in jsonl.read_text().splitlines()]
     assert all(list(row) == list(COLUMNS) for row in lines)
     _assert_same_frame(pd.DataFrame(lines), expected_frame, "jsonl")

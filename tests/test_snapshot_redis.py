@@ -144,3 +144,32 @@ def test_redis_server_helper_restart(private_redis):  # noqa: F811
 
 def test_shared_fixture_is_one_server(redis_server, redis_url):  # noqa: F811
     assert redis_server.url == redis_url and redis_server.running
+
+
+def test_replay_with_the_redis_snapshot_store_down_goes_on_and_says_what_was_not_saved(
+    tmp_path,
+    private_redis,  # noqa: F811
+):
+    """The Redis snapshot store stops mid-run: one log line (no traceback per attempt),
+    the replay finishes, and the summary says how many snapshots were not saved."""
+    import subprocess
+    import sys
+
+    from atc_stream.replay.player import random_walk_table
+
+    table = random_walk_table(4, 400, seed=3)
+    bars = tmp_path / "bars.csv"
+    with open(bars, "w") as f:
+        f.write("symbol,time,close\n")
+        for s, t, c in zip(table.symbols, table.times, table.closes, strict=True):
+            f.write(f"{s},{t},{float(c)!r}\n")
+    private_redis.stop()  # down from the start: every snapshot write fails
+    args = [sys.executable, "-m", "atc_stream.cli", "replay", str(bars), "--no-progress",
+            "--backend", "cpu", "--redis", private_redis.url, "--snapshot-every", "100",
+            "-o", str(tmp_path / "out.jsonl")]  # fmt: skip
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.count("snapshot write to") <= 1, done.stderr
+    assert "final snapshot NOT saved" in done.stderr
+    assert "0 written" in done.stderr and "failed" in done.stderr
+    assert len(open(tmp_path / "out.jsonl").readlines()) == len(table)

@@ -57,7 +57,14 @@ import msgspec
 import numpy as np
 
 from ..engine import Engine
-from ..intervals import approx_interval_ms, next_open, validate_interval
+from ..intervals import (
+    approx_interval_ms,
+    interval_ms,
+    is_calendar,
+    next_open,
+    on_grid,
+    validate_interval,
+)
 from ..results import StepResult
 
 log = logging.getLogger("atc_stream.binance")
@@ -82,6 +89,8 @@ REJECTION_REASONS = {
     "inconsistent_message": "stream name, symbols or times of one message disagree",
     "unsubscribed_symbol": "a kline for a symbol this client did not subscribe to",
     "wrong_interval": "a kline of another interval",
+    "off_grid_kline": "an open time not a whole number of intervals after the last bar's",
+    "future_kline": "a closed kline opening more than one interval after the client's clock",
     "duplicate_kline": "a closed kline for a bar already applied",
     "out_of_order_kline": "a closed kline older than the last applied bar",
     "stale_preview": "an in-progress kline for a bar already applied",
@@ -239,6 +248,14 @@ class KlineParser:
             self._reject("non_positive_price", raw)
             return None
         return Kline(symbol, t, tc, o, h, lo, c, v, closed)
+
+
+def _same_grid(last: int, open_time: int, interval: str) -> bool:
+    """Whether ``open_time`` is a whole number of intervals after ``last`` (months: on the
+    calendar grid), i.e. not an extra bar between two bar times."""
+    if is_calendar(interval):
+        return on_grid(open_time, interval)
+    return (open_time - last) % interval_ms(interval) == 0
 
 
 def parse_rest_row(row: Any, symbol: str, now_ms: int) -> Kline | None:
@@ -922,6 +939,11 @@ class KlineClient:
 
     def _dispatch(self, k: Kline, released: bool = False) -> None:
         st = self._state[k.symbol]
+        if k.closed and k.open_time > self.clock_ms() + approx_interval_ms(self.interval):
+            # a closed bar cannot open more than one interval after now; applying one
+            # would make every later bar of the symbol out of order (a frozen symbol)
+            self.parser._reject("future_kline", k)
+            return
         if st.backfill is not None:
             self._hold(st, k)
             return
@@ -938,6 +960,10 @@ class KlineClient:
                 else:
                     reason = "out_of_order_kline"
                 self.parser._reject(reason, k)
+                return
+            if not _same_grid(last, k.open_time, self.interval):
+                # an open time between two bar times would be applied as an extra bar
+                self.parser._reject("off_grid_kline", k)
                 return
             expected = next_open(last, self.interval)
             if st.filled_until is not None and st.filled_until > expected:

@@ -490,6 +490,10 @@ class SignalSubscriber:
         self._batch_decoder = codec.Decoder(SignalBatch)
         self._client = redis.Redis.from_url(url)
         self._pubsub = self._client.pubsub()
+        #: messages that did not decode (skipped, counted; the first one is logged)
+        self.malformed = 0
+        #: times the connection was lost and re-established
+        self.reconnects = 0
         names = [signal_channel(prefix, s) for s in (symbols or ())]
         if events:
             names.append(self.events_channel)
@@ -507,6 +511,7 @@ class SignalSubscriber:
             self._pubsub.psubscribe(*globs)
         self._pending_confirmations = len(names) + len(globs)
         self._buffer: deque[dict] = deque()
+        self._backoff = 0.0
 
     def wait_ready(self, timeout: float = 5.0) -> None:
         """Block until the server confirmed every subscription (messages published after
@@ -538,6 +543,36 @@ class SignalSubscriber:
             value = msgspec.to_builtins(value)
         return Message(channel, kind, value)
 
+    def _poll(self, timeout: float) -> None:
+        """One ``get_message``; a lost connection is re-established with backoff (messages
+        published while it was down are lost: pub/sub keeps nothing)."""
+        try:
+            self._take(self._pubsub.get_message(timeout=timeout))
+            self._backoff = 0.0
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            if not self._backoff:
+                log.warning("subscriber lost its connection (%s); reconnecting with backoff", exc)
+            self._backoff = min(max(2 * self._backoff, 0.1), 5.0)
+            time.sleep(min(self._backoff, max(timeout, 0.01)))
+            try:
+                self._resubscribe()
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
+                return
+            self.reconnects += 1
+            log.warning("subscriber reconnected (%d reconnects so far)", self.reconnects)
+
+    def _resubscribe(self) -> None:
+        try:
+            self._pubsub.close()
+        except Exception:  # the old connection is gone anyway
+            pass
+        pubsub = self._client.pubsub()
+        if self.channels:
+            pubsub.subscribe(*self.channels)
+        if self.patterns:
+            pubsub.psubscribe(*self.patterns)
+        self._pubsub = pubsub
+
     def get_raw(self, timeout: float | None = 1.0) -> tuple[str, bytes] | None:
         """The next message undecoded, as ``(channel, payload)``; None after ``timeout`` s."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -546,15 +581,29 @@ class SignalSubscriber:
             if remaining is not None and remaining <= 0:
                 return None
             # get_message(timeout=None) would block forever; poll in slices instead
-            self._take(self._pubsub.get_message(timeout=1.0 if remaining is None else remaining))
+            self._poll(1.0 if remaining is None else remaining)
         raw = self._buffer.popleft()
         channel = raw["channel"].decode() if isinstance(raw["channel"], bytes) else raw["channel"]
         return channel, raw["data"]
 
     def get(self, timeout: float | None = 1.0) -> Message | None:
-        """The next message, or None if none arrived within ``timeout`` seconds."""
-        raw = self.get_raw(timeout)
-        return None if raw is None else self.decode(*raw)
+        """The next message that decodes, or None if none arrived within ``timeout`` seconds.
+
+        A message that does not decode is skipped and counted in ``malformed``.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            raw = self.get_raw(remaining)
+            if raw is None:
+                return None
+            try:
+                return self.decode(*raw)
+            except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
+                self.malformed += 1
+                if self.malformed == 1:
+                    log.warning("malformed message on %s skipped (%s); further ones are "
+                                "only counted", raw[0], exc)  # fmt: skip
 
     def messages(self, timeout: float | None = None, limit: int | None = None) -> Iterator[Message]:
         """Yield messages until ``limit`` were yielded or none arrived for ``timeout`` s."""

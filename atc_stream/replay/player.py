@@ -11,7 +11,6 @@ second bar with the same time for a symbol is rejected as a duplicate.
 
 from __future__ import annotations
 
-import csv
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -36,6 +35,8 @@ class BarTable:
     symbols: np.ndarray  # object array of str
     times: np.ndarray  # int64
     closes: np.ndarray  # float64
+    #: rows of the file(s) left out by the reader (``io.readers.BadRows``), if read from files
+    bad_rows: object = None
 
     def __len__(self) -> int:
         return self.times.shape[0]
@@ -45,39 +46,6 @@ class BarTable:
         return sorted(set(self.symbols.tolist()))
 
 
-def _to_int_times(values: np.ndarray, column: str) -> np.ndarray:
-    """Integer times as they are; ISO-8601 strings or datetimes → milliseconds since epoch."""
-    if values.dtype.kind in "iu":
-        return values.astype(np.int64)
-    if values.dtype.kind == "M":
-        return values.astype("datetime64[ms]").astype(np.int64)
-    try:
-        return values.astype(np.int64)
-    except (TypeError, ValueError):
-        pass
-    try:
-        stripped = np.array([str(v).rstrip("Z") for v in values])
-        return stripped.astype("datetime64[ms]").astype(np.int64)
-    except ValueError as exc:
-        raise ValueError(
-            f"column {column!r} must hold integer times or ISO-8601 timestamps: {exc}"
-        ) from exc
-
-
-def _to_closes(values: np.ndarray) -> np.ndarray:
-    """Closes as float64; unparsable cells become NaN (the engine rejects and counts them)."""
-    try:
-        return values.astype(np.float64)
-    except (TypeError, ValueError):
-        out = np.empty(values.shape[0], np.float64)
-        for i, v in enumerate(values):
-            try:
-                out[i] = float(v)
-            except (TypeError, ValueError):
-                out[i] = np.nan
-        return out
-
-
 def load_bars(
     path: str | Path,
     *,
@@ -85,47 +53,21 @@ def load_bars(
     time_column: str = DEFAULT_TIME_COLUMN,
     close_column: str = DEFAULT_CLOSE_COLUMN,
     symbol: str | None = None,
+    time_unit: str = "auto",
 ) -> BarTable:
-    """Read a CSV or Parquet bar file, or a directory of them.
+    """Read a CSV or Parquet bar file, or a directory of them (``io.readers.read_bars``).
 
     ``symbol`` names the single symbol of a file without a symbol column (default: the
-    file's stem). Times may be integers (any clock, ms by convention) or ISO-8601.
-    A directory is read file by file (every ``*.csv``/``*.parquet``, sorted by name;
-    per-symbol files: symbol = file stem unless the file has a symbol column) and the
-    rows are put in time order (stable, so file order within one time).
+    file's stem). Times: integers (unit by magnitude, or ``time_unit``) or ISO-8601.
+    Bad rows are left out and reported in ``table.bad_rows``; unreadable damage raises
+    ``io.readers.InputError`` (a ``ValueError``).
     """
-    path = Path(path)
-    if not path.exists():
-        raise ValueError(f"bar file {str(path)!r} does not exist")
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in BAR_SUFFIXES)
-        if not files:
-            raise ValueError(f"bar directory {str(path)!r} has no .csv or .parquet files")
-        parts = [
-            load_bars(
-                f, symbol_column=symbol_column, time_column=time_column, close_column=close_column
-            )
-            for f in files
-        ]
-        times = np.concatenate([p.times for p in parts])
-        order = np.argsort(times, kind="stable")
-        return BarTable(
-            symbols=np.concatenate([p.symbols for p in parts])[order],
-            times=times[order],
-            closes=np.concatenate([p.closes for p in parts])[order],
-        )
-    columns = _read_columns(path)
-    require_columns(path, columns, {"time": time_column, "close": close_column})
-    n = len(columns[time_column])
-    if symbol_column in columns:
-        symbols = np.asarray(columns[symbol_column], dtype=object).astype(str).astype(object)
-    else:
-        symbols = np.full(n, symbol or path.stem, dtype=object)
-    return BarTable(
-        symbols=symbols,
-        times=_to_int_times(np.asarray(columns[time_column]), time_column),
-        closes=_to_closes(np.asarray(columns[close_column], dtype=object)),
-    )
+    from ..io.readers import read_bars
+
+    return read_bars(
+        path, symbol_column=symbol_column, time_column=time_column,
+        close_column=close_column, symbol=symbol, time_unit=time_unit,
+    )  # fmt: skip
 
 
 def require_columns(path: Path, columns, needed: dict[str, str]) -> None:
@@ -140,20 +82,6 @@ def require_columns(path: Path, columns, needed: dict[str, str]) -> None:
                 f"{path.name}: no column {name!r} (columns: {', '.join(columns)}); "
                 f"name it with {options}"
             )
-
-
-def _read_columns(path: Path) -> dict[str, list]:
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return pq.read_table(path).to_pydict()
-    with open(path, newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None:
-            raise ValueError(f"{path.name}: empty file")
-        rows = list(reader)
-    return {name: [row[j] if j < len(row) else "" for row in rows] for j, name in enumerate(header)}
 
 
 @dataclass

@@ -605,6 +605,22 @@ def _check_consistency(header: SnapshotHeader, arrays: dict[str, np.ndarray]) ->
         )
 
 
+def _expected_raw_size(header: SnapshotHeader) -> int:
+    """Bytes of the state arrays that ``header``'s capacity, ring and parameter sets need."""
+    cap, rc, n_params = header.capacity, header.ring_capacity, len(header.params)
+    if cap < 0 or rc < 0:
+        raise SnapshotError(f"snapshot declares a negative capacity ({cap}) or ring ({rc})")
+    shapes = {
+        "ring": (cap, 2 * rc),
+        "values": (cap, L.N_VALUE_FIELDS),
+        "counters": (cap, L.N_COUNTER_FIELDS),
+        "in_use": (cap,),
+        "param_lengths": (n_params, L.N_LENGTH_COLUMNS),
+        "param_values": (n_params, L.N_PARAM_VALUES),
+    }
+    return sum(math.prod(shape) * np.dtype(ARRAY_DTYPES[n]).itemsize for n, shape in shapes.items())
+
+
 def decode_snapshot(blob, *, dtype: str = STATE_DTYPE) -> Snapshot:
     """Verify ``blob`` completely; its header and arrays, or :class:`SnapshotError`."""
     header, payload = _split(blob)
@@ -614,6 +630,14 @@ def decode_snapshot(blob, *, dtype: str = STATE_DTYPE) -> Snapshot:
         raise SnapshotError(
             f"snapshot payload checksum mismatch: the payload is corrupted "
             f"({CHECKSUM_ALGORITHM} of {len(payload)} stored bytes differs from the header's)"
+        )
+    expected = _expected_raw_size(header)
+    if header.raw_size != expected:
+        # checked before anything is allocated: a damaged header cannot ask for gigabytes
+        raise SnapshotError(
+            f"snapshot header declares {header.raw_size} bytes of state, but {header.capacity} "
+            f"slots x ring {header.ring_capacity} x {len(header.params)} parameter sets "
+            f"take {expected} in this layout"
         )
     _, decompress = COMPRESSIONS[header.compression]
     raw = decompress(payload, header.raw_size)

@@ -89,6 +89,7 @@ class Snapshotter:
         self.skipped = 0
         #: failed background writes
         self.failures = 0
+        self._failing = False
         self.last_id: str | None = None
         self.last_error: BaseException | None = None
         #: seconds spent copying on the caller's thread by the last capture
@@ -129,11 +130,17 @@ class Snapshotter:
     # -- the run loop's calls -------------------------------------------------------------------
 
     def maybe_snapshot(
-        self, bars_applied: int = 0, source_offsets: Mapping[str, Any] | None = None
+        self,
+        bars_applied: int = 0,
+        source_offsets: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None,
     ) -> bool:
         """Count ``bars_applied`` (bars applied since the previous call, e.g.
         ``len(step_result)``) and record ``source_offsets`` into ``engine.source_offsets``;
         start a background snapshot if one is due and none is in flight.
+
+        ``source_offsets`` may be a callable: it is called only when a snapshot is taken,
+        right before the state is copied (for offsets that cost something to make durable,
+        such as flushing and fsyncing an output file).
 
         Returns True when a snapshot was started. Never blocks on the store.
         """
@@ -143,7 +150,7 @@ class Snapshotter:
         self.bars_since_snapshot += int(bars_applied)
         if bars_applied:
             self._dirty = True
-        if source_offsets:
+        if source_offsets and not callable(source_offsets):
             offsets = normalize_offsets(source_offsets)
             if any(self.engine.source_offsets.get(k) != v for k, v in offsets.items()):
                 self._dirty = True
@@ -153,6 +160,8 @@ class Snapshotter:
         if self.in_flight:
             self.skipped += 1
             return False
+        if callable(source_offsets):
+            self.engine.source_offsets.update(normalize_offsets(source_offsets()))
         self._start()
         return True
 
@@ -191,9 +200,18 @@ class Snapshotter:
                 self.failures += 1
                 self.last_error = exc
                 self._dirty = True  # the state is still unsaved: the next trigger retries
-            log.error("snapshot write to %r failed: %s", self.store, exc, exc_info=True)
+                first = not self._failing
+                self._failing = True
+            if first:  # once per outage, not once per attempt
+                log.error(
+                    "snapshot write to %r failed: %s (retried at each later trigger; "
+                    "further failures are only counted)", self.store, exc,
+                )  # fmt: skip
             return None
         with self._lock:
+            if self._failing:
+                log.warning("snapshot writes to %r work again", self.store)
+            self._failing = False
             self.snapshots_written += 1
             self.last_id = snapshot_id
             self.last_write_seconds = time.perf_counter() - t0

@@ -32,7 +32,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .snapshot import SnapshotError, SnapshotHeader, SnapshotWarning, decode_snapshot, read_header
+from .snapshot import (
+    Snapshot,
+    SnapshotError,
+    SnapshotHeader,
+    SnapshotWarning,
+    decode_snapshot,
+    read_header,
+)
 
 log = logging.getLogger("atc_stream.snapshots")
 
@@ -51,6 +58,8 @@ class LoadedSnapshot:
     id: str
     blob: bytes
     header: SnapshotHeader
+    #: the verified arrays and header (``Engine.restore`` takes it: no second decode)
+    decoded: Snapshot | None = None
 
 
 def _check_keep(keep: int) -> int:
@@ -74,7 +83,8 @@ def _newest_good(store_name: str, candidates, read) -> LoadedSnapshot | None:
             blob = read(snapshot_id)
             if blob is None:
                 raise SnapshotError("the blob is missing")
-            header = decode_snapshot(blob).header
+            decoded = decode_snapshot(blob)
+            header = decoded.header
         except (SnapshotError, OSError) as exc:
             refused.append(f"{snapshot_id}: {exc}")
             message = (
@@ -86,7 +96,7 @@ def _newest_good(store_name: str, candidates, read) -> LoadedSnapshot | None:
             continue
         if refused:
             log.warning("restoring from older snapshot %s in %s", snapshot_id, store_name)
-        return LoadedSnapshot(snapshot_id, bytes(blob), header)
+        return LoadedSnapshot(snapshot_id, bytes(blob), header, decoded)
     if refused:
         raise SnapshotError(
             f"no snapshot in {store_name} verifies: " + "; ".join(reversed(refused))

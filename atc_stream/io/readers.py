@@ -1,0 +1,460 @@
+"""Bar file readers: CSV (pyarrow streaming reader) and Parquet (pyarrow.dataset), strict.
+
+``read_bars(path, ...)`` reads a CSV or Parquet file, or a directory of them, in record
+batches (memory bounded by the batch plus the compact result: 8 B time + 8 B close +
+4 B symbol code per row) into a ``BarTable``, with a ``BadRows`` report.
+
+Every cell is read as text and parsed strictly, per cell:
+
+- time: an integer (epoch in ``time_unit``: ``s``/``ms``/``us``/``ns``; ``auto`` picks
+  the unit from each value's magnitude -- s in [1e8, 1e11), ms in [1e11, 1e14), us in
+  [1e14, 1e17), ns in [1e17, 1e19) -- and refuses values that fit none), or ISO-8601 /
+  RFC 3339 with or without zone (without: UTC). Result: int64 epoch ms (sub-ms floored).
+- close: a decimal or scientific number (no ``1_0``, no hex, no spaces).
+- symbol: not empty (files without a symbol column: ``symbol`` or the file's stem).
+
+Bad input policy (like the engine's): a bad row is left out, counted by reason
+(``bad_time``, ``bad_close``, ``empty_symbol``, ``oversized_field``, ``wrong_columns``)
+and reported with file and line; blank lines and a UTF-8 BOM are simply handled. Damage
+that makes the rest of a file unreadable (unterminated quote, invalid UTF-8, a missing
+column, a field longer than the read block, a corrupt Parquet file) raises
+``InputError`` (one line; the CLI exits 2) -- never a silent drop.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+#: Cells longer than this are rejected (``oversized_field``); no valid cell comes close.
+MAX_FIELD_CHARS = 1024
+#: Bytes per CSV read block: a field longer than this makes the file unreadable.
+BLOCK_BYTES = 16 << 20
+BAR_SUFFIXES = (".csv", ".parquet")
+TIME_UNITS = {"s": 1000.0, "ms": 1.0, "us": 1e-3, "ns": 1e-6}  # → ms factor
+#: Magnitude ranges of epoch integers for ``time_unit="auto"`` (1973..2286 in each unit).
+_AUTO_RANGES = (("s", 1e8, 1e11), ("ms", 1e11, 1e14), ("us", 1e14, 1e17), ("ns", 1e17, 1e19))
+_INT_PATTERN = r"^[+-]?[0-9]+$"
+_FLOAT_PATTERN = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
+#: Rejected rows reported in full; later ones are only counted.
+REPORT_FIRST = 5
+
+
+class InputError(ValueError):
+    """An input file cannot be read (one line for the user; the CLI exits 2)."""
+
+
+@dataclass
+class BadRows:
+    """Rows left out by reason, and the first few in full (``file:line: reason: detail``)."""
+
+    counts: Counter = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)
+
+    def add(self, where: str, reason: str, detail: str) -> None:
+        self.counts[reason] += 1
+        if len(self.examples) < REPORT_FIRST:
+            self.examples.append(f"{where}: {reason}: {detail}")
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def lines(self) -> list[str]:
+        if not self.total:
+            return []
+        counts = ", ".join(f"{k}={v}" for k, v in sorted(self.counts.items()))
+        more = self.total - len(self.examples)
+        return [
+            f"rejected rows: {counts}",
+            *self.examples,
+            *([f"... and {more} more"] if more > 0 else []),
+        ]
+
+
+def parse_times(text, unit: str = "auto"):
+    """Epoch ms (int64) of a pyarrow string array, and a bool mask of the cells that parsed.
+
+    Integers in ``unit`` (``auto``: by magnitude), ISO-8601 with or without zone (UTC).
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = len(text)
+    out = np.zeros(n, np.int64)
+    ok = np.zeros(n, bool)
+    text = pc.utf8_trim_whitespace(text)
+    is_int = pc.fill_null(pc.match_substring_regex(text, _INT_PATTERN), False)
+    is_int_np = is_int.to_numpy(zero_copy_only=False)
+    if is_int_np.any():
+        idx = np.flatnonzero(is_int_np)
+        digits = pc.take(text, pa.array(idx))
+        try:
+            values = pc.cast(digits, pa.int64()).to_numpy()
+        except pa.ArrowInvalid:  # beyond int64
+            values = np.array([_int_or_none(v) for v in digits.to_pylist()], dtype=object)
+            good = np.array([v is not None for v in values])
+            idx, values = idx[good], values[good].astype(np.int64)
+        if unit == "auto":
+            mag = np.abs(values.astype(np.float64))
+            factor = np.full(values.shape, np.nan)
+            for name, lo, hi in _AUTO_RANGES:
+                factor[(mag >= lo) & (mag < hi)] = TIME_UNITS[name]
+            fits = ~np.isnan(factor)
+            idx, values, factor = idx[fits], values[fits], factor[fits]
+            out[idx] = _to_ms(values, factor)
+        else:
+            out[idx] = _to_ms(values, np.full(values.shape, TIME_UNITS[unit]))
+        ok[idx] = True
+    rest = np.flatnonzero(~is_int_np)
+    if rest.size:
+        cells = pc.take(text, pa.array(rest))
+        for i, value in zip(rest.tolist(), cells.to_pylist(), strict=True):
+            ms = _iso_ms(value)
+            if ms is not None:
+                out[i], ok[i] = ms, True
+    return out, ok
+
+
+def _int_or_none(value):
+    try:
+        return int(value) if -(2**63) <= int(value) < 2**63 else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _to_ms(values: np.ndarray, factor: np.ndarray) -> np.ndarray:
+    """Integer epoch values times their ms factor, floored, exactly for s/ms/us/ns."""
+    out = np.empty(values.shape, np.int64)
+    for f in np.unique(factor):
+        sel = factor == f
+        if f >= 1:
+            out[sel] = values[sel] * int(f)
+        else:
+            out[sel] = np.floor_divide(values[sel], int(round(1 / f)))
+    return out
+
+
+def _iso_ms(value: str | None) -> int | None:
+    """Epoch ms of an ISO-8601 / RFC 3339 time (no zone: UTC); None if it is not one."""
+    from datetime import datetime, timezone
+
+    if not value or len(value) > 64:
+        return None
+    text = value[:-1] + "+00:00" if value[-1] in "Zz" else value
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    delta = moment - datetime(1970, 1, 1, tzinfo=timezone.utc)
+    return (delta.days * 86_400_000 + delta.seconds * 1000) + delta.microseconds // 1000
+
+
+def parse_closes(text):
+    """float64 closes of a pyarrow string array and the mask of cells that are numbers."""
+    import pyarrow.compute as pc
+
+    text = pc.utf8_trim_whitespace(text)
+    ok = pc.fill_null(pc.match_substring_regex(text, _FLOAT_PATTERN), False)
+    ok_np = ok.to_numpy(zero_copy_only=False)
+    cleaned = pc.if_else(ok, text, "nan")
+    return pc.cast(cleaned, "float64").to_numpy(zero_copy_only=False), ok_np
+
+
+class _Accumulator:
+    """Collects parsed batches as compact arrays (symbol codes, times, closes)."""
+
+    def __init__(self) -> None:
+        self.codes: dict[str, int] = {}
+        self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def add(self, symbols: list[str] | np.ndarray, times: np.ndarray, closes: np.ndarray):
+        uniq, inverse = np.unique(
+            np.asarray(symbols, dtype=object).astype(str), return_inverse=True
+        )
+        mapping = np.array(
+            [self.codes.setdefault(s, len(self.codes)) for s in uniq.tolist()], np.int32
+        )
+        self.parts.append((mapping[inverse], times, closes))
+
+    def table(self):
+        from ..replay.player import BarTable
+
+        if not self.parts:
+            return BarTable(np.empty(0, object), np.empty(0, np.int64), np.empty(0))
+        names = np.empty(len(self.codes), dtype=object)
+        for name, code in self.codes.items():
+            names[code] = name
+        codes = np.concatenate([p[0] for p in self.parts])
+        return BarTable(
+            names[codes],
+            np.concatenate([p[1] for p in self.parts]),
+            np.concatenate([p[2] for p in self.parts]),
+        )
+
+
+def read_bars(
+    path: str | Path,
+    *,
+    symbol_column: str = "symbol",
+    time_column: str = "time",
+    close_column: str = "close",
+    symbol: str | None = None,
+    time_unit: str = "auto",
+    bad: BadRows | None = None,
+):
+    """A ``BarTable`` of a CSV/Parquet file or a directory of them; bad rows go to ``bad``.
+
+    A file's rows keep file order; a directory's files (by name) are merged in time order
+    (stable). ``BarPlayer`` plays rows in time order either way. Raises ``InputError``
+    for damage that makes a file unreadable.
+    """
+    if time_unit != "auto" and time_unit not in TIME_UNITS:
+        raise InputError(f"time unit must be auto, s, ms, us or ns, got {time_unit!r}")
+    path = Path(path)
+    bad = bad if bad is not None else BadRows()
+    if not path.exists():
+        raise InputError(f"bar file {str(path)!r} does not exist")
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in BAR_SUFFIXES)
+        if not files:
+            raise InputError(f"bar directory {str(path)!r} has no .csv or .parquet files")
+    else:
+        files = [path]
+    acc = _Accumulator()
+    columns = (symbol_column, time_column, close_column)
+    for f in files:
+        batches = (
+            _parquet_batches(f, columns)
+            if f.suffix == ".parquet"
+            else _csv_batches(f, columns, bad)
+        )
+        default_symbol = symbol if (symbol and not path.is_dir()) else f.stem
+        for batch, line_of in batches:
+            _parse_batch(f, batch, columns, default_symbol, time_unit, acc, bad, line_of)
+    table = acc.table()
+    if len(files) > 1:  # files of a directory: put their rows in time order (stable)
+        order = np.argsort(table.times, kind="stable")
+        table.symbols, table.times, table.closes = (
+            table.symbols[order],
+            table.times[order],
+            table.closes[order],
+        )
+    table.bad_rows = bad
+    return table
+
+
+def _parse_batch(path, batch, columns, default_symbol, time_unit, acc, bad, line_of) -> None:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    symbol_column, time_column, close_column = columns
+    names = batch.schema.names
+    n = batch.num_rows
+    if n == 0:
+        return
+    times_text = _as_text(batch.column(names.index(time_column)))
+    closes_text = _as_text(batch.column(names.index(close_column)))
+    if symbol_column in names:
+        symbols_text = _as_text(batch.column(names.index(symbol_column)))
+    else:
+        symbols_text = pa.array([default_symbol] * n, pa.string())
+    present = [times_text, closes_text] + ([symbols_text] if symbol_column in names else [])
+    blank = np.ones(n, bool)  # a blank line (every cell empty): nothing to report
+    for text in present:
+        blank &= _empty(text)
+    keep = ~blank
+    for name, text in (("symbol", symbols_text), ("time", times_text), ("close", closes_text)):
+        long = pc.fill_null(pc.greater(pc.utf8_length(text), MAX_FIELD_CHARS), False)
+        long = long.to_numpy(zero_copy_only=False) & keep
+        for i in np.flatnonzero(long):
+            size = len(text[i].as_py())
+            bad.add(f"{path.name}:{line_of(i)}", "oversized_field", f"{name}: {size} chars")
+        keep &= ~long
+    symbols_text = pc.utf8_trim_whitespace(symbols_text)
+    symbol_ok = ~_empty(symbols_text)
+    times, time_ok = parse_times(times_text, time_unit)
+    closes, close_ok = parse_closes(closes_text)
+    for mask, reason, text in (
+        (~symbol_ok, "empty_symbol", symbols_text),
+        (~time_ok, "bad_time", times_text),
+        (~close_ok, "bad_close", closes_text),
+    ):
+        hit = mask & keep
+        for i in np.flatnonzero(hit):
+            bad.add(f"{path.name}:{line_of(i)}", reason, repr(text[i].as_py()))
+        keep &= ~hit
+    if keep.all():
+        acc.add(symbols_text.to_numpy(zero_copy_only=False), times, closes)
+    elif keep.any():
+        idx = np.flatnonzero(keep)
+        acc.add(symbols_text.to_numpy(zero_copy_only=False)[idx], times[idx], closes[idx])
+
+
+def _empty(text) -> np.ndarray:
+    import pyarrow.compute as pc
+
+    return pc.fill_null(pc.equal(pc.utf8_length(text), 0), True).to_numpy(zero_copy_only=False)
+
+
+def _as_text(column):
+    """A column as a pyarrow string array (Parquet columns may be numbers or timestamps)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if pa.types.is_timestamp(column.type):
+        ms = pc.cast(pc.cast(column, pa.timestamp("ms", tz=column.type.tz)), pa.int64())
+        return pc.cast(ms, pa.string())  # epoch ms as text: "ms" magnitude, parsed again
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    if not pa.types.is_string(column.type) and not pa.types.is_large_string(column.type):
+        if pa.types.is_floating(column.type):
+            return pc.cast(column, pa.string())
+        column = pc.cast(column, pa.string())
+    return column
+
+
+def _csv_batches(path: Path, columns, bad: BadRows):
+    """(record batch, line_of(row in batch)) of a CSV file, streamed; rows with the wrong
+    number of columns go to ``bad``."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    symbol_column, time_column, close_column = columns
+    skipped_lines: list[int] = []
+    unterminated: list[int] = []
+    invalid: list[tuple[int, str]] = []
+    reported = 0
+
+    def on_invalid(row) -> str:
+        text = row.text or ""
+        if "\n" in text or "\r" in text or text.count('"') % 2:
+            unterminated.append(row.number or -1)
+        skipped_lines.append(row.number or -1)
+        detail = f"{row.actual_columns} columns, expected {row.expected_columns}"
+        invalid.append((row.number or -1, detail))
+        return "skip"
+
+    try:
+        reader = pcsv.open_csv(
+            path,
+            read_options=pcsv.ReadOptions(use_threads=False, block_size=BLOCK_BYTES),
+            parse_options=pcsv.ParseOptions(
+                ignore_empty_lines=False, invalid_row_handler=on_invalid
+            ),
+            convert_options=pcsv.ConvertOptions(
+                column_types={c: pa.string() for c in columns},
+                strings_can_be_null=False,
+                quoted_strings_can_be_null=False,
+            ),
+        )
+    except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read CSV: {_first_line(exc)}") from None
+    names = reader.schema.names
+    missing = [c for c in (time_column, close_column) if c not in names]
+    if missing:
+        raise InputError(
+            f"{path.name}: no column {missing[0]!r} (columns: {', '.join(names)}); name it "
+            "with --time-column/--close-column/--symbol-column"
+        )
+    rows_before = 0
+    while True:
+        try:
+            batch = reader.read_next_batch()
+        except StopIteration:
+            break
+        except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
+            raise InputError(
+                f"{path}: unreadable after data row {rows_before}: {_first_line(exc)}"
+            ) from None
+        if unterminated:
+            raise InputError(
+                f"{path}:{unterminated[0]}: unterminated quote (the rest of the file would "
+                "be one field); fix the quoting"
+            )
+        for line, detail in invalid[reported:]:
+            bad.add(f"{path.name}:{line}", "wrong_columns", detail)
+        reported = len(invalid)
+        skipped = np.array(sorted(x for x in skipped_lines if x > 0), np.int64)
+        base = rows_before
+
+        def line_of(i, base=base, skipped=skipped):
+            row = base + int(i)
+            # data row ``row`` sits on line row + 2 plus the invalid lines before it
+            shift = np.searchsorted(skipped - 2 - np.arange(skipped.size), row, side="right")
+            return row + 2 + int(shift)
+
+        yield batch, line_of
+        rows_before += batch.num_rows
+    for line, detail in invalid[reported:]:
+        bad.add(f"{path.name}:{line}", "wrong_columns", detail)
+
+
+def _parquet_batches(path: Path, columns):
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    symbol_column, time_column, close_column = columns
+    try:
+        dataset = ds.dataset(path, format="parquet")
+        names = dataset.schema.names
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(f"{path}: cannot read Parquet: {_first_line(exc)}") from None
+    missing = [c for c in (time_column, close_column) if c not in names]
+    if missing:
+        raise InputError(
+            f"{path.name}: no column {missing[0]!r} (columns: {', '.join(names)}); name it "
+            "with --time-column/--close-column/--symbol-column"
+        )
+    wanted = [c for c in columns if c in names]
+    rows_before = 0
+    try:
+        for batch in dataset.to_batches(columns=wanted, batch_size=1 << 16):
+            base = rows_before
+
+            def line_of(i, base=base):
+                return f"row {base + int(i) + 1}"
+
+            yield batch, line_of
+            rows_before += batch.num_rows
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(
+            f"{path}: unreadable after row {rows_before}: {_first_line(exc)}"
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def infer_interval(table) -> str | None:
+    """The interval label of the bars' most common spacing within a symbol (``1m``,
+    ``5m``, ``1h``, ``1d``, ...); None when no symbol has two bars."""
+    if len(table) < 2:
+        return None
+    _, codes = np.unique(table.symbols.astype(str), return_inverse=True)
+    order = np.lexsort((table.times, codes))
+    times, codes = table.times[order], codes[order]
+    gaps = np.diff(times)[(np.diff(codes) == 0)]
+    gaps = gaps[gaps > 0]
+    if gaps.size == 0:
+        return None
+    values, counts = np.unique(gaps, return_counts=True)
+    return interval_label(int(values[np.argmax(counts)]))
+
+
+def interval_label(ms: int) -> str:
+    """``60000`` → ``"1m"``: the largest unit (w, d, h, m, s, ms) that divides ``ms``."""
+    for unit, size in (("w", 604_800_000), ("d", 86_400_000), ("h", 3_600_000),
+                       ("m", 60_000), ("s", 1_000)):  # fmt: skip
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"

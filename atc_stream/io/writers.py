@@ -1,0 +1,328 @@
+"""Signal writers: where step results go (JSONL, CSV, a Parquet dataset of parts, stdout).
+
+A writer takes ``StepResult`` objects through ``write(result)`` and is closed with
+``close()`` (also a context manager). Every format carries the columns of the one output
+schema (``atc_stream.schema``), in order: JSONL lines are ``messages.SignalRow`` encoded
+with msgspec, CSV columns are ``schema.COLUMNS`` (times as integer epoch ms, not-available
+floats empty), Parquet parts follow ``schema.arrow_schema()`` with the parameter sets in
+their metadata.
+
+Durability: ``position()`` makes everything written so far durable (flush + fsync) and
+returns where the output stands -- ``{"format": "jsonl", "path": ..., "bytes": N}`` for a
+line file, ``{"format": "parquet", "path": ..., "parts": K}`` for a Parquet directory.
+A snapshot records it; ``open_writer(..., resume_from=position)`` cuts the output back
+to exactly that position (truncate the file / delete later parts) and appends, so a
+killed run resumed from the snapshot ends with every row exactly once.
+
+``-o`` picks the format by extension: ``.jsonl``/``.ndjson``, ``.csv``, ``.parquet``
+(a directory of ``part-NNNNN.parquet`` files, readable as one table by
+``pyarrow.parquet.read_table`` / ``pandas.read_parquet``), ``-`` (JSONL on stdout).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import sys
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from ..results import StepResult
+from ..schema import COLUMNS
+
+#: Output formats by file extension (``-`` is JSONL on stdout).
+FORMATS_BY_SUFFIX = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
+PART_PATTERN = re.compile(r"^part-(\d{5,})\.parquet$")
+
+
+class OutputError(ValueError):
+    """The output cannot be written or resumed (message is one line for the user)."""
+
+
+class Writer(Protocol):
+    rows_written: int
+
+    def write(self, result: StepResult) -> None: ...
+
+    def position(self) -> dict[str, Any] | None: ...
+
+    def close(self) -> None: ...
+
+
+def output_format(path: str | Path | None) -> str:
+    """``jsonl``, ``csv`` or ``parquet`` for ``path`` by its extension; ``-``/None: jsonl.
+
+    Raises ``OutputError`` for any other extension (rather than guess).
+    """
+    if path in (None, "-"):
+        return "jsonl"
+    suffix = Path(str(path)).suffix.lower()
+    if suffix not in FORMATS_BY_SUFFIX:
+        known = ", ".join(sorted(FORMATS_BY_SUFFIX))
+        raise OutputError(
+            f"cannot tell the output format of {str(path)!r}: use one of {known} or '-'"
+        )
+    return FORMATS_BY_SUFFIX[suffix]
+
+
+class _LineFile:
+    """An append-only byte file whose position can be made durable and cut back to."""
+
+    def __init__(self, path: str | Path | None, resume_bytes: int | None) -> None:
+        self.path = None if path in (None, "-") else Path(path)
+        if self.path is None:
+            self._file: IO[bytes] = sys.stdout.buffer
+            return
+        if resume_bytes is None:
+            self._file = open(self.path, "wb")  # noqa: SIM115
+            return
+        try:
+            self._file = open(self.path, "r+b")  # noqa: SIM115
+        except FileNotFoundError:
+            raise OutputError(
+                f"{self.path}: the snapshot recorded {resume_bytes} bytes of output here, "
+                "but the file is gone; resume with a new -o file or start fresh"
+            ) from None
+        size = os.fstat(self._file.fileno()).st_size
+        if size < resume_bytes:
+            self._file.close()
+            raise OutputError(
+                f"{self.path}: holds {size} bytes, fewer than the {resume_bytes} the snapshot "
+                "recorded (the output was cut or replaced); cannot resume losslessly"
+            )
+        self._file.truncate(resume_bytes)
+        self._file.seek(resume_bytes)
+
+    def write(self, data: bytes) -> None:
+        self._file.write(data)
+
+    def tell(self) -> int | None:
+        return None if self.path is None else self._file.tell()
+
+    def sync(self) -> None:
+        self._file.flush()
+        if self.path is not None:
+            os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        if self.path is None:
+            self._file.flush()
+        else:
+            self._file.close()
+
+
+class JsonlWriter:
+    """One JSON object per (stream, bar) and line; ``path=None`` or ``"-"`` writes to stdout."""
+
+    format = "jsonl"
+
+    def __init__(self, path: str | Path | None = None, resume_bytes: int | None = None) -> None:
+        import msgspec
+
+        self._encoder = msgspec.json.Encoder()
+        self._out = _LineFile(path, resume_bytes)
+        self.rows_written = 0
+
+    def write(self, result: StepResult) -> None:
+        from ..messages import rows_from_result
+
+        records = rows_from_result(result)
+        if not records:
+            return
+        self._out.write(self._encoder.encode_lines(records))
+        self.rows_written += len(records)
+
+    def position(self) -> dict[str, Any] | None:
+        self._out.sync()
+        if self._out.path is None:
+            return None
+        return {"format": self.format, "path": str(self._out.path), "bytes": self._out.tell()}
+
+    def close(self) -> None:
+        self._out.close()
+
+    def __enter__(self) -> JsonlWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class CsvWriter(JsonlWriter):
+    """A header line of ``schema.COLUMNS``, then one row per (stream, bar).
+
+    Times are integer epoch ms; floats not available yet are empty cells; booleans are
+    ``true``/``false``.
+    """
+
+    format = "csv"
+
+    def __init__(self, path: str | Path | None = None, resume_bytes: int | None = None) -> None:
+        import pyarrow  # noqa: F401  (fail early with ImportError if the extra is missing)
+
+        self._out = _LineFile(path, resume_bytes)
+        self.rows_written = 0
+        if not resume_bytes:
+            self._out.write((",".join(COLUMNS) + "\n").encode())
+
+    def write(self, result: StepResult) -> None:
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.csv as pcsv
+
+        if len(result) == 0:
+            return
+        columns = result.columns()
+        arrays = []
+        for name in COLUMNS:
+            values = columns[name]
+            if values.dtype.kind == "f":
+                arrays.append(pa.array(values, mask=np.isnan(values)))
+            else:
+                arrays.append(pa.array(values))
+        table = pa.Table.from_arrays(arrays, names=list(COLUMNS))
+        buffer = io.BytesIO()
+        options = pcsv.WriteOptions(include_header=False, quoting_style="needed")
+        pcsv.write_csv(table, buffer, options)
+        self._out.write(buffer.getvalue())
+        self.rows_written += table.num_rows
+
+
+class ParquetWriter:
+    """A directory of Parquet parts (``part-00000.parquet``, ...), one table together.
+
+    Rows are buffered and written as a part every ``rows_per_part`` rows and at each
+    ``position()`` call (a snapshot), each part to a temporary name, fsynced and renamed,
+    so a part is either complete or absent. ``metadata`` (``schema.params_metadata``)
+    goes into every part.
+    """
+
+    format = "parquet"
+
+    def __init__(
+        self,
+        path: str | Path,
+        rows_per_part: int = 100_000,
+        metadata: dict | None = None,
+        resume_parts: int | None = None,
+    ) -> None:
+        import pyarrow  # noqa: F401  (fail early with ImportError if the extra is missing)
+
+        self.path = Path(path)
+        self._rows_per_part = rows_per_part
+        self._pending: list[StepResult] = []
+        self._pending_rows = 0
+        self._metadata = metadata or {}
+        self.rows_written = 0
+        if self.path.is_file():
+            if resume_parts:
+                raise OutputError(
+                    f"{self.path}: the snapshot recorded Parquet parts in this directory, "
+                    "but it is a file now; cannot resume losslessly"
+                )
+            self.path.unlink()  # a single-file output of an older run: replaced, like -o x.jsonl
+        self.path.mkdir(parents=True, exist_ok=True)
+        keep = resume_parts or 0
+        existing = self._parts()
+        missing = [i for i in range(keep) if i not in existing]
+        if missing:
+            raise OutputError(
+                f"{self.path}: part {missing[0]} recorded by the snapshot is missing; "
+                "cannot resume losslessly"
+            )
+        for index, part in existing.items():
+            if index >= keep:
+                part.unlink()  # written after the snapshot: those rows are written again
+        for stale in self.path.glob(".part-*.tmp"):
+            stale.unlink()
+        self._next_part = keep
+
+    def _parts(self) -> dict[int, Path]:
+        parts = {}
+        for entry in self.path.iterdir():
+            match = PART_PATTERN.match(entry.name)
+            if match:
+                parts[int(match.group(1))] = entry
+        return parts
+
+    def write(self, result: StepResult) -> None:
+        if len(result) == 0:
+            return
+        self._pending.append(result)
+        self._pending_rows += len(result)
+        if self._pending_rows >= self._rows_per_part:
+            self._flush()
+
+    def _flush(self) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if not self._pending:
+            return
+        table = pa.concat_tables([r.to_arrow() for r in self._pending])
+        table = table.replace_schema_metadata(self._metadata)
+        name = f"part-{self._next_part:05d}.parquet"
+        temp = self.path / f".{name}.tmp"
+        with open(temp, "wb") as f:
+            pq.write_table(table, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, self.path / name)
+        _fsync_dir(self.path)
+        self._next_part += 1
+        self.rows_written += table.num_rows
+        self._pending, self._pending_rows = [], 0
+
+    def position(self) -> dict[str, Any]:
+        self._flush()
+        return {"format": self.format, "path": str(self.path), "parts": self._next_part}
+
+    def close(self) -> None:
+        self._flush()
+
+    def __enter__(self) -> ParquetWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def open_writer(
+    path: str | Path | None,
+    metadata: dict | None = None,
+    resume_from: dict[str, Any] | None = None,
+) -> JsonlWriter | CsvWriter | ParquetWriter:
+    """The writer for ``path`` (format by extension, see ``output_format``).
+
+    ``resume_from`` is a ``position()`` recorded by a snapshot: when it names this same
+    path and format, the output is cut back to it and appended to; otherwise the output
+    starts fresh (a new file for the rows from the snapshot on).
+    """
+    fmt = output_format(path)
+    same = (
+        resume_from is not None
+        and path not in (None, "-")
+        and resume_from.get("format") == fmt
+        and Path(resume_from.get("path", "")).resolve() == Path(path).resolve()
+    )
+    if fmt == "parquet":
+        parts = int(resume_from["parts"]) if same else None
+        return ParquetWriter(path, metadata=metadata, resume_parts=parts)
+    resume_bytes = int(resume_from["bytes"]) if same else None
+    if fmt == "csv":
+        return CsvWriter(path, resume_bytes=resume_bytes)
+    return JsonlWriter(path, resume_bytes=resume_bytes)

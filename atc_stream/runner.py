@@ -1,0 +1,316 @@
+"""Durability shared by ``replay``, ``demo``, ``live`` and ``run-stream``.
+
+``Durability`` owns one run's snapshot store, periodic ``Snapshotter``, Redis publisher
+and SIGINT/SIGTERM handling; ``play_durably`` plays a bar table through an engine with
+snapshots that record, together with the state, where the output stands.
+
+Lossless resume of a file replay:
+
+- each snapshot records the output's durable position (``io.writers``: bytes of a
+  JSONL/CSV file, parts of a Parquet directory), taken on the step loop's thread at
+  the moment the state is copied, so state and output agree;
+- ``--resume`` restores the newest good snapshot, cuts the output back to its position
+  and appends;
+- input rows are skipped **by time**: a row is taken as applied when its time is at or
+  before its symbol's last applied bar time in the snapshot, so an edited or trimmed
+  input cannot make the run skip bars (a row count would);
+- the run's parameter sets, interval and input columns are checked against the
+  snapshot's; a difference stops the run (``RunError``) instead of mixing two runs.
+
+Errors meant for the user are ``RunError`` (one line; the CLI exits 2 with it).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Durability", "RunError", "StopRun", "play_durably", "check_resume_matches"]
+
+
+class RunError(Exception):
+    """A run cannot start or resume as asked; the message is one line for the user."""
+
+
+class StopRun(Exception):
+    """Raised from a result callback to end a run early (after SIGINT/SIGTERM)."""
+
+
+def _err(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+class Durability:
+    """Snapshots (store + periodic ``Snapshotter``), the Redis publisher and clean shutdown
+    on SIGINT/SIGTERM for one run.
+
+    ``snapshot_dir`` (else ``redis``) names the snapshot store; ``resume`` restores from
+    it. Without ``resume`` a store that already holds snapshots is refused unless
+    ``overwrite`` (a fresh run must not bury the snapshots of another one).
+    """
+
+    def __init__(
+        self,
+        *,
+        redis: str | None,
+        redis_prefix: str = "atc",
+        snapshot_dir: Path | None,
+        snapshot_every: int | None,
+        resume: bool,
+        publish: bool = True,
+        namespace: str = "default",
+        refuse_existing: bool = False,
+        events_before_ready: bool = False,
+    ) -> None:
+        self.events_before_ready = events_before_ready
+        self.redis = redis
+        self.redis_prefix = redis_prefix
+        self.snapshot_every = snapshot_every
+        self.resume = resume
+        self.publish = publish and redis is not None
+        self.store = None
+        self.snapshotter = None
+        self.publisher = None
+        self.stop_requested = False
+        self.restored = False
+        self.final_offsets: Callable[[], dict[str, Any]] | None = None
+        self._on_stop: list = []
+        target = snapshot_dir if snapshot_dir is not None else redis
+        if target is None:
+            if snapshot_every is not None or resume:
+                raise RunError("--snapshot-every and --resume need --snapshot-dir or --redis")
+            return
+        if snapshot_dir is not None or snapshot_every is not None or resume:
+            from .state.stores import open_snapshot_store
+
+            self.store = open_snapshot_store(target, namespace=namespace)
+        if refuse_existing and self.store is not None and not resume:
+            try:
+                existing = self.store.list()
+            except Exception as exc:  # store unreachable: reported when first used
+                existing = []
+                _err(f"atc-stream: cannot list snapshots in {self.store!r}: {exc}")
+            if existing:
+                raise RunError(
+                    f"{self.store!r} already holds snapshots ({len(existing)}); add --resume "
+                    "to continue from them, or use another --snapshot-dir/--namespace "
+                    "(or delete them) to start fresh"
+                )
+
+    def restore(self, backend: str):
+        """The engine of the newest good snapshot with ``--resume``; None to start fresh."""
+        if not self.resume or self.store is None:
+            return None
+        from .engine import Engine
+        from .state.snapshot import SnapshotError
+
+        try:
+            found = self.store.latest()
+        except SnapshotError as exc:
+            raise RunError(
+                f"{exc}; to start fresh, run without --resume and with an empty "
+                "--snapshot-dir (or delete the damaged snapshots)"
+            ) from exc
+        except Exception as exc:  # a store that cannot be reached
+            raise RunError(f"cannot read snapshots from {self.store!r}: {exc}") from exc
+        if found is None:
+            _err(f"atc-stream: no snapshot in {self.store!r}; starting from the beginning")
+            return None
+        engine = Engine.restore(found.decoded or found.blob, backend=backend)
+        self.restored = True
+        _err(f"atc-stream: restored snapshot {found.id} ({len(engine.streams)} streams)")
+        return engine
+
+    def start(self, engine) -> None:
+        if self.store is not None:
+            from .state.snapshotter import Snapshotter
+
+            self.snapshotter = Snapshotter(
+                engine, self.store, every_bars=self.snapshot_every or 10_000
+            )
+        if self.publish:
+            from .adapters.redis_pubsub import SignalPublisher
+
+            self.publisher = SignalPublisher(
+                self.redis, prefix=self.redis_prefix, events_before_ready=self.events_before_ready
+            )
+
+    def on_stop(self, callback) -> None:
+        self._on_stop.append(callback)
+
+    def _handle(self, signum, frame) -> None:
+        if self.stop_requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop at once
+        self.stop_requested = True
+        _err(f"atc-stream: {signal.Signals(signum).name}: stopping after the current batch")
+        for callback in self._on_stop:
+            callback()
+
+    def __enter__(self) -> Durability:
+        self._previous = {
+            sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)
+        }
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        clean = exc_type is None or exc_type is StopRun
+        if self.snapshotter is not None:
+            snapshotter = self.snapshotter
+            if clean:  # the state matches the recorded offsets: keep it
+                try:
+                    offsets = self.final_offsets() if self.final_offsets is not None else None
+                    snapshot_id = snapshotter.close(offsets)
+                    _err(f"atc-stream: final snapshot {snapshot_id}")
+                except Exception as exc:  # store down, disk full: say so, do not crash
+                    snapshotter.failures += 1
+                    snapshotter.last_error = exc
+                    _err(f"atc-stream: final snapshot NOT saved ({type(exc).__name__}: {exc}); "
+                         f"the newest saved one is {snapshotter.last_id or 'none'}")  # fmt: skip
+            else:
+                snapshotter.wait()
+            if snapshotter.failures:
+                written, failed = snapshotter.snapshots_written, snapshotter.failures
+                _err(f"  snapshots        {written} written, {failed} failed "
+                     f"(last error: {snapshotter.last_error})")  # fmt: skip
+        if self.publisher is not None:
+            self.publisher.close()
+            stats = self.publisher.stats()
+            _err(
+                f"  redis publish    {stats['delivered']} steps delivered, "
+                f"{stats['dropped']} dropped ({stats['dropped_rows']} rows)"
+            )
+
+
+def check_resume_matches(engine, *, param_sets=None, interval: str | None = None) -> None:
+    """``RunError`` when the parameter sets or interval asked for differ from the restored
+    engine's (None: not asked for, take the snapshot's)."""
+    if param_sets is not None:
+        have = [p.to_dict() for p in engine.param_sets]
+        want = [p.to_dict() for p in param_sets]
+        if have != want:
+            raise RunError(
+                f"--params differ from the snapshot's ({len(want)} parameter set(s) asked, "
+                f"the snapshot holds {have}); resume with the snapshot's parameters, or "
+                "start fresh with another --snapshot-dir"
+            )
+    if interval is not None and engine.interval != interval:
+        raise RunError(
+            f"--interval {interval!r} differs from the snapshot's {engine.interval!r}; "
+            "resume with the snapshot's interval, or start fresh with another --snapshot-dir"
+        )
+
+
+def last_times_by_symbol(engine, names: np.ndarray) -> np.ndarray:
+    """Per symbol of ``names``: the earliest last-applied bar time over its streams
+    (``iinfo(int64).min`` for a symbol without streams or bars)."""
+    from .state import layout as L
+
+    floor = np.iinfo(np.int64).min
+    out = np.full(len(names), floor, np.int64)
+    known = set(engine.symbols)
+    for i, name in enumerate(names.tolist()):
+        if name not in known:
+            continue
+        last = engine.store.counters[engine.slots_of(name), L.LAST_TIME].astype(np.int64)
+        if (last == L.NO_TIME).any():
+            continue
+        out[i] = last.min()
+    return out
+
+
+def skip_applied_rows(table, engine):
+    """The rows of ``table`` after each symbol's last applied bar time, and how many were
+    skipped."""
+    from .replay.player import BarTable
+
+    names, codes = np.unique(table.symbols.astype(str), return_inverse=True)
+    after = table.times > last_times_by_symbol(engine, names)[codes]
+    kept = BarTable(table.symbols[after], table.times[after], table.closes[after])
+    return kept, int((~after).sum())
+
+
+def play_durably(
+    engine,
+    table,
+    *,
+    warmup: int,
+    speed: float | None,
+    progress: bool,
+    writer,
+    durability: Durability,
+    source: dict[str, Any],
+    on_result: Callable | None = None,
+):
+    """Play ``table`` through ``engine``; snapshots record each symbol's last bar time (in
+    the state) and the writer's durable position (in ``source_offsets[source['name']]``).
+
+    After a restore, rows at or before their symbol's last applied time are skipped and
+    no warmup is done (the restored streams are warm). Returns the ``ReplaySummary``.
+    """
+    from .replay.player import BarPlayer
+
+    name = source["name"]
+    recorded = engine.source_offsets.get(name) if durability.restored else None
+    if durability.restored:
+        if recorded is None:
+            raise RunError(
+                f"the snapshot holds no {name!r} position (it was taken by another command; "
+                f"offsets: {sorted(engine.source_offsets)})"
+            )
+        if recorded.get("columns") not in (None, source.get("columns")):
+            raise RunError(
+                f"input columns {source.get('columns')} differ from the snapshot's "
+                f"{recorded.get('columns')}; resume with the same --*-column options"
+            )
+        if recorded.get("input") != source["input"]:
+            _err(
+                f"atc-stream: note: the snapshot was taken on {recorded.get('input')!r}; "
+                f"continuing on {source['input']!r} after each symbol's last applied time"
+            )
+        table, skipped = skip_applied_rows(table, engine)
+        warmup = 0
+        _err(f"atc-stream: resuming: {skipped} rows at or before their symbol's last "
+             f"applied bar skipped, {len(table)} to play")  # fmt: skip
+    rows_before = int(recorded.get("rows", 0)) if recorded else 0
+    durability.start(engine)
+    player = BarPlayer(
+        engine, table, warmup_bars=warmup, speed=speed, progress=progress,
+        events_before_ready=durability.events_before_ready,
+    )  # fmt: skip
+    snapshotter = durability.snapshotter
+
+    def offsets() -> dict[str, Any]:
+        rows = rows_before + player.summary.warmup_bars + player.summary.step_bars
+        entry = {"input": source["input"], "rows": rows, "output": writer.position()}
+        if source.get("columns") is not None:
+            entry["columns"] = source["columns"]
+        return {name: entry}
+
+    def emit(result) -> None:
+        writer.write(result)
+        if on_result is not None:
+            on_result(result)
+        if durability.publisher is not None:
+            durability.publisher.publish(result)
+        if snapshotter is not None:
+            # the output's position is taken (and made durable) only when the state is
+            # copied, so snapshot and output agree
+            snapshotter.maybe_snapshot(len(result), offsets)
+        if durability.stop_requested:
+            raise StopRun
+
+    player.on_result = emit
+    durability.final_offsets = offsets
+    with durability:
+        try:
+            summary = player.run()
+        except StopRun:
+            summary = player.summary
+    return summary

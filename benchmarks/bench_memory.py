@@ -1,0 +1,120 @@
+"""Peak memory of ``atc-stream replay`` with snapshots: bounded by streams, not rows.
+
+Replays 200 symbols x N one-minute bars (N = 10,000 and 40,000 by default) from CSV and
+from Parquet, with ``--snapshot-dir`` and ``--snapshot-every 500000``, each in a fresh
+process, and prints its peak RSS (``wait4`` rusage), the snapshot size and the time.
+Targets (issue 10): peak RSS <= 800 MB for both sizes, the two within 10 %, snapshots
+under 1 MB. Also times the bar reader (``io.readers.read_bars``) against the old loader
+(Python ``csv`` module into lists, kept here for the comparison only).
+
+    python benchmarks/bench_memory.py [--bars 10000 40000] [--symbols 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def make_bars(directory: Path, n_symbols: int, n_bars: int) -> tuple[Path, Path]:
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(1)
+    t0 = 1_700_000_040_000
+    times = np.repeat(t0 + 60_000 * np.arange(n_bars, dtype=np.int64), n_symbols)
+    symbols = np.tile(np.array([f"S{i:03d}" for i in range(n_symbols)]), n_bars)
+    walk = 100 * np.exp(np.cumsum(rng.normal(0, 0.002, (n_bars, n_symbols)), axis=0))
+    table = pa.table({"symbol": symbols, "time": times, "close": np.round(walk, 2).ravel()})
+    csv_path = directory / f"bars_{n_symbols}x{n_bars}.csv"
+    parquet_path = directory / f"bars_{n_symbols}x{n_bars}.parquet"
+    pcsv.write_csv(table, csv_path)
+    pq.write_table(table, parquet_path)
+    return csv_path, parquet_path
+
+
+def replay_peak(path: Path, work: Path) -> tuple[float, float, int]:
+    """(peak RSS MB, seconds, snapshot bytes) of one replay in a fresh process."""
+    snaps = work / f"snaps_{path.suffix[1:]}_{path.stem}"
+    out = work / f"out_{path.stem}_{path.suffix[1:]}.parquet"
+    args = [sys.executable, "-m", "atc_stream.cli", "replay", str(path), "--no-progress"]
+    args += ["--backend", "cpu", "--warmup", "1000", "-o", str(out)]
+    args += ["--snapshot-dir", str(snaps), "--snapshot-every", "500000"]
+    started = time.perf_counter()
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - started
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    if status != 0:
+        raise SystemExit(f"replay of {path} failed ({status}):\n{err}")
+    sizes = [p.stat().st_size for p in snaps.glob("*.atcsnap")]
+    return usage.ru_maxrss / 1024, seconds, max(sizes)
+
+
+def old_loader(path: Path) -> int:
+    """The pre-issue-10 CSV loader (csv module into lists, then numpy) -- for comparison."""
+    with open(path, newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader)
+        rows = list(reader)
+    columns = {name: [r[j] for r in rows] for j, name in enumerate(header)}
+    times = np.asarray(columns["time"]).astype(np.int64)
+    closes = np.asarray(columns["close"], dtype=object).astype(np.float64)
+    symbols = np.asarray(columns["symbol"], dtype=object)
+    return len(times) + len(closes) + len(symbols) * 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bars", type=int, nargs="+", default=[10_000, 40_000])
+    parser.add_argument("--symbols", type=int, default=200)
+    args = parser.parse_args()
+    from atc_stream.io.readers import read_bars
+
+    print(f"load average: {os.getloadavg()} ({os.cpu_count()} CPUs, machine shared)")
+    loads, replays = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for n_bars in args.bars:
+            csv_path, parquet_path = make_bars(work, args.symbols, n_bars)
+            n_rows = args.symbols * n_bars
+            t = time.perf_counter()
+            read_bars(csv_path)
+            new_seconds = time.perf_counter() - t
+            t = time.perf_counter()
+            old_loader(csv_path)
+            old_seconds = time.perf_counter() - t
+            loads.append((f"CSV {args.symbols}x{n_bars}", n_rows, new_seconds, old_seconds))
+            for path in (csv_path, parquet_path):
+                peak, seconds, snap = replay_peak(path, work)
+                replays.append((f"{path.suffix[1:]} {args.symbols}x{n_bars}", peak, seconds, snap))
+    print("\nloader: workload | path | time | rows/s | ratio vs old csv-module loader")
+    for label, n_rows, new, old in loads:
+        print(
+            f"  {label:<16} | io.readers  | {new:6.2f} s | {n_rows / new:>11,.0f} | "
+            f"{old / new:.2f}x"
+        )
+        print(f"  {label:<16} | old loader  | {old:6.2f} s | {n_rows / old:>11,.0f} | 1.00x")
+    print("\nreplay with snapshots: workload | peak RSS | time | snapshot size")
+    for label, peak, seconds, snap in replays:
+        print(f"  {label:<18} | {peak:7,.0f} MB | {seconds:6.1f} s | {snap:,} B")
+    peaks = [r[1] for r in replays]
+    print(
+        f"\npeak RSS max {max(peaks):,.0f} MB (target <= 800), spread "
+        f"{100 * (max(peaks) / min(peaks) - 1):.1f} % (target <= 10 %), largest snapshot "
+        f"{max(r[3] for r in replays):,} B (target < 1 MB)"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+"""Hostile bar files (issue 10): every case gives the correct rows, or one clear line and
+exit status 2 -- never a traceback, never a wrong time.
+
+The reader cases call ``io.readers.read_bars`` directly (no numba); the CLI cases run
+``atc_stream.cli.main`` in this process for the exit status and the one-line message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from atc_stream.io.readers import InputError, infer_interval, read_bars
+
+T0 = 1_700_000_040_000  # a whole minute, epoch ms
+
+
+def write(tmp_path: Path, text: str | bytes, name: str = "bars.csv") -> Path:
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return path
+
+
+def rows(table) -> list[tuple]:
+    return list(
+        zip(table.symbols.tolist(), table.times.tolist(), table.closes.tolist(), strict=True)
+    )
+
+
+# -- times ---------------------------------------------------------------------------------
+
+
+def test_one_iso_time_among_integers_is_parsed_per_cell(tmp_path):
+    path = write(
+        tmp_path, f"symbol,time,close\nA,{T0},1\nA,2023-11-14T22:15:00Z,2\nA,{T0 + 120_000},3\n"
+    )
+    table = read_bars(path)
+    assert table.times.tolist() == [T0, T0 + 60_000, T0 + 120_000]
+    assert table.bad_rows.total == 0
+
+
+def test_iso_with_offset_and_without_zone(tmp_path):
+    text = "symbol,time,close\nA,2023-11-14 23:15:00+01:00,1\nA,2023-11-14T22:15:00.5,2\n"
+    table = read_bars(write(tmp_path, text))
+    assert table.times.tolist() == [T0 + 60_000, T0 + 60_500]
+
+
+def test_one_empty_time_rejects_only_its_row(tmp_path):
+    body = "".join(f"A,{T0 + 60_000 * i},{i + 1}\n" for i in range(299))
+    path = write(tmp_path, "symbol,time,close\nA,,7\n" + body)
+    table = read_bars(path)
+    assert len(table) == 299
+    assert table.times.tolist() == [T0 + 60_000 * i for i in range(299)]
+    assert table.bad_rows.counts == {"bad_time": 1}
+    assert table.bad_rows.examples == ["bars.csv:2: bad_time: ''"]
+
+
+@pytest.mark.parametrize(
+    ("value", "unit", "expected"),
+    [
+        (T0 // 1000, "auto", T0),  # epoch seconds are seconds, not 1970 milliseconds
+        (T0, "auto", T0),
+        (T0 * 1000 + 999, "auto", T0),  # microseconds, floored to ms
+        (T0 * 1_000_000 + 5, "auto", T0),  # nanoseconds
+        (T0 // 1000, "s", T0),
+        (T0, "ms", T0),
+    ],
+)
+def test_time_units(tmp_path, value, unit, expected):
+    table = read_bars(write(tmp_path, f"symbol,time,close\nA,{value},1\n"), time_unit=unit)
+    assert table.times.tolist() == [expected]
+
+
+def test_values_that_fit_no_unit_are_refused(tmp_path):
+    path = write(tmp_path, f"symbol,time,close\nA,12345,1\nA,{T0},2\nA,99999999999999999999,3\n")
+    table = read_bars(path)
+    assert table.times.tolist() == [T0]
+    assert table.bad_rows.counts == {"bad_time": 2}
+
+
+def test_interval_is_inferred_from_the_spacing(tmp_path):
+    day = 86_400_000
+    text = "symbol,time,close\n" + "".join(f"A,{T0 + day * i},{i + 1}\n" for i in range(5))
+    assert infer_interval(read_bars(write(tmp_path, text))) == "1d"
+
+
+# -- cells and lines -------------------------------------------------------------------------
+
+
+def test_bad_cells_are_counted_with_their_lines(tmp_path):
+    text = (
+        "symbol,time,close\n"
+        f"A,{T0},1\n"
+        f",{T0 + 60_000},2\n"  # empty symbol
+        f"A,{T0 + 120_000},1_0\n"  # Python's int()/float() would take this
+        f"A,{T0 + 180_000},abc\n"
+        f"A,{T0 + 240_000},0x10\n"
+        f"A,{T0 + 300_000},2,extra\n"  # wrong number of columns
+        f"A,{T0 + 360_000},3\n"
+    )
+    table = read_bars(write(tmp_path, text))
+    assert rows(table) == [("A", T0, 1.0), ("A", T0 + 360_000, 3.0)]
+    assert table.bad_rows.counts == {
+        "empty_symbol": 1, "bad_close": 3, "wrong_columns": 1,
+    }  # fmt: skip
+    assert "bars.csv:3: empty_symbol: ''" in table.bad_rows.examples
+    assert "bars.csv:4: bad_close: '1_0'" in table.bad_rows.examples
+    assert "bars.csv:7: wrong_columns: 4 columns, expected 3" in table.bad_rows.examples
+
+
+def test_bom_blank_lines_and_trailing_blank_lines(tmp_path):
+    text = f"\ufeffsymbol,time,close\nA,{T0},1\n\nA,{T0 + 60_000},2\n\n\n"
+    table = read_bars(write(tmp_path, text))
+    assert rows(table) == [("A", T0, 1.0), ("A", T0 + 60_000, 2.0)]
+    assert table.bad_rows.total == 0
+
+
+def test_line_numbers_stay_right_after_skipped_lines(tmp_path):
+    text = f"symbol,time,close\nA,{T0},1,x\n\nA,{T0 + 60_000},2\nA,bad,3\n"
+    table = read_bars(write(tmp_path, text))
+    assert "bars.csv:5: bad_time: 'bad'" in table.bad_rows.examples
+
+
+def test_oversized_field_rejects_its_row(tmp_path):
+    text = f"symbol,time,close\nA,{T0},1\nA,{T0 + 60_000},{'9' * 200_000}\nA,{T0 + 120_000},3\n"
+    table = read_bars(write(tmp_path, text))
+    assert rows(table) == [("A", T0, 1.0), ("A", T0 + 120_000, 3.0)]
+    assert table.bad_rows.counts == {"oversized_field": 1}
+
+
+# -- unreadable files: one line ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (f'symbol,time,close\nA,{T0},1\nB,"5,3\nC,{T0},4\n', "unterminated quote"),
+        (b"symbol,time,close\nA,1700000000000,1\nB,17\xff00,2\n", "invalid UTF8"),
+        ("sym,t,c\nA,1,2\n", "no column 'time'"),
+        ("", "cannot read CSV"),
+    ],
+    ids=["unterminated-quote", "encoding", "wrong-header", "empty"],
+)
+def test_unreadable_damage_raises_one_line(tmp_path, content, needle):
+    with pytest.raises(InputError) as info:
+        read_bars(write(tmp_path, content))
+    assert needle in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_parquet_and_directories(tmp_path):
+    pq.write_table(
+        pa.table(
+            {"symbol": ["A", "A", ""], "time": [T0, T0 + 60_000, T0], "close": [1.0, 2.0, 3.0]}
+        ),
+        tmp_path / "a.parquet",
+    )
+    per = tmp_path / "per"
+    per.mkdir()
+    stamps = pa.array([T0, T0 + 60_000], pa.timestamp("ms", tz="UTC"))
+    pq.write_table(pa.table({"time": stamps, "close": [5.0, 6.0]}), per / "B.parquet")
+    table = read_bars(tmp_path / "a.parquet")
+    assert rows(table) == [("A", T0, 1.0), ("A", T0 + 60_000, 2.0)]
+    assert table.bad_rows.counts == {"empty_symbol": 1}
+    assert rows(read_bars(per)) == [("B", T0, 5.0), ("B", T0 + 60_000, 6.0)]
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(InputError, match="cannot read Parquet"):
+        read_bars(tmp_path / "broken.parquet")
+
+
+# -- the CLI: one line, exit 2 ---------------------------------------------------------------
+
+
+def run_main(args, capsys):
+    from atc_stream.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return info.value.code, err
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--backend", "gpu"], "'gpu' is not one of"),
+        (["--warmup", "-5"], "--warmup"),
+        (["-o", "out.txt"], "cannot tell the output format"),
+        (["--interval", "1m"], "--interval 1m does not match the bars, which are 1d apart"),
+        (["--strict"], "rejected rows"),
+    ],
+)
+def test_cli_errors_are_one_line_with_exit_2(tmp_path, capsys, extra, needle):
+    day = 86_400_000
+    text = "symbol,time,close\n" + "".join(f"A,{T0 + day * i},{i + 1}\n" for i in range(5))
+    path = write(tmp_path, text + "A,oops,1\n")
+    code, err = run_main(["replay", str(path), "--no-progress", *extra], capsys)
+    assert code == 2, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("atc-stream: error:") and needle in last, err
+
+
+def test_cli_missing_file_and_unterminated_quote(tmp_path, capsys):
+    code, err = run_main(["replay", str(tmp_path / "nope.csv"), "--no-progress"], capsys)
+    assert (
+        code == 2
+        and err.strip() == f"atc-stream: error: bar file '{tmp_path / 'nope.csv'}' does not exist"
+    )
+    path = write(tmp_path, f'symbol,time,close\nA,{T0},1\nB,"5,3\n')
+    code, err = run_main(["replay", str(path), "--no-progress"], capsys)
+    assert code == 2 and err.strip().count("\n") == 0 and "unterminated quote" in err
+
+
+def test_output_by_extension(tmp_path, capsys):
+    import json
+
+    text = "symbol,time,close\n" + "".join(f"A,{T0 + 60_000 * i},{i + 1}\n" for i in range(3))
+    path = write(tmp_path, text)
+    for name in ("o.jsonl", "o.csv", "o.parquet"):
+        code, err = run_main(
+            ["replay", str(path), "--no-progress", "-o", str(tmp_path / name)], capsys
+        )
+        assert code == 0, err
+    jsonl = [json.loads(line) for line in open(tmp_path / "o.jsonl")]
+    csv_lines = open(tmp_path / "o.csv").read().splitlines()
+    parquet = pq.read_table(tmp_path / "o.parquet").to_pylist()
+    from atc_stream.schema import COLUMNS
+
+    assert list(jsonl[0]) == list(COLUMNS)
+    assert csv_lines[0].split(",") == list(COLUMNS)
+    assert [r["time"] for r in jsonl] == [T0, T0 + 60_000, T0 + 120_000]
+    assert [int(line.split(",")[3]) for line in csv_lines[1:]] == [r["time"] for r in jsonl]
+    assert [r["close"] for r in parquet] == [r["close"] for r in jsonl]
+    assert {r["interval"] for r in jsonl} == {"1m"}
