@@ -763,7 +763,7 @@ def run_stream(
 def plot(
     signals: Annotated[
         Path,
-        typer.Argument(help="Signal rows written by atc-stream: a Parquet directory or file, JSONL or CSV."),
+        typer.Argument(help="Signal rows: a Parquet directory or file, JSONL or CSV."),
     ],
     symbol: Annotated[
         str | None, typer.Option(help="Symbol to draw (needed when the file holds several).")
