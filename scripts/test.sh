@@ -6,6 +6,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
 bash scripts/ensure_redis.sh
-.venv/bin/ruff check atc_stream tests benchmarks
+.venv/bin/ruff check atc_stream tests benchmarks examples
 .venv/bin/python -m pytest -q -m "not cudasim" "$@"
 NUMBA_ENABLE_CUDASIM=1 .venv/bin/python -m pytest -q -m cudasim tests/

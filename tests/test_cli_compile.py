@@ -36,7 +36,9 @@ def test_threads_option_gives_the_same_rows(tmp_path):
     )
     rows = {}
     for threads in ("1", "2"):
-        done = _cli("--threads", threads, "replay", str(path), "--backend", "cpu")
+        done = _cli(
+            "--threads", threads, "replay", str(path), "--backend", "cpu", "--time-unit", "ms"
+        )
         assert done.returncode == 0, done.stderr
         rows[threads] = [json.loads(line) for line in done.stdout.splitlines()]
     assert rows["1"] == rows["2"]
