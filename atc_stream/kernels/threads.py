@@ -22,9 +22,12 @@ import threading
 from pathlib import Path
 
 #: Stream-bars of work each thread must get before a call goes parallel. A
-#: stream-bar costs ~1 us, so this is ~4 ms per thread: several times the wake-up
-#: of a sleeping pool even when the machine is shared (RESULTS.md, "threads").
-MIN_WORK_PER_THREAD = 4096
+#: stream-bar costs ~1-1.5 us, so this is ~0.5-0.75 ms per thread, a few times the
+#: ~0.2 ms wake-up of a sleeping workqueue pool: on the quiet 2-vCPU machine 1,000
+#: streams take 1.48 ms on one thread and 0.71 ms on two, 100 streams 0.15 ms on one
+#: and 0.34 ms on two (RESULTS.md, "threads", quiet run). 4,096 (the first choice,
+#: tuned while the machine was shared) left 1,000 streams 2x slower than needed.
+MIN_WORK_PER_THREAD = 500
 
 
 def _cgroup_cpu_limit() -> float | None:
