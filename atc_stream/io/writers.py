@@ -30,6 +30,7 @@ from typing import IO, Any, Protocol
 
 from ..results import StepResult
 from ..schema import COLUMNS
+from ..state.stores import fsync_dir
 
 #: Output formats by file extension (``-`` is JSONL on stdout).
 FORMATS_BY_SUFFIX = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
@@ -269,7 +270,7 @@ class ParquetWriter:
             f.flush()
             os.fsync(f.fileno())
         os.replace(temp, self.path / name)
-        _fsync_dir(self.path)
+        fsync_dir(self.path)
         self._next_part += 1
         self.rows_written += table.num_rows
         self._pending, self._pending_rows = [], 0
@@ -286,19 +287,6 @@ class ParquetWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def open_writer(

@@ -534,10 +534,10 @@ def _arrays_from_raw(header: SnapshotHeader, raw) -> dict[str, np.ndarray]:
     return arrays
 
 
-def _check_consistency(header: SnapshotHeader, arrays: dict[str, np.ndarray]) -> None:
-    """Shapes against the layout, the parameter table, and the registry against the arrays."""
+def _array_shapes(header: SnapshotHeader) -> dict[str, tuple[int, ...]]:
+    """Shape of every state array that ``header``'s capacity, ring and parameter sets imply."""
     cap, rc, n_params = header.capacity, header.ring_capacity, len(header.params)
-    want_shapes = {
+    return {
         "ring": (cap, 2 * rc),
         "values": (cap, L.N_VALUE_FIELDS),
         "counters": (cap, L.N_COUNTER_FIELDS),
@@ -545,6 +545,12 @@ def _check_consistency(header: SnapshotHeader, arrays: dict[str, np.ndarray]) ->
         "param_lengths": (n_params, L.N_LENGTH_COLUMNS),
         "param_values": (n_params, L.N_PARAM_VALUES),
     }
+
+
+def _check_consistency(header: SnapshotHeader, arrays: dict[str, np.ndarray]) -> None:
+    """Shapes against the layout, the parameter table, and the registry against the arrays."""
+    cap, rc, n_params = header.capacity, header.ring_capacity, len(header.params)
+    want_shapes = _array_shapes(header)
     for name, shape in want_shapes.items():
         if arrays[name].shape != shape:
             raise SnapshotError(
@@ -607,17 +613,10 @@ def _check_consistency(header: SnapshotHeader, arrays: dict[str, np.ndarray]) ->
 
 def _expected_raw_size(header: SnapshotHeader) -> int:
     """Bytes of the state arrays that ``header``'s capacity, ring and parameter sets need."""
-    cap, rc, n_params = header.capacity, header.ring_capacity, len(header.params)
+    cap, rc = header.capacity, header.ring_capacity
     if cap < 0 or rc < 0:
         raise SnapshotError(f"snapshot declares a negative capacity ({cap}) or ring ({rc})")
-    shapes = {
-        "ring": (cap, 2 * rc),
-        "values": (cap, L.N_VALUE_FIELDS),
-        "counters": (cap, L.N_COUNTER_FIELDS),
-        "in_use": (cap,),
-        "param_lengths": (n_params, L.N_LENGTH_COLUMNS),
-        "param_values": (n_params, L.N_PARAM_VALUES),
-    }
+    shapes = _array_shapes(header)
     return sum(math.prod(shape) * np.dtype(ARRAY_DTYPES[n]).itemsize for n, shape in shapes.items())
 
 

@@ -46,9 +46,24 @@ log = logging.getLogger("atc_stream.snapshots")
 __all__ = [
     "DirectorySnapshotStore",
     "LoadedSnapshot",
+    "fsync_dir",
     "RedisSnapshotStore",
     "open_snapshot_store",
 ]
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or new file in ``path`` durable (fsync of the directory entry)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:  # e.g. Windows: directories cannot be opened
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -170,16 +185,7 @@ class DirectorySnapshotStore:
         return self.path / (snapshot_id + self.SUFFIX)
 
     def _fsync_dir(self) -> None:
-        try:
-            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        except OSError:  # e.g. Windows: directories cannot be opened
-            return
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        fsync_dir(self.path)
 
     def save(self, blob: bytes) -> str:
         """Write ``blob`` durably and atomically, keep the newest ``keep``; return its id."""
