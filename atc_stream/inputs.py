@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 #: Units an integer epoch may be given in, as the factor to milliseconds (num, den).
-_UNIT_TO_MS: dict[str, tuple[int, int]] = {
+#: Shared with the file reader (``io/readers.py``).
+UNIT_TO_MS: dict[str, tuple[int, int]] = {
     "s": (1000, 1),
     "ms": (1, 1),
     "us": (1, 1000),
@@ -29,10 +30,11 @@ _UNIT_TO_MS: dict[str, tuple[int, int]] = {
 }
 #: Accepted ``time_unit`` values: a unit, "auto" (detected from magnitude), or None
 #: (integers are already engine times: epoch ms, or any increasing integer).
-TIME_UNITS = (*_UNIT_TO_MS, "auto")
+TIME_UNITS = (*UNIT_TO_MS, "auto")
 
-#: Magnitude bands of present-day epochs (1973..5138 AD) per unit, for ``time_unit="auto"``.
-_AUTO_BANDS = (("s", 1e8, 1e11), ("ms", 1e11, 1e14), ("us", 1e14, 1e17), ("ns", 1e17, 1e20))
+#: Magnitude bands of present-day epochs (1973..5138 AD) per unit, for ``time_unit="auto"``
+#: (here for a whole array, in ``io/readers.py`` per file cell).
+EPOCH_BANDS = (("s", 1e8, 1e11), ("ms", 1e11, 1e14), ("us", 1e14, 1e17), ("ns", 1e17, 1e20))
 #: With ``time_unit=None`` integers are taken as epoch ms; at or above this they would be
 #: after the year 5138, which means the unit is not ms (us/ns epochs): refuse, do not guess.
 _MS_LIMIT = 1e14
@@ -210,7 +212,7 @@ def _integers_to_ms(values: np.ndarray, time_unit: str | None, what: str) -> np.
         return values
     if time_unit == "auto":
         time_unit = detect_epoch_unit(values, what)
-    num, den = _UNIT_TO_MS[time_unit]
+    num, den = UNIT_TO_MS[time_unit]
     if den > 1:
         if (values % den).any():
             i = int(np.flatnonzero(values % den)[0])
@@ -233,7 +235,7 @@ def detect_epoch_unit(values: np.ndarray, what: str = "times") -> str:
     if values.size == 0:
         return "ms"
     lo, hi = float(values.min()), float(values.max())
-    for unit, start, stop in _AUTO_BANDS:
+    for unit, start, stop in EPOCH_BANDS:
         if start <= lo and hi < stop:
             return unit
     raise ValueError(

@@ -7,8 +7,9 @@ batches (memory bounded by the batch plus the compact result: 8 B time + 8 B clo
 Every cell is read as text and parsed strictly, per cell:
 
 - time: an integer (epoch in ``time_unit``: ``s``/``ms``/``us``/``ns``; ``auto`` picks
-  the unit from each value's magnitude -- s in [1e8, 1e11), ms in [1e11, 1e14), us in
-  [1e14, 1e17), ns in [1e17, 1e19) -- and refuses values that fit none), or ISO-8601 /
+  the unit from each value's magnitude, with the bands of ``inputs.EPOCH_BANDS`` -- s in
+  [1e8, 1e11), ms in [1e11, 1e14), us in [1e14, 1e17), ns from 1e17 -- and refuses values
+  that fit none), or ISO-8601 /
   RFC 3339 with or without zone (without: UTC). Result: int64 epoch ms (sub-ms floored).
 - close: a decimal or scientific number (no ``1_0``, no hex, no spaces).
 - symbol: not empty (files without a symbol column: ``symbol`` or the file's stem).
@@ -29,14 +30,13 @@ from pathlib import Path
 
 import numpy as np
 
+from ..inputs import EPOCH_BANDS, UNIT_TO_MS
+
 #: Cells longer than this are rejected (``oversized_field``); no valid cell comes close.
 MAX_FIELD_CHARS = 1024
 #: Bytes per CSV read block: a field longer than this makes the file unreadable.
 BLOCK_BYTES = 16 << 20
 BAR_SUFFIXES = (".csv", ".parquet")
-TIME_UNITS = {"s": 1000.0, "ms": 1.0, "us": 1e-3, "ns": 1e-6}  # → ms factor
-#: Magnitude ranges of epoch integers for ``time_unit="auto"`` (1973..2286 in each unit).
-_AUTO_RANGES = (("s", 1e8, 1e11), ("ms", 1e11, 1e14), ("us", 1e14, 1e17), ("ns", 1e17, 1e19))
 _INT_PATTERN = r"^[+-]?[0-9]+$"
 _FLOAT_PATTERN = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
 #: Rejected rows reported in full; later ones are only counted.
@@ -98,17 +98,15 @@ def parse_times(text, unit: str = "auto"):
             values = np.array([_int_or_none(v) for v in digits.to_pylist()], dtype=object)
             good = np.array([v is not None for v in values])
             idx, values = idx[good], values[good].astype(np.int64)
-        if unit == "auto":
+        if unit == "auto":  # each cell by its own magnitude; cells that fit no band fail
             mag = np.abs(values.astype(np.float64))
-            factor = np.full(values.shape, np.nan)
-            for name, lo, hi in _AUTO_RANGES:
-                factor[(mag >= lo) & (mag < hi)] = TIME_UNITS[name]
-            fits = ~np.isnan(factor)
-            idx, values, factor = idx[fits], values[fits], factor[fits]
-            out[idx] = _to_ms(values, factor)
+            for name, lo, hi in EPOCH_BANDS:
+                band = (mag >= lo) & (mag < hi)
+                out[idx[band]] = _to_ms(values[band], name)
+                ok[idx[band]] = True
         else:
-            out[idx] = _to_ms(values, np.full(values.shape, TIME_UNITS[unit]))
-        ok[idx] = True
+            out[idx] = _to_ms(values, unit)
+            ok[idx] = True
     rest = np.flatnonzero(~is_int_np)
     if rest.size:
         cells = pc.take(text, pa.array(rest))
@@ -126,16 +124,10 @@ def _int_or_none(value):
         return None
 
 
-def _to_ms(values: np.ndarray, factor: np.ndarray) -> np.ndarray:
-    """Integer epoch values times their ms factor, floored, exactly for s/ms/us/ns."""
-    out = np.empty(values.shape, np.int64)
-    for f in np.unique(factor):
-        sel = factor == f
-        if f >= 1:
-            out[sel] = values[sel] * int(f)
-        else:
-            out[sel] = np.floor_divide(values[sel], int(round(1 / f)))
-    return out
+def _to_ms(values: np.ndarray, unit: str) -> np.ndarray:
+    """Integer epoch values in ``unit`` as ms, sub-ms floored, exactly for s/ms/us/ns."""
+    num, den = UNIT_TO_MS[unit]
+    return np.floor_divide(values * num, den)
 
 
 def _iso_ms(value: str | None) -> int | None:
@@ -214,7 +206,7 @@ def read_bars(
     (stable). ``BarPlayer`` plays rows in time order either way. Raises ``InputError``
     for damage that makes a file unreadable.
     """
-    if time_unit != "auto" and time_unit not in TIME_UNITS:
+    if time_unit != "auto" and time_unit not in UNIT_TO_MS:
         raise InputError(f"time unit must be auto, s, ms, us or ns, got {time_unit!r}")
     path = Path(path)
     bad = bad if bad is not None else BadRows()
