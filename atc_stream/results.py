@@ -126,10 +126,6 @@ class StepResult:
         """True where the row comes from full windows (docs/spec.md, "Readiness")."""
         return self.bar_index >= self.ready_from
 
-    @property
-    def params_ids(self) -> np.ndarray:
-        return np.array([k.params_id for k in self.keys], np.int64)
-
     def columns(self) -> dict[str, np.ndarray]:
         """Every column of :data:`atc_stream.schema.COLUMNS`, in order, as NumPy arrays.
 
