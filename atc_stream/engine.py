@@ -278,6 +278,14 @@ class Engine:
             log.warning("rejected input (%s): %s (further ones are only counted)", reason, detail)
         rejected.append(Rejection(index, reason, detail, symbol))
 
+    def _parse_input(self, bars, time_unit, columns):
+        """``bars`` in any accepted form (``inputs.bars_from``) as ``_parse_bars`` columns:
+        ``(slots, times, closes, origin, rejected)``."""
+        converted = inputs.bars_from(bars, columns=columns, time_unit=time_unit)
+        rejected: list[Rejection] = []
+        parsed = self._parse_bars(bars if converted is None else converted, rejected)
+        return (*parsed, rejected)
+
     def _parse_bars(self, bars: Iterable[Any], rejected: list[Rejection]):
         """Fan ``(symbol, time, close)`` items out to slots; reject malformed ones.
 
@@ -418,11 +426,7 @@ class Engine:
         (see ``atc_stream.inputs``). A form that cannot be converted exactly raises
         ``ValueError``; bad values in a good form are rejected and counted as usual.
         """
-        converted = inputs.bars_from(bars, columns=columns, time_unit=time_unit)
-        bars = bars if converted is None else converted
-        rejected: list[Rejection] = []
-        slots, times, closes, origin = self._parse_bars(bars, rejected)
-        return self._step(slots, times, closes, origin, rejected)
+        return self._step(*self._parse_input(bars, time_unit, columns))
 
     def step_arrays(self, slots, times, closes, inputs=None) -> StepResult:
         """Array fast path: ``slots`` from ``slot_of``/``slots_of``; no per-item Python work.
@@ -471,11 +475,7 @@ class Engine:
 
         Accepts the same forms as :meth:`step`.
         """
-        converted = inputs.bars_from(bars, columns=columns, time_unit=time_unit)
-        bars = bars if converted is None else converted
-        rejected: list[Rejection] = []
-        slots, times, closes, origin = self._parse_bars(bars, rejected)
-        return self._preview(slots, times, closes, origin, rejected)
+        return self._preview(*self._parse_input(bars, time_unit, columns))
 
     def preview_arrays(self, slots, times, closes) -> StepResult:
         slots, times, closes = _as_update_arrays(slots, times, closes)
