@@ -191,25 +191,18 @@ def _replay_table(
 
     ``params``/``interval`` None: the snapshot's on resume, else the defaults.
     """
-    from .engine import Engine
     from .io.writers import open_writer, output_format
-    from .runner import Durability, check_resume_matches, play_durably
+    from .runner import Durability, play_durably
     from .schema import params_metadata
 
     output_format(output)  # refuse an unknown extension before any work
     if durability is None:
         durability = Durability(redis=None, snapshot_dir=None, snapshot_every=None, resume=False)
     source = source or {"name": "file", "input": None}
-    engine = durability.restore(backend)
+    engine = durability.open_engine(backend, params, interval)
     resume_from = None
-    if engine is not None:
-        check_resume_matches(engine, param_sets=params, interval=interval)
+    if durability.restored:
         resume_from = (engine.source_offsets.get(source["name"]) or {}).get("output")
-    else:
-        engine = Engine(params or [ATCParams()], backend=backend, interval=interval or "1m")
-    from .kernels.prepare import prepare_for_cli
-
-    prepare_for_cli(engine, _err)  # not inside the progress bar's rate and ETA
     metadata = params_metadata(engine.param_sets, engine.interval)
     with open_writer(output, metadata=metadata, resume_from=resume_from) as writer:
         summary = play_durably(
@@ -455,10 +448,9 @@ def live(
     import logging
 
     from .adapters.binance import KlineClient, LiveConfig, RestError
-    from .engine import Engine
     from .intervals import validate_interval
     from .io.writers import open_writer, output_format
-    from .runner import Durability, check_resume_matches
+    from .runner import Durability
 
     logging.basicConfig(level=logging.WARNING, format="atc-stream: %(levelname)s %(message)s")
     previews = previews and not str(output).endswith(".parquet")  # Parquet: no provisional flag
@@ -481,14 +473,7 @@ def live(
             redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
             snapshot_every=snapshot_every, resume=resume, events_before_ready=events_before_ready,
         )  # fmt: skip
-        engine = durability.restore(backend)
-        if engine is not None:
-            check_resume_matches(engine, param_sets=param_sets, interval=interval)
-        else:
-            engine = Engine(param_sets or [ATCParams()], backend=backend, interval=interval)
-    from .kernels.prepare import prepare_for_cli
-
-    prepare_for_cli(engine, _err)  # before connecting: nothing compiles in the event loop
+        engine = durability.open_engine(backend, param_sets, interval)  # before connecting
     tty = sys.stderr.isatty()
 
     def show_status(stats) -> None:
@@ -572,20 +557,15 @@ def demo(
             if key.params_id == 0:
                 last_signal[key.symbol] = value
 
-    from .engine import Engine
     from .io.writers import open_writer
-    from .runner import Durability, check_resume_matches, play_durably
+    from .runner import Durability, play_durably
 
     with _user_errors():
         durability = Durability(
             redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
             snapshot_every=snapshot_every, resume=resume,
         )  # fmt: skip
-        engine = durability.restore(backend)
-        if engine is not None:
-            check_resume_matches(engine, param_sets=param_sets if params else None)
-        else:
-            engine = Engine(param_sets, backend=backend)
+        engine = durability.open_engine(backend, param_sets if params else None)
         source = {"name": "demo", "input": f"random-walk {symbols}x{bars} seed {seed}"}
         resume_from = (engine.source_offsets.get("demo") or {}).get("output")
         with open_writer(output, resume_from=resume_from) as writer:
@@ -716,8 +696,7 @@ def run_stream(
     from redis import exceptions as redis_errors
 
     from .adapters.redis_streams import RedisStreamRunner
-    from .engine import Engine
-    from .runner import Durability, check_resume_matches
+    from .runner import Durability
 
     logging.basicConfig(level=logging.WARNING, format="atc-stream: %(levelname)s %(message)s")
     param_sets = load_param_sets(params) if params is not None else None
@@ -727,14 +706,7 @@ def run_stream(
             snapshot_every=snapshot_every, resume=resume, publish=publish,
             namespace=namespace, refuse_existing=True,
         )  # fmt: skip
-        engine = durability.restore(backend)
-        if engine is not None:
-            check_resume_matches(engine, param_sets=param_sets, interval=interval)
-        else:
-            engine = Engine(param_sets or [ATCParams()], backend=backend, interval=interval or "1m")
-    from .kernels.prepare import prepare_for_cli
-
-    prepare_for_cli(engine, _err)  # before reading the stream
+        engine = durability.open_engine(backend, param_sets, interval)  # before reading
     durability.start(engine)
     try:
         runner = RedisStreamRunner(

@@ -126,6 +126,23 @@ class Durability:
         _err(f"atc-stream: restored snapshot {found.id} ({len(engine.streams)} streams)")
         return engine
 
+    def open_engine(self, backend: str, param_sets=None, interval: str | None = None):
+        """The engine to run: with ``--resume`` the restored one (``RunError`` when it does
+        not match ``param_sets``/``interval``), else a fresh one (defaults for None). Its CPU
+        kernels are compiled or loaded before it returns, so no progress rate, ETA,
+        ``--max-seconds`` or event loop includes compilation."""
+        from .engine import Engine
+        from .kernels.prepare import prepare_for_cli
+        from .params import ATCParams
+
+        engine = self.restore(backend)
+        if engine is not None:
+            check_resume_matches(engine, param_sets=param_sets, interval=interval)
+        else:
+            engine = Engine(param_sets or [ATCParams()], backend=backend, interval=interval or "1m")
+        prepare_for_cli(engine, _err)
+        return engine
+
     def start(self, engine) -> None:
         if self.store is not None:
             from .state.snapshotter import Snapshotter
