@@ -36,14 +36,16 @@ class SignalRecord(SignalRow, gc=False):
 
 
 def records_from_result(result: StepResult) -> list[SignalRecord]:
-    """The :class:`SignalRecord` of every row of ``result``."""
-    if len(result) == 0:
-        return []
-    return [SignalRecord(*row) for row in zip(*result.column_values(), strict=True)]
+    """The :class:`SignalRecord` of every row of ``result`` (Redis messages)."""
+    return _structs(result, SignalRecord)
 
 
 def rows_from_result(result: StepResult) -> list[SignalRow]:
     """The :data:`SignalRow` of every row of ``result`` (JSONL lines)."""
+    return _structs(result, SignalRow)
+
+
+def _structs(result: StepResult, struct: type) -> list:
     if len(result) == 0:
         return []
-    return [SignalRow(*row) for row in zip(*result.column_values(), strict=True)]
+    return [struct(*row) for row in zip(*result.column_values(), strict=True)]
