@@ -73,6 +73,7 @@ class StepResult:
         if ready_from is None:  # unknown parameter sets: no row claims to be ready
             ready_from = np.full(slots.shape[0], np.iinfo(np.int64).max, np.int64)
         self.ready_from = ready_from
+        self._column_values: list[list[Any]] | None = None
 
     def __len__(self) -> int:
         return self.slots.shape[0]
@@ -149,8 +150,11 @@ class StepResult:
         """Per column (schema order), the plain Python values of every row; NaN becomes None.
 
         Column-wise, so that no per-row list is created (that would wake the cyclic
-        garbage collector thousands of times per step).
+        garbage collector thousands of times per step). Built once per result: a live
+        step hands the same result to the file writer and the Redis publisher.
         """
+        if self._column_values is not None:
+            return self._column_values
         columns = self.columns()
         lists = []
         for name, kind in schema.COLUMN_TYPES.items():
@@ -161,6 +165,7 @@ class StepResult:
                 lists.append(boxed.tolist())
             else:
                 lists.append(values.tolist())
+        self._column_values = lists
         return lists
 
     def records(self) -> list[dict[str, Any]]:
