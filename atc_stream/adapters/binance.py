@@ -761,6 +761,11 @@ class KlineClient:
                 raise ValueError(
                     f"ws_url {self.config.ws_url!r} is not a websocket URL: {exc}"
                 ) from exc
+        if getattr(self.engine.backend, "name", None) == "cpu":
+            # load (or compile) every CPU driver before any request is in flight: a first
+            # load inside the event loop stalls it, firing REST and idle timeouts; once
+            # loaded (``atc-stream live`` does it before connecting) this costs ~ms
+            self.engine.compile()
         self.stats.started = time.monotonic()
         self.stats.ended = None
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
