@@ -553,10 +553,12 @@ def test_rest_faults_retried_paged_and_rate_limited():
     closes = make_bars(["BTCUSDT", "ETHUSDT"], 1300, seed=4)
     start, history = 1250, 1100  # > 1000: two pages per symbol
     faults = ["429", "500", "garbage", "slow", "badrow"]
-    with FakeExchange(closes, start, rest_faults=faults, slow_seconds=0.6) as ex:
+    # the slow reply outlasts the client's timeout 3x; the timeout leaves ordinary replies a
+    # full second even on a busy 2-core machine (0.3 s was once hit by one in CI)
+    with FakeExchange(closes, start, rest_faults=faults, slow_seconds=3.0) as ex:
         engine = Engine(backend="cpu", interval=INTERVAL)
         results = []
-        cfg = fast_config(ex, history=history, rest_timeout=0.3, rest_rate=50.0, rest_burst=1,
+        cfg = fast_config(ex, history=history, rest_timeout=1.0, rest_rate=50.0, rest_burst=1,
                           rest_concurrency=1)  # fmt: skip
         client = KlineClient(
             engine, ["BTCUSDT", "ETHUSDT"], cfg, on_result=results.append,
