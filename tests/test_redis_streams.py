@@ -130,6 +130,44 @@ def test_bad_entries_are_counted_acknowledged_and_skipped(client, caplog):
     assert len(warnings) == 4  # logged once per reason
 
 
+def iso_text(ms: int, style: int) -> str:
+    """``ms`` as RFC 3339 text in one of several equivalent spellings."""
+    from datetime import datetime, timedelta, timezone
+
+    moment = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(milliseconds=ms)
+    if style == 0:
+        return moment.strftime("%Y-%m-%dT%H:%M:%SZ")  # whole seconds (bars are minutes)
+    if style == 1:
+        return moment.strftime("%Y-%m-%dT%H:%M:%S.%f") + "999+00:00"  # ns, floored to ms
+    shifted = moment.astimezone(timezone(timedelta(hours=5, minutes=30)))
+    return shifted.strftime("%Y-%m-%d %H:%M:%S.000%z")  # another zone, "+0530", a space
+
+
+def test_iso_times_are_parsed_strictly_and_bad_ones_counted(client):
+    bars = table_bars(random_walk_table(3, 30, seed=5))
+    entries = [
+        {"symbol": s, "time": iso_text(t, i % 3) if i % 2 else t, "close": repr(c)}
+        for i, (s, t, c) in enumerate(bars)
+    ]
+    bad_times = [
+        "2023-02-30T00:00:00Z",  # no such day
+        "2023-W46-2",  # ISO week date: refused
+        "20231114T221300Z",  # basic format: refused
+        "1_700_000_000_000",  # Python's int() would take it
+        "1.7e12",
+        "2023-11-14T22:13:00Z trailing",
+        "",
+    ]
+    malformed = [{"symbol": "SYM000", "time": t, "close": "1.0"} for t in bad_times]
+    malformed.append({"symbol": "SYM000", "time": 1_700_000_000_000, "close": "1_0"})
+    push(client, entries[:40] + malformed + entries[40:])
+    engine = Engine(backend="cpu")
+    runner = run(client, engine, batch_size=16)
+    assert runner.stats.malformed == {MALFORMED_TIME: len(bad_times), MALFORMED_CLOSE: 1}
+    assert [o["record"] for o in read_outputs(client, OUTPUT)] == reference(bars)
+    assert not engine.rejections
+
+
 def test_resume_rewinds_to_the_snapshot_and_suppresses_written_outputs(client):
     """In-process version of the crash: state from a snapshot taken mid-way, outputs
     written further than the snapshot, entries acked further than the snapshot."""

@@ -1,14 +1,16 @@
 """Bars in from a Redis Stream, signals out to a Redis Stream, exactly once across crashes.
 
-Input: a stream whose entries have the fields ``symbol`` (str), ``time`` (integer bar
-open time, ms by convention) and ``close`` (number), read with a consumer group
-(``XREADGROUP``; the group is created with ``MKSTREAM`` when missing). Unknown symbols
-are registered on first sight (one stream per parameter set). Each read batch is
-applied with one ``Engine.step``. An entry that is not a bar (missing field, ``time``
-not an integer, ``close`` not a number, empty symbol) is counted in
-``RunStats.malformed`` (by reason), logged once per reason, acknowledged and skipped;
-bars the engine refuses (non-finite close, duplicate or out-of-order time) are
-counted in ``Engine.rejections`` as usual. Nothing in an entry can crash the loop.
+Input: a stream whose entries have the fields ``symbol`` (str), ``time`` (bar open
+time: an integer, epoch ms by convention, or ISO-8601 / RFC 3339 such as
+``2024-03-01T12:30:00Z``; see ``parse_bar_time``) and ``close`` (a decimal number),
+read with a consumer group (``XREADGROUP``; the group is created with ``MKSTREAM``
+when missing). Unknown symbols are registered on first sight (one stream per parameter
+set). Each read batch is applied with one ``Engine.step``. An entry that is not a bar
+(missing field, ``time`` neither an integer nor an ISO time, ``close`` not a number,
+empty symbol) is counted in ``RunStats.malformed`` (by reason), logged once per
+reason, acknowledged and skipped; bars the engine refuses (non-finite close, duplicate
+or out-of-order time) are counted in ``Engine.rejections`` as usual. Nothing in an
+entry can crash the loop.
 
 Output (optional): one entry per (stream, bar) appended to the output stream
 (``XADD ... MAXLEN ~ output_maxlen``) with the fields::
@@ -94,6 +96,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import time
 from collections import Counter
@@ -108,6 +111,7 @@ from redis.retry import Retry
 
 from ..engine import Engine
 from ..results import StepResult
+from ..timetext import text_to_ms
 from .redis_pubsub import pack_command, records_from_result, send_packed
 
 log = logging.getLogger("atc_stream.redis")
@@ -145,11 +149,48 @@ return cmsgpack.pack(r[1][2])
 """
 
 _MIN_TIME, _MAX_TIME = -(2**63), 2**63
+_CLOSE_PATTERN = re.compile(
+    r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|nan|inf|infinity)", re.ASCII | re.IGNORECASE
+)
 
 MALFORMED_MISSING_FIELD = "missing_field"
 MALFORMED_SYMBOL = "bad_symbol"
 MALFORMED_TIME = "bad_time"
 MALFORMED_CLOSE = "bad_close"
+
+
+def parse_bar_time(raw: Any) -> int | None:
+    """Engine time (int ms) of an entry's ``time`` field, strictly: an integer as it is
+    (epoch ms by convention), or ISO-8601 / RFC 3339 (``timetext``; sub-ms floored).
+    None for anything else (``1_0``, ``1.5``, ``yesterday``, outside int64)."""
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int):
+        return raw if _MIN_TIME < raw < _MAX_TIME else None  # int64, not the "no bar" marker
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+    if not isinstance(raw, str):
+        return None
+    return text_to_ms(raw)
+
+
+def parse_close(raw: Any) -> float | None:
+    """An entry's ``close`` as float, strictly: a decimal or scientific number (``nan``
+    and ``inf`` pass, for the engine to refuse and count); None for anything else
+    (``1_0``, ``0x10``, empty)."""
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        return float(raw)
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+    if not isinstance(raw, str) or not _CLOSE_PATTERN.fullmatch(raw.strip()):
+        return None
+    return float(raw)
 
 
 def source_key(input_stream: str) -> str:
@@ -538,15 +579,11 @@ class RedisStreamRunner:
                 raw_symbol = ""
         if not raw_symbol or not raw_symbol.isprintable():
             return self._malformed(MALFORMED_SYMBOL, entry_id, fields)
-        try:
-            bar_time = int(raw_time)
-        except (TypeError, ValueError):
+        bar_time = parse_bar_time(raw_time)
+        if bar_time is None:
             return self._malformed(MALFORMED_TIME, entry_id, fields)
-        if not _MIN_TIME < bar_time < _MAX_TIME:  # outside int64 (and the "no bar" marker)
-            return self._malformed(MALFORMED_TIME, entry_id, fields)
-        try:
-            close = float(raw_close)
-        except (TypeError, ValueError):
+        close = parse_close(raw_close)
+        if close is None:
             return self._malformed(MALFORMED_CLOSE, entry_id, fields)
         return raw_symbol, bar_time, close
 
