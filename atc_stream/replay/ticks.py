@@ -19,9 +19,20 @@ Bar rules
   open = high = low = close = the previous bar's close, volume 0 and 0 trades. Carry
   only fills gaps *between* a symbol's first and last trade: there are never bars
   before a symbol's first trade or after its last one.
-- Bad ticks are dropped and counted in ``rejected`` by reason: ``bad_time`` (not an
-  integer / parsable timestamp), ``bad_price`` (not a finite number > 0) and
-  ``bad_size`` (not a finite number >= 0), ``bad_symbol`` (empty symbol cell).
+- Times in files (``load_ticks``): integer epochs in ``time_unit`` s/ms/us/ns (``auto``,
+  the default: each value's unit from its magnitude, with the bands of
+  ``inputs.EPOCH_BANDS``; a value that fits none is a bad time), ISO-8601 / RFC 3339
+  text with any number of fraction digits and an optional zone (``timetext``), or
+  Parquet timestamps. Sub-millisecond parts are kept (``TickTable.sub_ms``) to order the
+  trades of one millisecond; bar times are whole milliseconds.
+- Bad rows are left out, counted in ``rejected`` by reason and reported with file and
+  line in ``bad_rows`` (first few in full): ``bad_time`` (empty, or neither an epoch
+  nor an ISO time), ``bad_price`` (not a finite number > 0), ``bad_size`` (not a
+  finite number >= 0), ``bad_symbol`` (empty symbol cell), ``oversized_field`` (a cell
+  over ``io.readers.MAX_FIELD_CHARS``), ``wrong_columns`` (a line with too few or too
+  many cells). Numbers are parsed strictly (no ``1_0``). Blank lines and a UTF-8 BOM
+  are simply handled; damage that makes the rest of a file unreadable (unterminated
+  quote, invalid UTF-8, missing column, corrupt Parquet) raises ``InputError``.
 """
 
 from __future__ import annotations
@@ -33,8 +44,18 @@ from pathlib import Path
 
 import numpy as np
 
+from ..inputs import EPOCH_BANDS, UNIT_TO_MS
 from ..intervals import interval_ms as _interval_ms
-from .player import BarTable, require_columns
+from ..io.readers import (
+    BLOCK_BYTES,
+    MAX_FIELD_CHARS,
+    REPORT_FIRST,
+    BadRows,
+    InputError,
+    parse_closes,
+)
+from ..timetext import iso_parts, text_to_ms
+from .player import BarTable
 
 DEFAULT_TICK_TIME_COLUMN = "time"
 DEFAULT_TICK_SYMBOL_COLUMN = "symbol"
@@ -46,7 +67,11 @@ TICK_SUFFIXES = (".csv", ".parquet")
 
 @dataclass
 class TickTable:
-    """Trades: ``names[codes[i]]`` traded ``sizes[i]`` at ``prices[i]`` at ``times[i]`` (ms)."""
+    """Trades: ``names[codes[i]]`` traded ``sizes[i]`` at ``prices[i]`` at ``times[i]`` (ms).
+
+    ``sub_ms[i]`` (ns within that ms, 0..999,999; None: all 0) orders trades of one
+    millisecond; ``bad_rows`` reports the rows a loader left out (file:line, reason).
+    """
 
     times: np.ndarray  # int64
     codes: np.ndarray  # int64 index into names
@@ -54,6 +79,8 @@ class TickTable:
     prices: np.ndarray  # float64
     sizes: np.ndarray  # float64
     rejected: Counter = field(default_factory=Counter)
+    sub_ms: np.ndarray | None = None
+    bad_rows: BadRows = field(default_factory=BadRows)
 
     def __len__(self) -> int:
         return self.times.shape[0]
@@ -138,7 +165,8 @@ def _to_float(values: np.ndarray) -> np.ndarray:
 
 
 def _to_times(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(int64 ms times, valid mask): integers as they are, ISO-8601 / datetimes → ms."""
+    """(int64 ms times, valid mask): integers as they are, ISO-8601 / datetimes → ms
+    (sub-ms floored)."""
     if values.dtype.kind in "iu":
         return values.astype(np.int64), np.ones(values.shape[0], bool)
     if values.dtype.kind == "M":
@@ -150,18 +178,9 @@ def _to_times(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     out = np.zeros(values.shape[0], np.int64)
     valid = np.zeros(values.shape[0], bool)
     for i, v in enumerate(values.tolist()):
-        text = str(v).strip()
-        try:
-            out[i] = int(text)
-            valid[i] = True
-            continue
-        except ValueError:
-            pass
-        try:
-            out[i] = np.datetime64(text.rstrip("Z"), "ms").astype(np.int64)
-            valid[i] = True
-        except ValueError:
-            pass
+        ms = text_to_ms(str(v))
+        if ms is not None:
+            out[i], valid[i] = ms, True
     return out, valid
 
 
@@ -202,113 +221,319 @@ def load_ticks(
     price_column: str = DEFAULT_PRICE_COLUMN,
     size_column: str = DEFAULT_SIZE_COLUMN,
     symbol: str | None = None,
+    time_unit: str = "auto",
 ) -> TickTable:
     """Read trades from a CSV/Parquet file, or a directory of them (one per symbol).
 
     A file without a symbol column holds one symbol: ``symbol`` or the file's stem.
     In a directory, every ``*.csv``/``*.parquet`` file is read that way (symbol = stem
-    unless the file has a symbol column). Times: integer ms or ISO-8601.
+    unless the file has a symbol column). Times: see the module docstring. Bad rows are
+    left out and reported in ``bad_rows`` (``rejected`` holds their counts); damage that
+    makes a file unreadable raises ``InputError`` (a ``ValueError``; one line).
     """
+    if time_unit != "auto" and time_unit not in UNIT_TO_MS:
+        raise InputError(f"time unit must be auto, s, ms, us or ns, got {time_unit!r}")
     path = Path(path)
     if not path.exists():
-        raise ValueError(f"tick file {str(path)!r} does not exist")
+        raise InputError(f"tick file {str(path)!r} does not exist")
+    roles = {"time": time_column, "symbol": symbol_column, "price": price_column,
+             "size": size_column}  # fmt: skip
+    bad = BadRows()
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.suffix in TICK_SUFFIXES and p.is_file())
         if not files:
-            raise ValueError(f"tick directory {str(path)!r} has no .csv or .parquet files")
-        parts = [
-            load_ticks(
-                f,
-                time_column=time_column,
-                symbol_column=symbol_column,
-                price_column=price_column,
-                size_column=size_column,
-            )
-            for f in files
-        ]
-        return concat_ticks(parts)
-    columns = _read_tick_columns(path, symbol_column)
-    require_columns(
-        path, columns, {"time": time_column, "price": price_column, "size": size_column}
-    )
-    n = len(columns[time_column])
-    if symbol_column in columns:
-        sym = columns[symbol_column]
-        if isinstance(sym, tuple):  # (codes, names) from a dictionary-encoded column
-            codes, names = sym
-        else:
-            codes, names = _encode_symbols(sym)
+            raise InputError(f"tick directory {str(path)!r} has no .csv or .parquet files")
+        table = concat_ticks([_load_file(f, roles, f.stem, time_unit, bad) for f in files])
     else:
-        codes, names = np.zeros(n, np.int64), [symbol or path.stem]
-    return _make_table(
-        np.asarray(columns[time_column]),
-        codes,
-        names,
-        np.asarray(columns[price_column]),
-        np.asarray(columns[size_column]),
-        Counter(),
-    )
+        table = _load_file(path, roles, symbol or path.stem, time_unit, bad)
+    table.rejected = Counter(bad.counts)
+    table.bad_rows = bad
+    return table
 
 
-def _read_tick_columns(path: Path, symbol_column: str) -> dict:
-    """Columns as NumPy arrays (the symbol column as ``(codes, names)`` when Arrow is used)."""
+def _load_file(path: Path, roles: dict, default_symbol: str, time_unit: str, bad) -> TickTable:
     try:
-        import pyarrow as pa
-        import pyarrow.compute as pc
-    except ImportError:  # CSV without the parquet extra
-        if path.suffix == ".parquet":
-            raise ValueError(
-                "reading Parquet needs pyarrow (pip install atc-stream[parquet])"
-            ) from None
-        return _read_csv_plain(path)
+        import pyarrow  # noqa: F401
+    except ImportError:
+        raise InputError(
+            "reading tick files needs pyarrow (pip install 'atc-stream[parquet]')"
+        ) from None
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        table = pq.read_table(path)
+        columns, line_of = _parquet_columns(path, roles)
     else:
-        import pyarrow.csv as pacsv
+        columns, line_of = _csv_columns(path, roles, bad)
+    return _parse_ticks(path, columns, roles, line_of, default_symbol, time_unit, bad)
 
+
+def _missing_column(path: Path, names: list[str], roles: dict) -> None:
+    """``InputError`` naming the first missing required column and the option naming it."""
+    for role in ("time", "price", "size"):
+        if roles[role] not in names:
+            options = "/".join(f"--{r}-column" for r in roles)
+            raise InputError(
+                f"{path.name}: no column {roles[role]!r} (columns: {', '.join(names)}); "
+                f"name it with {options}"
+            )
+
+
+def _csv_columns(path: Path, roles: dict, bad):
+    """The tick columns of a CSV file as pyarrow string arrays, and ``line_of(row)``.
+
+    Every cell is read as text (parsed strictly later); rows with the wrong number of
+    cells go to ``bad`` (``wrong_columns``); an unterminated quote or invalid UTF-8
+    raises ``InputError``.
+    """
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            header = next(csv.reader(f), None)
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise InputError(f"{path}: cannot read CSV header: {_first_line(exc)}") from None
+    if not header:
+        raise InputError(f"{path.name}: empty file (no header line)")
+    _missing_column(path, header, roles)
+    present = [name for name in dict.fromkeys(roles.values()) if name in header]
+    unterminated: list[int] = []
+    invalid: list[tuple[int, str]] = []
+
+    def on_invalid(row) -> str:
+        text = row.text or ""
+        if "\n" in text or "\r" in text or text.count('"') % 2:
+            unterminated.append(row.number or -1)
+        invalid.append((row.number or -1, f"{row.actual_columns} cells, expected "
+                                          f"{row.expected_columns}"))  # fmt: skip
+        return "skip"
+
+    try:
+        table = pcsv.read_csv(
+            path,
+            read_options=pcsv.ReadOptions(use_threads=False, block_size=BLOCK_BYTES),
+            parse_options=pcsv.ParseOptions(
+                ignore_empty_lines=False, invalid_row_handler=on_invalid
+            ),
+            convert_options=pcsv.ConvertOptions(
+                include_columns=present,
+                column_types={name: pa.string() for name in present},
+                strings_can_be_null=False,
+                quoted_strings_can_be_null=False,
+            ),
+        )
+    except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read CSV: {_first_line(exc)}") from None
+    if unterminated:
+        raise InputError(
+            f"{path}:{unterminated[0]}: unterminated quote (the rest of the file would be "
+            "one field); fix the quoting"
+        )
+    for line, detail in invalid:
+        bad.add(f"{path.name}:{line}", "wrong_columns", detail)
+    # data row i sits on line i + 2 plus the skipped (invalid) lines before it
+    skipped = np.array(sorted(line for line, _ in invalid if line > 0), np.int64)
+    before = skipped - 2 - np.arange(skipped.size)
+
+    def line_of(i: int) -> int:
+        return int(i) + 2 + int(np.searchsorted(before, int(i), side="right"))
+
+    columns = {name: table.column(name).combine_chunks() for name in present}
+    return columns, line_of
+
+
+def _parquet_columns(path: Path, roles: dict):
+    """The tick columns of a Parquet file (their own types), and ``line_of(row)``."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    try:
+        dataset = ds.dataset(path, format="parquet")
+        names = dataset.schema.names
+        _missing_column(path, names, roles)
+        present = [name for name in dict.fromkeys(roles.values()) if name in names]
+        table = dataset.to_table(columns=present)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(f"{path}: cannot read Parquet: {_first_line(exc)}") from None
+    columns = {name: table.column(name).combine_chunks() for name in present}
+    return columns, lambda i: f"row {int(i) + 1}"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _parse_ticks(path, columns, roles, line_of, default_symbol, time_unit, bad) -> TickTable:
+    """Strictly parsed ticks of one file's columns; bad rows reported to ``bad``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    cells = {role: columns[name] for role, name in roles.items() if name in columns}
+    n = len(cells["time"])
+    texts = {role: col for role, col in cells.items() if _is_text(col)}
+    keep = np.ones(n, bool)
+    if len(texts) == len(cells):  # a blank CSV line (every cell empty): nothing to report
+        blank = np.ones(n, bool)
+        for col in texts.values():
+            blank &= _empty(col)
+        keep &= ~blank
+    for role, col in texts.items():
+        long = pc.fill_null(pc.greater(pc.utf8_length(col), MAX_FIELD_CHARS), False)
+        long = long.to_numpy(zero_copy_only=False) & keep
+        for i in np.flatnonzero(long):
+            bad.add(f"{path.name}:{line_of(i)}", "oversized_field",
+                    f"{role}: {len(col[int(i)].as_py())} chars")  # fmt: skip
+        keep &= ~long
+    if "symbol" in cells:
+        symbols = cells["symbol"]
+        if pa.types.is_dictionary(symbols.type):
+            symbols = symbols.dictionary_decode()
+        symbols = pc.utf8_trim_whitespace(pc.cast(symbols, pa.string()))
+        symbol_ok = ~_empty(symbols)
+        encoded = pc.dictionary_encode(symbols.fill_null(""))
+        codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        names = [str(x) for x in encoded.dictionary.to_pylist()]
+    else:
+        symbol_ok = np.ones(n, bool)
+        codes, names = np.zeros(n, np.int64), [default_symbol]
+    times, sub_ms, time_ok = _tick_times(cells["time"], time_unit)
+    prices, price_ok = _numbers(cells["price"])
+    sizes, size_ok = _numbers(cells["size"])
+    with np.errstate(invalid="ignore"):
+        price_ok &= np.isfinite(prices) & (prices > 0)
+        size_ok &= np.isfinite(sizes) & (sizes >= 0)
+    for ok, reason, role in (
+        (symbol_ok, "bad_symbol", "symbol"),
+        (time_ok, "bad_time", "time"),
+        (price_ok, "bad_price", "price"),
+        (size_ok, "bad_size", "size"),
+    ):
+        hit = np.flatnonzero(~ok & keep)
+        shown = hit[: max(0, REPORT_FIRST - len(bad.examples))]
+        for i in shown:
+            bad.add(f"{path.name}:{line_of(i)}", reason, repr(cells[role][int(i)].as_py()))
+        if hit.size > shown.size:
+            bad.counts[reason] += hit.size - shown.size
+        keep[hit] = False
+    rows = np.flatnonzero(keep)
+    codes, names = _used_names(codes[rows], names)
+    return TickTable(
+        times[rows], codes, names, prices[rows], sizes[rows], Counter(), sub_ms=sub_ms[rows]
+    )
+
+
+def _used_names(codes: np.ndarray, names: list[str]) -> tuple[np.ndarray, list[str]]:
+    """Codes renumbered to the sorted names that occur in ``codes`` (others dropped)."""
+    used = np.unique(codes)
+    used_names = [names[c] for c in used.tolist()]
+    order = np.argsort(np.array(used_names, dtype=str), kind="stable")
+    mapping = np.zeros(len(names), np.int64)
+    mapping[used[order]] = np.arange(used.size)
+    return mapping[codes], [used_names[j] for j in order.tolist()]
+
+
+def _is_text(col) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
+
+
+def _empty(text) -> np.ndarray:
+    import pyarrow.compute as pc
+
+    return pc.fill_null(pc.equal(pc.utf8_length(text), 0), True).to_numpy(zero_copy_only=False)
+
+
+def _numbers(col) -> tuple[np.ndarray, np.ndarray]:
+    """float64 values of a price/size column and the mask of cells that are numbers
+    (text strictly: decimal or scientific, no ``1_0``)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_integer(col.type) or pa.types.is_floating(col.type):
+        valid = col.is_valid().to_numpy(zero_copy_only=False)
+        values = pc.cast(col, pa.float64()).fill_null(float("nan"))
+        return values.to_numpy(zero_copy_only=False), valid
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    return parse_closes(pc.cast(col, pa.string()))
+
+
+def _tick_times(col, unit: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(epoch ms floored, ns within the ms, parsed mask) of a time column: Parquet
+    timestamps; integers in ``unit`` (``auto``: by each value's magnitude); text holding
+    integers or ISO-8601 / RFC 3339 (``timetext``)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = len(col)
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    if pa.types.is_timestamp(col.type):
+        valid = col.is_valid().to_numpy(zero_copy_only=False)
+        values = pc.cast(col, pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+        ms, sub = _epoch_parts(values, col.type.unit)
+        return ms, sub, valid
+    if pa.types.is_integer(col.type):
+        valid = col.is_valid().to_numpy(zero_copy_only=False)
+        if pa.types.is_unsigned_integer(col.type):  # above int64: not a time
+            big = pc.fill_null(pc.greater(col, 2**63 - 1), False).to_numpy(zero_copy_only=False)
+            valid &= ~big
+            col = pc.if_else(pa.array(big), 0, col)
+        values = pc.cast(col, pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+        return _int_epochs(values, valid, unit)
+    if pa.types.is_floating(col.type):  # whole numbers only
+        raw = pc.cast(col, pa.float64()).fill_null(float("nan")).to_numpy(zero_copy_only=False)
+        valid = np.isfinite(raw) & (raw == np.round(raw)) & (np.abs(raw) < 2.0**63)
+        return _int_epochs(np.where(valid, raw, 0).astype(np.int64), valid, unit)
+    text = pc.utf8_trim_whitespace(pc.cast(col, pa.string()))
+    ms, sub, ok = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, bool)
+    is_int = pc.fill_null(pc.match_substring_regex(text, r"^[+-]?[0-9]{1,19}$"), False)
+    is_int = is_int.to_numpy(zero_copy_only=False)
+    idx = np.flatnonzero(is_int)
+    if idx.size:
+        digits = pc.take(text, pa.array(idx))
         try:
-            table = pacsv.read_csv(path)
-        except pa.ArrowInvalid as exc:
-            if "Empty CSV file" in str(exc):
-                raise ValueError(f"{path.name}: empty file") from exc
-            return _read_csv_plain(path)
-    out: dict = {}
-    for name in table.column_names:
-        col = table.column(name).combine_chunks()
-        if name == symbol_column:
-            if pa.types.is_dictionary(col.type):
-                col = col.cast(col.type.value_type)
-            enc = pc.dictionary_encode(col.cast(pa.string()).fill_null(""))
-            names = [str(x) for x in enc.dictionary.to_pylist()]
-            codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-            order = np.argsort(np.array(names, dtype=str), kind="stable")
-            rank = np.empty_like(order)
-            rank[order] = np.arange(order.shape[0])
-            out[name] = (rank[codes], [names[i] for i in order])
-        elif pa.types.is_timestamp(col.type):
-            out[name] = col.cast(pa.timestamp("ms")).to_numpy(zero_copy_only=False)
-        elif pa.types.is_integer(col.type) or pa.types.is_floating(col.type):
-            if col.null_count:
-                col = col.cast(pa.float64()).fill_null(float("nan"))
-            out[name] = col.to_numpy(zero_copy_only=False)
-        else:
-            out[name] = np.asarray(col.to_pylist(), dtype=object)
-    return out
+            values = pc.cast(digits, pa.int64()).to_numpy(zero_copy_only=False)
+            fits = np.ones(idx.size, bool)
+        except pa.ArrowInvalid:  # 19 digits beyond int64
+            parsed = [int(v) for v in digits.to_pylist()]
+            fits = np.array([-(2**63) <= v < 2**63 for v in parsed])
+            values = np.array([v if f else 0 for v, f in zip(parsed, fits, strict=True)], np.int64)
+        ms[idx], sub[idx], ok[idx] = _int_epochs(values, fits, unit)
+    rest = np.flatnonzero(~is_int)
+    if rest.size:
+        cells = pc.take(text, pa.array(rest)).to_pylist()
+        for i, value in zip(rest.tolist(), cells, strict=True):
+            parts = iso_parts(value) if value else None
+            if parts is not None:
+                ms[i], sub[i] = parts
+                ok[i] = True
+    return ms, sub, ok
 
 
-def _read_csv_plain(path: Path) -> dict:
-    with open(path, newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None:
-            raise ValueError(f"{path.name}: empty file")
-        rows = list(reader)
-    return {
-        name: np.array([row[j] if j < len(row) else "" for row in rows], dtype=object)
-        for j, name in enumerate(header)
-    }
+def _int_epochs(values: np.ndarray, valid: np.ndarray, unit: str):
+    """(ms, ns within the ms, ok) of integer epochs in ``unit``; ``auto``: each value's
+    unit by magnitude (``inputs.EPOCH_BANDS``), values that fit no band are not ok."""
+    ms, sub = np.zeros(values.size, np.int64), np.zeros(values.size, np.int64)
+    ok = np.zeros(values.size, bool)
+    bands = EPOCH_BANDS if unit == "auto" else ((unit, 0.0, np.inf),)
+    magnitude = np.abs(values.astype(np.float64))
+    for name, lo, hi in bands:
+        band = valid & (magnitude >= lo) & (magnitude < hi)
+        if name == "s":  # s -> ms must stay inside int64
+            band &= magnitude < 2.0**63 / 1000
+        ms[band], sub[band] = _epoch_parts(values[band], name)
+        ok |= band
+    return ms, sub, ok
+
+
+def _epoch_parts(values: np.ndarray, unit: str) -> tuple[np.ndarray, np.ndarray]:
+    """Integer epochs in ``unit`` as (ms floored, ns within the ms), exactly."""
+    num, den = UNIT_TO_MS[unit]
+    if den == 1:
+        return values * num, np.zeros(values.shape, np.int64)
+    ms, rest = np.divmod(values, den)
+    return ms, rest * (1_000_000 // den)
 
 
 def concat_ticks(parts: list[TickTable]) -> TickTable:
@@ -326,14 +551,24 @@ def concat_ticks(parts: list[TickTable]) -> TickTable:
         prices=np.concatenate([p.prices for p in parts]) if parts else np.zeros(0),
         sizes=np.concatenate([p.sizes for p in parts]) if parts else np.zeros(0),
         rejected=rejected,
+        sub_ms=np.concatenate([_sub_ms(p) for p in parts]) if parts else None,
     )
 
 
-def _sort_order(times: np.ndarray, codes: np.ndarray, n_names: int) -> np.ndarray | None:
-    """Stable order by (symbol, time); ``None`` when already in that order."""
+def _sub_ms(ticks: TickTable) -> np.ndarray:
+    return ticks.sub_ms if ticks.sub_ms is not None else np.zeros(len(ticks), np.int64)
+
+
+def _sort_order(
+    times: np.ndarray, codes: np.ndarray, n_names: int, sub_ms: np.ndarray | None = None
+) -> np.ndarray | None:
+    """Stable order by (symbol, time, ns within the ms); ``None`` when already in it."""
     n = times.shape[0]
     if n < 2:
         return None
+    if sub_ms is not None and sub_ms.any():
+        order = np.lexsort((sub_ms, times, codes))
+        return None if (order == np.arange(n)).all() else order
     code_step = np.diff(codes)
     if (code_step >= 0).all() and ((code_step > 0) | (np.diff(times) >= 0)).all():
         return None
@@ -372,7 +607,7 @@ def aggregate_ticks(
         z = np.zeros(0, np.int64)
         f = np.zeros(0, np.float64)
         return TickBars(z, list(ticks.names), z, f, f, f, f, f, z, ims, Counter(ticks.rejected))
-    order = _sort_order(times, codes, len(ticks.names))
+    order = _sort_order(times, codes, len(ticks.names), ticks.sub_ms)
     if order is not None:
         times, codes, prices, sizes = times[order], codes[order], prices[order], sizes[order]
     bucket = (times - origin) // ims

@@ -1,0 +1,206 @@
+"""Hostile and sub-millisecond tick files (issue 10): ``load_ticks`` parses every time form
+exactly (integer epochs in s/ms/us/ns by magnitude or ``time_unit``, ISO-8601 with any
+fraction digits, Parquet timestamps), orders trades of one millisecond by their sub-ms
+part, and rejects bad rows with counted reasons and file:line -- never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from atc_stream.io.readers import InputError
+from atc_stream.replay.ticks import aggregate_ticks, load_ticks
+
+T0 = 1_700_000_040_000  # a whole minute, epoch ms
+M = 60_000
+
+
+def write(tmp_path: Path, text: str | bytes, name: str = "ticks.csv") -> Path:
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return path
+
+
+def bars(ticks, interval="1m"):
+    got = aggregate_ticks(ticks, interval)
+    return [
+        (s, int(t), o, h, lo, c, v, int(n))
+        for s, t, o, h, lo, c, v, n in zip(
+            got.symbols,
+            got.times,
+            got.open,
+            got.high,
+            got.low,
+            got.close,
+            got.volume,
+            got.trades,
+            strict=True,
+        )  # fmt: skip
+    ]
+
+
+def iso(ms: int, extra_digits: str = "") -> str:
+    """RFC 3339 text of epoch ``ms`` (UTC, 'Z'), with more fraction digits appended."""
+    return str(np.datetime64(ms, "ms")) + extra_digits + "Z"
+
+
+# Trades of one millisecond written out of order: the sub-ms part decides open and close.
+# (ns offset from T0 + 5 ms, price)
+SUB_MS_TRADES = [(700_000, 12.0), (100_000, 10.0), (900_000, 13.0), (400_000, 11.0)]
+WANT = [("A", T0, 10.0, 13.0, 10.0, 13.0, 4.0, 4)]
+
+
+def sub_ms_ns(offset_ns: int) -> int:
+    return (T0 + 5) * 1_000_000 + offset_ns
+
+
+@pytest.mark.parametrize("form", ["ns", "us", "iso_ns", "iso_us", "iso_offset"])
+def test_sub_millisecond_times_keep_their_order(tmp_path, form):
+    lines = ["time,symbol,price,size"]
+    for offset, price in SUB_MS_TRADES:
+        ns = sub_ms_ns(offset)
+        text = {
+            "ns": str(ns),
+            "us": str(ns // 1000),
+            "iso_ns": iso(ns // 1_000_000, f"{ns % 1_000_000:06d}"),
+            "iso_us": iso(ns // 1_000_000, f"{ns % 1_000_000 // 1000:03d}"),
+            "iso_offset": str(np.datetime64(ns + 2 * 3_600_000_000_000, "ns")) + "+02:00",
+        }[form]
+        lines.append(f"{text},A,{price},1")
+    ticks = load_ticks(write(tmp_path, "\n".join(lines) + "\n"))
+    assert ticks.bad_rows.total == 0
+    assert ticks.times.tolist() == [T0 + 5] * 4
+    assert bars(ticks) == WANT
+
+
+@pytest.mark.parametrize("unit", ["s", "ms", "us", "ns"])
+def test_integer_units_auto_and_explicit(tmp_path, unit):
+    scale = {"s": 1, "ms": 1000, "us": 1_000_000, "ns": 1_000_000_000}[unit]
+    t0 = T0 // 1000  # whole seconds
+    body = "".join(f"{(t0 + 30 * i) * scale},A,{10 + i},2\n" for i in range(4))
+    path = write(tmp_path, "time,symbol,price,size\n" + body)
+    for time_unit in ("auto", unit):
+        ticks = load_ticks(path, time_unit=time_unit)
+        assert ticks.times.tolist() == [T0 + 30_000 * i for i in range(4)], time_unit
+    # the wrong explicit unit gives other times, never silently the same ones
+    other = "ms" if unit != "ms" else "s"
+    assert load_ticks(path, time_unit=other).times.tolist() != [T0 + 30_000 * i for i in range(4)]
+    with pytest.raises(InputError, match="time unit"):
+        load_ticks(path, time_unit="minutes")
+
+
+def test_parquet_timestamps_and_integer_ns(tmp_path):
+    ns = np.array([sub_ms_ns(o) for o, _ in SUB_MS_TRADES], np.int64)
+    prices = [p for _, p in SUB_MS_TRADES]
+    for unit in ("ns", "us"):
+        stamps = pa.array(ns // (1 if unit == "ns" else 1000), pa.int64()).cast(
+            pa.timestamp(unit, tz="UTC")
+        )
+        pq.write_table(
+            pa.table({"time": stamps, "symbol": ["A"] * 4, "price": prices, "size": [1] * 4}),
+            tmp_path / f"ts_{unit}.parquet",
+        )
+        assert bars(load_ticks(tmp_path / f"ts_{unit}.parquet")) == WANT
+    pq.write_table(
+        pa.table({"time": ns, "price": prices, "size": [1.0] * 4}), tmp_path / "A.parquet"
+    )
+    assert bars(load_ticks(tmp_path / "A.parquet")) == WANT  # symbol = file stem
+
+
+def test_bad_rows_are_counted_with_file_and_line(tmp_path):
+    text = (
+        "time,symbol,price,size\n"
+        f"{T0},A,10,1\n"
+        f",A,10,1\n"  # line 3: empty time
+        f"12345,A,10,1\n"  # line 4: an integer that is no present-day epoch in any unit
+        f"{T0 + 1},A,1_0,1\n"  # line 5: Python's float() would take it
+        f"{T0 + 2},A,10\n"  # line 6: a cell short
+        f"2023-11-14T25:00:00Z,A,10,1\n"  # line 7: no such hour
+        f"{T0 + 3},,10,1\n"  # line 8: empty symbol
+        f"{T0 + 4},A,10,{'9' * 5000}\n"  # line 9: oversized field
+        f"{T0 + 5},A,10,-1\n"  # line 10: negative size
+        f"{iso(T0 + M, '123')},A,11,2\n"  # fine: microseconds
+    )
+    ticks = load_ticks(write(tmp_path, text))
+    assert dict(ticks.rejected) == {
+        "bad_time": 3, "bad_price": 1, "wrong_columns": 1, "bad_symbol": 1,
+        "oversized_field": 1, "bad_size": 1,
+    }  # fmt: skip
+    assert ticks.rejected == ticks.bad_rows.counts
+    assert ticks.bad_rows.examples[:3] == [
+        "ticks.csv:6: wrong_columns: 3 cells, expected 4",
+        "ticks.csv:9: oversized_field: size: 5000 chars",
+        "ticks.csv:8: bad_symbol: ''",
+    ]
+    assert ticks.bad_rows.examples[3:] == [
+        "ticks.csv:3: bad_time: ''",
+        "ticks.csv:4: bad_time: '12345'",
+    ]
+    assert "... and 3 more" in ticks.bad_rows.lines()[-1]
+    assert bars(ticks) == [
+        ("A", T0, 10.0, 10.0, 10.0, 10.0, 1.0, 1),
+        ("A", T0 + M, 11.0, 11.0, 11.0, 11.0, 2.0, 1),
+    ]
+
+
+def test_bom_blank_lines_and_unused_symbols(tmp_path):
+    text = f"\ufefftime,symbol,price,size\n{T0},A,10,1\n\n{T0 + 1},B,oops,1\n\n\n"
+    ticks = load_ticks(write(tmp_path, text))
+    assert ticks.names == ["A"] and len(ticks) == 1  # B had only a bad row
+    assert dict(ticks.rejected) == {"bad_price": 1}
+    assert ticks.bad_rows.examples == ["ticks.csv:4: bad_price: 'oops'"]
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (f'time,symbol,price,size\n{T0},A,1,1\n{T0},"B,1,1\n', "unterminated quote"),
+        (b"time,symbol,price,size\n1,\xff\xfe,1,1\n", "cannot read CSV"),
+        ("", "empty file"),
+        (f"when,symbol,price,size\n{T0},A,1,1\n", "no column 'time'"),
+        (b"PAR1 this is no parquet file", "cannot read Parquet"),
+    ],
+)
+def test_unreadable_damage_raises_one_line(tmp_path, content, needle):
+    name = "ticks.parquet" if isinstance(content, bytes) and content.startswith(b"PAR1") else None
+    path = write(tmp_path, content, *([name] if name else []))
+    with pytest.raises(InputError, match=needle) as info:
+        load_ticks(path)
+    assert "\n" not in str(info.value)
+
+
+def run_main(args, capsys):
+    from atc_stream.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return info.value.code, err
+
+
+def test_cli_replay_ticks_with_nanosecond_times(tmp_path, capsys):
+    lines = ["time,symbol,price,size"]
+    for minute in range(30):
+        for offset, price in SUB_MS_TRADES:
+            ns = sub_ms_ns(offset) + minute * M * 1_000_000
+            lines.append(f"{ns},A,{price + minute % 7},1")
+    lines.append("soon,A,1,1")
+    out = tmp_path / "signals.jsonl"
+    args = ["replay", "--ticks", str(write(tmp_path, "\n".join(lines) + "\n")),
+            "--backend", "cpu", "--no-progress", "-o", str(out)]  # fmt: skip
+    code, err = run_main(args, capsys)
+    assert code == 0, err
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["time"] for r in rows] == [T0 + M * i for i in range(30)]
+    assert [r["close"] for r in rows] == [13.0 + i % 7 for i in range(30)]
+    assert "dropped ticks: bad_time=1" in err
+    bad = write(tmp_path, f'time,symbol,price,size\n{T0},A,1,1\n{T0},"B,1,1\n', "bad.csv")
+    code, err = run_main(["replay", "--ticks", str(bad), "--no-progress"], capsys)
+    assert code == 2 and err.strip().count("\n") == 0 and "unterminated quote" in err, err
