@@ -6,7 +6,6 @@ go to stderr so stdout stays machine-readable.
 
 from __future__ import annotations
 
-import json
 import sys
 from contextlib import contextmanager
 from enum import Enum
@@ -79,18 +78,13 @@ def _err(line: str) -> None:
 
 
 def load_param_sets(path: Path | None) -> list[ATCParams]:
-    """Parameter sets from a JSON file: one object, or a list of objects (a sweep)."""
-    if path is None:
-        return [ATCParams()]
+    """``params.load_param_sets`` with its errors as a usage error of ``--params``."""
+    from .params import load_param_sets as load
+
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise typer.BadParameter(f"cannot read parameters from {path}: {exc}") from exc
-    items = data if isinstance(data, list) else [data]
-    try:
-        return [ATCParams.from_dict(item) for item in items]
-    except (TypeError, ValueError) as exc:
-        raise typer.BadParameter(f"{path}: {exc}") from exc
+        return load(path)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 ParamsOption = Annotated[
@@ -181,6 +175,21 @@ def _user_errors():
     except (RunError, OutputError) as exc:
         _err(f"atc-stream: error: {exc}")
         raise typer.Exit(2) from None
+
+
+def _run_job(job, **options) -> None:
+    """Run one job of ``atc_stream.jobs`` with the command's options: its exit status
+    becomes the command's; a refused option is a usage error, a refused run one line
+    and exit 2 (``_user_errors``)."""
+    from .jobs import OptionError
+
+    with _user_errors():
+        try:
+            status = job(**options)
+        except OptionError as exc:
+            raise typer.BadParameter(str(exc), param_hint=exc.param_hint) from None
+    if status:
+        raise typer.Exit(status)
 
 
 def _replay_table(
@@ -444,82 +453,17 @@ def live(
     --resume the latest snapshot is restored and each stream is backfilled from its
     last bar. A status line goes to stderr; signals to --output (and Redis with --redis).
     """
-    import asyncio
-    import logging
+    from .jobs.live import run_live
 
-    from .adapters.binance import KlineClient, LiveConfig, RestError
-    from .intervals import validate_interval
-    from .io.writers import open_writer, output_format
-    from .runner import Durability
-
-    logging.basicConfig(level=logging.WARNING, format="atc-stream: %(levelname)s %(message)s")
-    previews = previews and not str(output).endswith(".parquet")  # Parquet: no provisional flag
-    try:
-        config_args = {"ws_url": ws_url, "rest_url": rest_url}
-        config = LiveConfig(
-            history=history, max_streams_per_connection=max_streams_per_connection,
-            previews=previews, idle_timeout=idle_timeout, rest_rate=rest_rate,
-            **{k: v for k, v in config_args.items() if v is not None},
-        )  # fmt: skip
-        if max_seconds is not None and not max_seconds > 0:
-            raise ValueError(f"--max-seconds must be > 0, got {max_seconds}")
-        validate_interval(interval)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    param_sets = load_param_sets(params) if params is not None else None
-    with _user_errors():
-        output_format(output)
-        durability = Durability(
-            redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
-            snapshot_every=snapshot_every, resume=resume, events_before_ready=events_before_ready,
-        )  # fmt: skip
-        engine = durability.open_engine(backend, param_sets, interval)  # before connecting
-    tty = sys.stderr.isatty()
-
-    def show_status(stats) -> None:
-        line = stats.status_line()
-        print(f"\r{line:<110}" if tty else line, end="" if tty else "\n", file=sys.stderr)
-
-    with open_writer(output) as sink:
-        durability.start(engine)
-
-        def on_result(result) -> None:
-            sink.write(result)
-            if durability.publisher is not None:
-                durability.publisher.publish(result)
-
-        try:
-            client = KlineClient(
-                engine, symbols, config, on_result=on_result,
-                on_preview=sink.write if previews else None,
-                snapshotter=durability.snapshotter,
-            )  # fmt: skip
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--symbols") from exc
-        durability.on_stop(client.stop)
-        _err(
-            f"atc-stream: live {len(client.symbols)} symbols x {interval} from "
-            f"{config.ws_url} ({engine.backend.name} backend)"
-        )
-        failed = None
-        with durability:
-            try:
-                stats = asyncio.run(
-                    client.run(
-                        max_seconds=max_seconds, max_bars=max_bars,
-                        on_status=show_status if status_every > 0 else None,
-                        status_every=status_every or 1.0,
-                    )
-                )  # fmt: skip
-            except (RestError, ValueError) as exc:
-                failed, stats = exc, client.stats
-    if tty and status_every > 0:
-        _err("")
-    _err("atc-stream: live done" + (f" (failed: {failed})" if failed else ""))
-    for line in stats.lines():
-        _err("  " + line)
-    if failed is not None:
-        raise typer.Exit(1)
+    _run_job(
+        run_live, symbols=symbols, interval=interval, history=history, ws_url=ws_url,
+        rest_url=rest_url, output=output, previews=previews, max_seconds=max_seconds,
+        max_bars=max_bars, max_streams_per_connection=max_streams_per_connection,
+        idle_timeout=idle_timeout, rest_rate=rest_rate, status_every=status_every,
+        params=params, backend=backend, redis=redis, redis_prefix=redis_prefix,
+        snapshot_dir=snapshot_dir, snapshot_every=snapshot_every, resume=resume,
+        events_before_ready=events_before_ready,
+    )  # fmt: skip
 
 
 @app.command()
@@ -542,54 +486,14 @@ def demo(
     resume: ResumeOption = False,
 ) -> None:
     """Generate a deterministic multi-symbol random walk and replay it (needs nothing else)."""
-    import numpy as np
+    from .jobs.demo import run_demo
 
-    from .replay.player import random_walk_table
-    from .series import compute
-
-    table = random_walk_table(symbols, bars, seed)
-    param_sets = load_param_sets(params)
-    _err(f"atc-stream demo: {symbols} symbols x {bars} bars, warmup {warmup}, output {output}")
-    last_signal: dict[str, float] = {}
-
-    def remember(result) -> None:
-        for key, value in zip(result.keys, result.signal, strict=True):
-            if key.params_id == 0:
-                last_signal[key.symbol] = value
-
-    from .io.writers import open_writer
-    from .runner import Durability, play_durably
-
-    with _user_errors():
-        durability = Durability(
-            redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
-            snapshot_every=snapshot_every, resume=resume,
-        )  # fmt: skip
-        engine = durability.open_engine(backend, param_sets if params else None)
-        source = {"name": "demo", "input": f"random-walk {symbols}x{bars} seed {seed}"}
-        resume_from = (engine.source_offsets.get("demo") or {}).get("output")
-        with open_writer(output, resume_from=resume_from) as writer:
-            summary = play_durably(
-                engine, table, warmup=warmup, speed=None, progress=progress, writer=writer,
-                durability=durability, source=source, on_result=remember,
-            )  # fmt: skip
-    _err(f"atc-stream: demo done ({engine.backend.name} backend)")
-    for line in summary.lines():
-        _err("  " + line)
-    if durability.stop_requested:
-        raise typer.Exit(130)
-    if check:
-        mismatches = 0
-        checked = [sym for sym in table.symbol_names if sym in last_signal]  # all unless resumed
-        for symbol in checked:
-            closes = table.closes[table.symbols == symbol]
-            full = compute(closes, engine.param_sets[0])["signal"][-1]
-            same = np.array_equal(full, last_signal[symbol], equal_nan=True)
-            mismatches += not same
-        verdict = "identical" if mismatches == 0 else f"{mismatches} MISMATCHES"
-        _err(f"  full recomputation check: last signal of {len(checked)} symbols {verdict}")
-        if mismatches:
-            raise typer.Exit(1)
+    _run_job(
+        run_demo, symbols=symbols, bars=bars, seed=seed, warmup=warmup, output=output,
+        params=params, progress=progress, backend=backend, check=check, redis=redis,
+        redis_prefix=redis_prefix, snapshot_dir=snapshot_dir, snapshot_every=snapshot_every,
+        resume=resume,
+    )  # fmt: skip
 
 
 @app.command()
@@ -616,41 +520,13 @@ def subscribe(
     """Print signals as they arrive (one JSON object per line: channel, kind, data).
 
     With no --symbols/--events/--batch, every per-symbol channel is followed."""
-    import msgspec
+    from .jobs.subscribe import run_subscribe
 
-    from .adapters.redis_pubsub import SignalSubscriber
-
-    names = [part for item in symbols or () for part in item.split(",") if part]
-    encoder = msgspec.json.Encoder()
-    out = sys.stdout.buffer
-    try:
-        sub = SignalSubscriber(
-            redis, prefix=redis_prefix, encoding=encoding, symbols=names, events=events,
-            batch=batch, as_dict=True,
-        )  # fmt: skip
-        sub.wait_ready()
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    except Exception as exc:  # redis.ConnectionError, TimeoutError: no server there
-        _err(f"atc-stream: cannot subscribe at {redis}: {exc}")
-        raise typer.Exit(1) from exc
-    try:
-        if latest:
-            for key, record in sorted(sub.latest().items()):
-                out.write(encoder.encode({"channel": sub.latest_key, "kind": "latest",
-                                          "key": key, "data": record}) + b"\n")  # fmt: skip
-            out.flush()
-        for msg in sub.messages(timeout=timeout, limit=count):
-            out.write(encoder.encode({"channel": msg.channel, "kind": msg.kind, "data": msg.data}))
-            out.write(b"\n")
-            out.flush()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        sub.close()
-        if sub.malformed or sub.reconnects:
-            _err(f"atc-stream: subscribe: {sub.malformed} malformed messages skipped, "
-                 f"{sub.reconnects} reconnects")  # fmt: skip
+    _run_job(
+        run_subscribe, redis=redis, symbols=symbols, events=events, batch=batch,
+        latest=latest, redis_prefix=redis_prefix, encoding=encoding, count=count,
+        timeout=timeout,
+    )  # fmt: skip
 
 
 @app.command("run-stream")
@@ -691,44 +567,15 @@ def run_stream(
 
     Outputs go to --output-stream (and pub/sub with --publish). Snapshots record the last
     applied entry; --resume continues from there (see adapters/redis_streams.py)."""
-    import logging
+    from .jobs.run_stream import run_stream as run
 
-    from redis import exceptions as redis_errors
-
-    from .adapters.redis_streams import RedisStreamRunner
-    from .runner import Durability
-
-    logging.basicConfig(level=logging.WARNING, format="atc-stream: %(levelname)s %(message)s")
-    param_sets = load_param_sets(params) if params is not None else None
-    with _user_errors():
-        durability = Durability(
-            redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
-            snapshot_every=snapshot_every, resume=resume, publish=publish,
-            namespace=namespace, refuse_existing=True,
-        )  # fmt: skip
-        engine = durability.open_engine(backend, param_sets, interval)  # before reading
-    durability.start(engine)
-    try:
-        runner = RedisStreamRunner(
-            engine, redis, input_stream, group=group, consumer=consumer,
-            output_stream=output_stream, output_maxlen=output_maxlen, batch_size=batch_size,
-            snapshotter=durability.snapshotter, publisher=durability.publisher,
-        )  # fmt: skip
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    durability.on_stop(runner.stop)
-    with durability:
-        try:
-            runner.prepare(resume=resume)
-        except redis_errors.ConnectionError as exc:
-            _err(f"atc-stream: cannot reach Redis at {redis}: {exc}")
-            raise typer.Exit(1) from exc
-        _err(f"atc-stream: reading {input_stream} after entry {runner.offset} "
-             f"({engine.backend.name} backend)")  # fmt: skip
-        stats = runner.run(stop_when_idle=stop_when_idle)
-    _err("atc-stream: run-stream done")
-    for line in stats.lines(engine):
-        _err("  " + line)
+    _run_job(
+        run, redis=redis, input_stream=input_stream, output_stream=output_stream, group=group,
+        consumer=consumer, snapshot_dir=snapshot_dir, snapshot_every=snapshot_every,
+        resume=resume, stop_when_idle=stop_when_idle, publish=publish,
+        redis_prefix=redis_prefix, batch_size=batch_size, output_maxlen=output_maxlen,
+        namespace=namespace, params=params, backend=backend, interval=interval,
+    )  # fmt: skip
 
 
 @app.command()
@@ -747,19 +594,12 @@ def plot(
     title: Annotated[str | None, typer.Option(help="Chart title.")] = None,
 ) -> None:
     """Chart one symbol: close with long/short events, the signal below, not-ready bars shaded."""
-    from .plot import PlotError, load_signals, plot_signals
+    from .jobs.plot import run_plot
 
-    try:
-        frame = load_signals(signals)
-        figure = plot_signals(frame, symbol=symbol, params_id=params_id, title=title)
-    except PlotError as exc:
-        _err(f"atc-stream plot: {exc}")
-        raise typer.Exit(2) from None
-    except ImportError as exc:  # pandas/pyarrow/matplotlib not installed
-        _err(f"atc-stream plot: needs the plot extra (pip install 'atc-stream[plot]'): {exc}")
-        raise typer.Exit(2) from None
-    figure.savefig(output, dpi=110)
-    _err(f"atc-stream: wrote {output}")
+    _run_job(
+        run_plot, signals=signals, symbol=symbol, output=output, params_id=params_id,
+        title=title,
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,13 +2,16 @@
 
 Pure Python with no I/O dependencies, so every layer (kernels, engine, snapshots,
 CLI) can import it. Construction validates every field and raises a ``ValueError``
-that names the offending field.
+that names the offending field. ``load_param_sets`` reads a JSON file of them (the
+``--params`` option).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
+import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -181,3 +184,21 @@ class ATCParams:
         if unknown:
             raise ValueError(f"unknown ATC parameter(s): {', '.join(unknown)}")
         return cls(**data)
+
+
+def load_param_sets(path: str | os.PathLike | None) -> list[ATCParams]:
+    """Parameter sets from a JSON file: one object, or a list of objects (a sweep);
+    ``[ATCParams()]`` for None. ``ValueError`` (one line) for a file that cannot be read
+    or holds invalid parameters."""
+    if path is None:
+        return [ATCParams()]
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read parameters from {path}: {exc}") from None
+    items = data if isinstance(data, list) else [data]
+    try:
+        return [ATCParams.from_dict(item) for item in items]
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: {exc}") from None

@@ -771,6 +771,58 @@ def test_cli_live_snapshot_resume_every_bar_once(tmp_path):
             assert (signal is None and np.isnan(want)) or signal == want
 
 
+def test_cli_live_resume_cuts_the_output_back_to_the_snapshot(tmp_path):
+    """A crash after rows were written but before the next snapshot (here: the newest
+    snapshots dropped) leaves rows the restored state has not seen in the output;
+    ``--resume`` with the same ``-o`` cuts them off and the backfill writes them again,
+    so the file holds every (symbol, params_id, time) exactly once."""
+    pytest.importorskip("atc_stream.state.stores")
+    from typer.testing import CliRunner
+
+    from atc_stream.cli import app
+    from atc_stream.state.stores import open_snapshot_store
+
+    closes = make_bars(["BTCUSDT", "ETHUSDT"], 270, seed=14)
+    start, history = 230, 100
+    t0 = int(time.time() * 1000) - start * IMS - 1000
+    snaps, out = tmp_path / "snaps", tmp_path / "live.jsonl"
+    common = ["live", "--symbols", "BTCUSDT,ETHUSDT", "--history", str(history),
+              "--backend", "cpu", "--no-previews", "--status-every", "0",
+              "--max-seconds", "60", "--snapshot-dir", str(snaps), "--snapshot-every", "4",
+              "--output", str(out)]  # fmt: skip
+    with FakeExchange(closes, start, t0=t0, bar_pause=0.01) as ex:
+        urls = ["--ws-url", ex.ws_url, "--rest-url", ex.rest_url]
+        first = CliRunner().invoke(app, [*common, *urls, "--max-bars", "24"])
+        assert first.exit_code == 0, first.output
+        store = open_snapshot_store(snaps)
+        for snapshot_id in store.list()[-2:]:  # the final one and the one before
+            store.delete(snapshot_id)
+        kept = Engine.restore(store.latest().blob)
+        position = kept.source_offsets["live"]["output"]
+        assert position["path"] == str(out)
+        written = out.read_bytes()
+        assert 0 < position["bytes"] < len(written)  # rows after the snapshot: a crash
+        rows_in_state = written[: position["bytes"]].count(b"\n") - 2  # less the warmup's
+        time.sleep(0.1)  # the exchange moves on while we are down
+        second = CliRunner().invoke(
+            app, [*common, *urls, "--resume", "--max-bars", str(2 * (270 - start) - rows_in_state)]
+        )
+        assert second.exit_code == 0, second.output
+    assert "restored snapshot" in second.stderr
+    after = out.read_bytes()
+    assert after[: position["bytes"]] == written[: position["bytes"]]  # kept, then appended
+    rows = [json.loads(x) for x in after.splitlines()]
+    seen = Counter((r["symbol"], r["params_id"], r["time"]) for r in rows)
+    assert set(seen.values()) == {1}, [k for k, v in seen.items() if v > 1][:5]
+    for sym in ("BTCUSDT", "ETHUSDT"):
+        full = compute(closes[sym][start - history :])["signal"]
+        mine = sorted((r["time"], r["signal"]) for r in rows if r["symbol"] == sym)
+        assert [(t - t0) // IMS for t, _ in mine] == list(range(start - 1, 270))
+        for t, signal in mine:
+            want = full[(t - t0) // IMS - (start - history)]
+            assert (signal is None and np.isnan(want)) or signal == want
+
+
 @pytest.mark.redis
 def test_cli_live_publishes_closed_bars_to_redis(tmp_path, redis_url):  # noqa: F811
     import threading

@@ -49,7 +49,7 @@ import math
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
@@ -637,7 +637,9 @@ class KlineClient:
 
     ``on_result(StepResult)`` gets every closed-bar result (the warmup's last bars
     too); ``on_preview(StepResult)`` every preview (``provisional=True``).
-    ``snapshotter`` (a ``state.snapshotter.Snapshotter``) is told about applied bars.
+    ``snapshotter`` (a ``state.snapshotter.Snapshotter``) is told about applied bars;
+    ``source_offsets()`` (optional) is called when it takes a snapshot, after the bars'
+    results went to ``on_result``, e.g. to record the output's durable position.
     ``clock_ms`` (ms since the epoch) and ``seed`` (jitter) are for tests.
     """
 
@@ -650,6 +652,7 @@ class KlineClient:
         on_result: Callable[[StepResult], Any] | None = None,
         on_preview: Callable[[StepResult], Any] | None = None,
         snapshotter: Any | None = None,
+        source_offsets: Callable[[], Mapping[str, Any]] | None = None,
         clock_ms: Callable[[], int] | None = None,
         seed: int | None = None,
     ) -> None:
@@ -670,6 +673,7 @@ class KlineClient:
         self.on_result = on_result
         self.on_preview = on_preview
         self.snapshotter = snapshotter
+        self.source_offsets = source_offsets
         self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         self.rng = random.Random(seed)
         self.stats = LiveStats(symbols=len(names))
@@ -1070,7 +1074,7 @@ class KlineClient:
             self.stats.last_bar_lag_ms = float(self.clock_ms() - next_open(newest, self.interval))
             self._emit(result)
             if self.snapshotter is not None:
-                self.snapshotter.maybe_snapshot(applied)
+                self.snapshotter.maybe_snapshot(applied, self.source_offsets)
         if self._preview_symbols:
             updates = []
             for symbol in sorted(self._preview_symbols):
