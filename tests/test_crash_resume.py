@@ -1,23 +1,29 @@
-"""Exactly-once Redis Streams processing across SIGKILLs (issue 4), with a real redis-server.
+"""Exactly-once Redis Streams processing across SIGKILLs (issues 4 and 10), with a real
+redis-server.
 
-20 symbols x 300 bars go into an input stream; ``atc-stream run-stream`` runs as a
-subprocess and is killed with SIGKILL several times -- at injected points inside the
-batch loop (``ATC_STREAM_FAULT``: after the read, after the step, after the outputs
-were written, after a snapshot became durable) and from outside at random moments --
-and restarted with ``--resume`` each time. At the end the output stream must hold
-every (stream, bar) exactly once, equal to an uninterrupted engine run: no bar lost,
-none applied twice, no duplicate output (the design writes none; see
+20 symbols x 300 bars go into an input stream; ``atc-stream run-stream`` is killed with
+SIGKILL 25 times and restarted with ``--resume`` each time: at 20 random instants (from
+outside, after a random number of output rows plus a random few milliseconds), once
+while a snapshot file is being written, and at each injected point inside the batch
+loop (``ATC_STREAM_FAULT``: after the read, after the step, after the outputs were
+written, after a snapshot became durable). ``tests/crash_driver_streams.py`` loads the
+kernels once and forks one child per run (the real CLI), so each kill costs a fraction
+of a second rather than a fresh process's start-up. At the end the output stream must
+hold every (stream, bar) exactly once, equal to an uninterrupted engine run: no bar
+lost, none applied twice, no duplicate output (the design writes none; see
 ``atc_stream/adapters/redis_streams.py``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -31,6 +37,7 @@ from atc_stream.replay.player import random_walk_table
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(420)]
 
 N_SYMBOLS, N_BARS = 20, 300
+RANDOM_KILLS = 20
 INPUT, OUTPUT = "bars:in", "signals:out"
 
 
@@ -43,7 +50,7 @@ def push_bars(client, table) -> None:
     pipe.execute()
 
 
-def command(url, snapshot_dir, *, resume, idle=None):
+def command(url, snapshot_dir, *, resume=False, idle=None):
     cmd = [
         sys.executable, "-m", "atc_stream.cli", "run-stream",
         "--redis", url, "--input-stream", INPUT, "--output-stream", OUTPUT,
@@ -81,66 +88,34 @@ def test_sigkill_anywhere_then_resume_is_exactly_once(redis_url, tmp_path):  # n
     push_bars(client, table)
     snapshots = tmp_path / "snapshots"
     rng = random.Random(20240611)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
     total = N_SYMBOLS * N_BARS
     started = time.monotonic()
-    kills = []
-
-    def out_len():
-        return client.xlen(OUTPUT) if client.exists(OUTPUT) else 0
-
-    # 1) injected kills inside the loop, one per crash window, then 2) random outside kills
-    plan = [
-        ("after_output", rng.randint(3, 12)),
-        ("after_step", rng.randint(3, 12)),
-        ("after_snapshot", rng.randint(1, 3)),
-        ("after_read", rng.randint(3, 12)),
-        (None, rng.randint(150, 600)),
-        (None, rng.randint(150, 600)),
-    ]
-    for run, (fault, arg) in enumerate(plan):
-        before = out_len()
-        if before >= total:
-            break
-        run_env = dict(env)
-        if fault is not None:
-            run_env["ATC_STREAM_FAULT"] = f"{fault}:{arg}"
-        proc = subprocess.Popen(
-            command(redis_url, snapshots, resume=run > 0),
-            env=run_env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        if fault is None:
-            # kill once at least `arg` more rows are out, plus a random few milliseconds
-            deadline = time.monotonic() + 60
-            while proc.poll() is None and out_len() < before + arg:
-                assert time.monotonic() < deadline, "run-stream made no progress"
-                time.sleep(0.005)
-            time.sleep(rng.uniform(0, 0.05))
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-        stderr = proc.stderr.read().decode(errors="replace")
-        proc.stderr.close()
-        kills.append((fault, arg, proc.returncode, out_len()))
-        if proc.returncode not in (-signal.SIGKILL, 0):
-            pytest.fail(f"run {run} exited with {proc.returncode}:\n{stderr}")
-
-    final = subprocess.run(
-        command(redis_url, snapshots, resume=True, idle=1.0),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert final.returncode == 0, final.stderr
-    assert sum(1 for k in kills if k[2] == -signal.SIGKILL) >= 4, kills
+    # 20 kills at random instants (after a random number of output rows, plus a random few
+    # ms), one while a snapshot file is being written, and one at each injected point of
+    # the batch loop; in a random order, each run resuming from the previous one's
+    plan = [["random", rng.randint(5, 150)] for _ in range(RANDOM_KILLS)]
+    plan += [["snapshot", rng.randint(1, 2)]]
+    plan += [[f"fault:{point}", rng.randint(3, 12)]
+             for point in ("after_output", "after_step", "after_read")]  # fmt: skip
+    plan += [["fault:after_snapshot", rng.randint(1, 3)]]
+    rng.shuffle(plan)
+    spec = {
+        "url": redis_url, "args": command(redis_url, snapshots)[3:], "snaps": str(snapshots),
+        "output": OUTPUT, "total": total, "plan": plan, "seed": 7,
+    }  # fmt: skip
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    driver = Path(__file__).with_name("crash_driver_streams.py")
+    done = subprocess.run(
+        [sys.executable, str(driver), str(tmp_path / "spec.json")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    kills = json.loads(done.stdout.strip().splitlines()[-1])
     elapsed = time.monotonic() - started
+    assert kills[-1][0] == "finish" and kills[-1][2] == 0, kills
+    killed = [k for k in kills if k[2] == -signal.SIGKILL]
+    assert len(killed) == len(plan), kills  # every planned kill hit a running process
+    assert sum(1 for k in killed if k[0] == "random" and k[3] < total) >= 3 * RANDOM_KILLS // 4
 
     outputs = read_outputs(client, OUTPUT)
     keys = [(o["key"], o["time"]) for o in outputs]
@@ -160,7 +135,7 @@ def test_sigkill_anywhere_then_resume_is_exactly_once(redis_url, tmp_path):  # n
         assert [r["bar_index"] for r in got if r["symbol"] == symbol] == list(range(N_BARS))
         full = compute(table.closes[table.symbols == symbol], ATCParams())["signal"]
         np.testing.assert_array_equal(np.array(mine, dtype=float), full)
-    print(f"crash test: {len(kills)} killed runs {kills}, {elapsed:.1f} s")
+    print(f"crash test: {len(killed)} kills, runs {kills}, {elapsed:.1f} s")
 
 
 def test_resume_without_any_snapshot_replays_from_the_start(redis_url, tmp_path):  # noqa: F811

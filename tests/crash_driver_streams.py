@@ -1,0 +1,145 @@
+"""Crash driver for tests/test_crash_resume.py: SIGKILL ``atc-stream run-stream`` many times.
+
+Run as ``python tests/crash_driver_streams.py SPEC.json``. A fresh process pays the numba
+kernel load or compilation (seconds to ~20 s on a busy 2-core machine), so two dozen
+kills as fresh processes would take minutes. Like ``crash_driver.py``, this driver
+loads the kernels once, then **forks** one child per attempt that runs the real CLI
+(``app(["run-stream", ...])``); each child is killed with SIGKILL:
+
+- ``random``: by the parent, once the output stream has grown by a random number of
+  rows, after a random few milliseconds more -- at any instant of the batch loop;
+- ``snapshot``: by itself, while a snapshot file is being written (its bytes written,
+  not yet fsynced or renamed: ``os.fsync`` of a ``.tmp`` file in the snapshot directory
+  is the trigger), at its n-th snapshot;
+- ``fault``: by itself at an injected point of the batch loop
+  (``ATC_STREAM_FAULT=point:n``, see ``adapters/redis_streams.py``);
+- ``finish``: the last attempt, not killed, ends with ``--stop-when-idle``.
+
+Every attempt after the first runs with ``--resume``. The spec (JSON): ``url``, ``args``
+(run-stream arguments without --resume), ``snaps``, ``output`` (stream key), ``total``
+(rows expected), ``plan`` (list of ``[how, n]``), ``seed``. Prints one JSON line: each
+attempt's ``[how, n, exit status, output rows after it]``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+
+os.environ["NUMBA_THREADING_LAYER"] = "workqueue"  # GNU OpenMP is not fork-safe
+
+
+def run_child(args: list[str], how: str, n: int, snaps: Path) -> None:
+    """In a forked child: arm the kill, run the CLI, leave with its exit status."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    if how.startswith("fault:"):
+        os.environ["ATC_STREAM_FAULT"] = f"{how[len('fault:') :]}:{n}"
+    elif how == "snapshot":
+        _kill_at_snapshot_write(snaps, n)
+    from atc_stream.cli import app
+
+    code = 0
+    try:
+        app(args, standalone_mode=False)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        code = 3
+    os._exit(code)
+
+
+def _kill_at_snapshot_write(snaps: Path, nth: int) -> None:
+    """SIGKILL this process when it fsyncs its ``nth`` snapshot temp file: the bytes are
+    written, the file is neither durable nor renamed into place."""
+    real_fsync = os.fsync
+    seen = [0]
+    root = str(snaps.resolve())
+
+    def fsync(fd: int) -> None:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            target = ""
+        if target.startswith(root) and target.endswith(".tmp"):
+            seen[0] += 1
+            if seen[0] >= nth:
+                os.kill(os.getpid(), signal.SIGKILL)
+        real_fsync(fd)
+
+    os.fsync = fsync
+
+
+def main() -> None:
+    import redis
+
+    import atc_stream.cli  # noqa: F401  (imported once, not in every child)
+    from atc_stream import Engine
+    from atc_stream.kernels.prepare import prepare_for_cli
+
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    prepare_for_cli(Engine(backend="cpu"), lambda line: None)  # the one kernel load
+    client = redis.Redis.from_url(spec["url"])
+    rng = random.Random(spec["seed"])
+    snaps = Path(spec["snaps"])
+
+    def out_len() -> int:
+        return client.xlen(spec["output"]) if client.exists(spec["output"]) else 0
+
+    results = []
+    plan = [*spec["plan"], ["finish", 0]]
+    for attempt, (how, n) in enumerate(plan):
+        args = list(spec["args"])
+        if attempt:
+            args.append("--resume")
+        if how == "finish":
+            args += ["--stop-when-idle", "1.0"]
+        before = out_len()
+        pid = os.fork()
+        if pid == 0:
+            run_child(args, how, n, snaps)
+        deadline = time.monotonic() + 60
+        code = None
+        if how == "random":
+            while out_len() < min(before + n, spec["total"]):
+                code = _poll(pid)
+                if code is not None or time.monotonic() > deadline:
+                    break
+                time.sleep(0.002)
+            time.sleep(rng.uniform(0, 0.01))
+            _kill(pid)
+        # the others kill themselves (or finish); a hung child is killed at the deadline
+        while code is None:
+            code = _poll(pid)
+            if code is None and time.monotonic() > deadline:
+                _kill(pid)
+                os.waitpid(pid, 0)
+                code = "timeout"
+            time.sleep(0.002)
+        results.append([how, n, code, out_len()])
+    print(json.dumps(results))
+
+
+def _poll(pid: int) -> int | None:
+    """The exit status of child ``pid`` (minus the signal that killed it), None if alive."""
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done == 0:
+        return None
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+if __name__ == "__main__":
+    main()
