@@ -81,7 +81,11 @@ def run_live(
     engine = durability.open_engine(backend, param_sets, interval)  # before connecting
     resume_from = None
     if durability.restored:
-        resume_from = (engine.source_offsets.get(LIVE_SOURCE) or {}).get("output")
+        recorded = engine.source_offsets.get(LIVE_SOURCE)
+        if recorded is None:  # e.g. warmed up by `replay`, now going live: allowed
+            err(f"atc-stream: note: the snapshot holds no live output position (taken by "
+                f"another command); {output} gets the rows from the snapshot on")  # fmt: skip
+        resume_from = (recorded or {}).get("output")
     metadata = params_metadata(engine.param_sets, engine.interval)
     with open_writer(output, metadata=metadata, resume_from=resume_from) as sink:
         durability.start(engine)
