@@ -22,12 +22,16 @@ from __future__ import annotations
 import re
 from datetime import datetime, timezone
 
-__all__ = ["ISO_PATTERN", "INT_PATTERN", "iso_parts", "int_epoch_parts", "text_to_ms"]
+__all__ = ["ISO_REGEX", "ISO_PATTERN", "INT_PATTERN", "iso_parts", "int_epoch_parts", "text_to_ms"]
 
-ISO_PATTERN = re.compile(
-    r"(?P<base>\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2})?)?)"
-    r"(?:[.,](?P<frac>\d+))?"
-    r"(?P<zone>[Zz]|[+-]\d{2}(?::?\d{2})?)?",
+_DATE, _HOUR_MINUTE, _SECOND = r"\d{4}-\d{2}-\d{2}", r"[T ]\d{2}:\d{2}", r":\d{2}"
+_ZONE = r"[Zz]|[+-]\d{2}(?::?\d{2})?"
+#: The accepted ISO forms as a regular expression (RE2-compatible: Arrow's
+#: ``match_substring_regex`` can check a whole column with it; anchor it there).
+ISO_REGEX = rf"{_DATE}(?:{_HOUR_MINUTE}(?:{_SECOND}(?:[.,]\d+)?)?)?(?:{_ZONE})?"
+ISO_PATTERN = re.compile(ISO_REGEX, re.ASCII)
+_ISO_PARTS = re.compile(
+    rf"(?P<base>{_DATE}(?:{_HOUR_MINUTE}(?:{_SECOND})?)?)(?:[.,](?P<frac>\d+))?(?P<zone>{_ZONE})?",
     re.ASCII,
 )
 INT_PATTERN = re.compile(r"[+-]?\d+", re.ASCII)
@@ -44,12 +48,9 @@ def iso_parts(text: str) -> tuple[int, int] | None:
     """
     if not text or len(text) > MAX_TIME_CHARS:
         return None
-    match = ISO_PATTERN.fullmatch(text)
-    if match is None:
+    if ISO_PATTERN.fullmatch(text) is None:
         return None
-    base, frac, zone = match.group("base", "frac", "zone")
-    if frac is not None and base.count(":") != 2:
-        return None
+    base, frac, zone = _ISO_PARTS.fullmatch(text).group("base", "frac", "zone")
     if zone in ("Z", "z"):
         zone = "+00:00"
     try:

@@ -54,7 +54,7 @@ from ..io.readers import (
     InputError,
     parse_closes,
 )
-from ..timetext import iso_parts, text_to_ms
+from ..timetext import ISO_REGEX, iso_parts, text_to_ms
 from .player import BarTable
 
 DEFAULT_TICK_TIME_COLUMN = "time"
@@ -283,8 +283,6 @@ def _csv_columns(path: Path, roles: dict, bad):
     cells go to ``bad`` (``wrong_columns``); an unterminated quote or invalid UTF-8
     raises ``InputError``.
     """
-    import pyarrow as pa
-    import pyarrow.csv as pcsv
 
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
@@ -295,33 +293,9 @@ def _csv_columns(path: Path, roles: dict, bad):
         raise InputError(f"{path.name}: empty file (no header line)")
     _missing_column(path, header, roles)
     present = [name for name in dict.fromkeys(roles.values()) if name in header]
-    unterminated: list[int] = []
-    invalid: list[tuple[int, str]] = []
-
-    def on_invalid(row) -> str:
-        text = row.text or ""
-        if "\n" in text or "\r" in text or text.count('"') % 2:
-            unterminated.append(row.number or -1)
-        invalid.append((row.number or -1, f"{row.actual_columns} cells, expected "
-                                          f"{row.expected_columns}"))  # fmt: skip
-        return "skip"
-
-    try:
-        table = pcsv.read_csv(
-            path,
-            read_options=pcsv.ReadOptions(use_threads=False, block_size=BLOCK_BYTES),
-            parse_options=pcsv.ParseOptions(
-                ignore_empty_lines=False, invalid_row_handler=on_invalid
-            ),
-            convert_options=pcsv.ConvertOptions(
-                include_columns=present,
-                column_types={name: pa.string() for name in present},
-                strings_can_be_null=False,
-                quoted_strings_can_be_null=False,
-            ),
-        )
-    except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read CSV: {_first_line(exc)}") from None
+    table, invalid, unterminated = _read_csv_text(path, present, threads=True)
+    if invalid:  # line numbers are known only to a single-threaded read: read again
+        table, invalid, unterminated = _read_csv_text(path, present, threads=False)
     if unterminated:
         raise InputError(
             f"{path}:{unterminated[0]}: unterminated quote (the rest of the file would be "
@@ -338,6 +312,42 @@ def _csv_columns(path: Path, roles: dict, bad):
 
     columns = {name: table.column(name).combine_chunks() for name in present}
     return columns, line_of
+
+
+def _read_csv_text(path: Path, columns: list[str], *, threads: bool):
+    """(table of ``columns`` as text, [(line, detail)] of rows with the wrong number of
+    cells, [line] of those that look like an unterminated quote)."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    unterminated: list[int] = []
+    invalid: list[tuple[int, str]] = []
+
+    def on_invalid(row) -> str:
+        text = row.text or ""
+        if "\n" in text or "\r" in text or text.count('"') % 2:
+            unterminated.append(row.number or -1)
+        invalid.append((row.number or -1, f"{row.actual_columns} cells, expected "
+                                          f"{row.expected_columns}"))  # fmt: skip
+        return "skip"
+
+    try:
+        table = pcsv.read_csv(
+            path,
+            read_options=pcsv.ReadOptions(use_threads=threads, block_size=BLOCK_BYTES),
+            parse_options=pcsv.ParseOptions(
+                ignore_empty_lines=False, invalid_row_handler=on_invalid
+            ),
+            convert_options=pcsv.ConvertOptions(
+                include_columns=columns,
+                column_types={name: pa.string() for name in columns},
+                strings_can_be_null=False,
+                quoted_strings_can_be_null=False,
+            ),
+        )
+    except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read CSV: {_first_line(exc)}") from None
+    return table, sorted(invalid), sorted(unterminated)
 
 
 def _parquet_columns(path: Path, roles: dict):
@@ -371,14 +381,16 @@ def _parse_ticks(path, columns, roles, line_of, default_symbol, time_unit, bad) 
     n = len(cells["time"])
     texts = {role: col for role, col in cells.items() if _is_text(col)}
     keep = np.ones(n, bool)
+    lengths = {
+        role: pc.utf8_length(col).fill_null(0).to_numpy(zero_copy_only=False)
+        for role, col in texts.items()
+    }
     if len(texts) == len(cells):  # a blank CSV line (every cell empty): nothing to report
-        blank = np.ones(n, bool)
-        for col in texts.values():
-            blank &= _empty(col)
-        keep &= ~blank
+        keep &= np.logical_or.reduce([length > 0 for length in lengths.values()])
     for role, col in texts.items():
-        long = pc.fill_null(pc.greater(pc.utf8_length(col), MAX_FIELD_CHARS), False)
-        long = long.to_numpy(zero_copy_only=False) & keep
+        if lengths[role].max(initial=0) <= MAX_FIELD_CHARS:
+            continue
+        long = (lengths[role] > MAX_FIELD_CHARS) & keep
         for i in np.flatnonzero(long):
             bad.add(f"{path.name}:{line_of(i)}", "oversized_field",
                     f"{role}: {len(col[int(i)].as_py())} chars")  # fmt: skip
@@ -387,11 +399,13 @@ def _parse_ticks(path, columns, roles, line_of, default_symbol, time_unit, bad) 
         symbols = cells["symbol"]
         if pa.types.is_dictionary(symbols.type):
             symbols = symbols.dictionary_decode()
-        symbols = pc.utf8_trim_whitespace(pc.cast(symbols, pa.string()))
-        symbol_ok = ~_empty(symbols)
-        encoded = pc.dictionary_encode(symbols.fill_null(""))
-        codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-        names = [str(x) for x in encoded.dictionary.to_pylist()]
+        encoded = pc.dictionary_encode(pc.cast(symbols, pa.string()).fill_null(""))
+        # trim the (few) distinct names, not every cell; " A" and "A" become one symbol
+        trimmed = [str(x).strip() for x in encoded.dictionary.to_pylist()]
+        names, merged = np.unique(np.array(trimmed, dtype=object).astype(str), return_inverse=True)
+        codes = merged.reshape(-1)[encoded.indices.to_numpy(zero_copy_only=False)]
+        names = names.tolist()
+        symbol_ok = np.array([name != "" for name in names], bool)[codes]
     else:
         symbol_ok = np.ones(n, bool)
         codes, names = np.zeros(n, np.int64), [default_symbol]
@@ -455,7 +469,12 @@ def _numbers(col) -> tuple[np.ndarray, np.ndarray]:
         return values.to_numpy(zero_copy_only=False), valid
     if pa.types.is_dictionary(col.type):
         col = col.dictionary_decode()
-    return parse_closes(pc.cast(col, pa.string()))
+    col = pc.cast(col, pa.string())
+    try:  # every cell a number (Arrow's parser takes no "1_0", no "0x10", no spaces)
+        values = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
+        return values, np.ones(values.shape[0], bool)
+    except pa.ArrowInvalid:  # some are not: the strict cell-by-cell pattern
+        return parse_closes(col)
 
 
 def _tick_times(col, unit: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -485,11 +504,28 @@ def _tick_times(col, unit: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         raw = pc.cast(col, pa.float64()).fill_null(float("nan")).to_numpy(zero_copy_only=False)
         valid = np.isfinite(raw) & (raw == np.round(raw)) & (np.abs(raw) < 2.0**63)
         return _int_epochs(np.where(valid, raw, 0).astype(np.int64), valid, unit)
-    text = pc.utf8_trim_whitespace(pc.cast(col, pa.string()))
+    text = pc.cast(col, pa.string())
+    try:  # fast path: every cell an integer (Arrow also takes "0x10": not for us)
+        values = pc.cast(text, pa.int64())
+        if not pc.any(pc.match_substring(text, "x", ignore_case=True)).as_py():
+            valid = values.is_valid().to_numpy(zero_copy_only=False)
+            return _int_epochs(values.fill_null(0).to_numpy(zero_copy_only=False), valid, unit)
+    except pa.ArrowInvalid:
+        pass
+    text = pc.utf8_trim_whitespace(text)
     ms, sub, ok = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, bool)
-    is_int = pc.fill_null(pc.match_substring_regex(text, r"^[+-]?[0-9]{1,19}$"), False)
-    is_int = is_int.to_numpy(zero_copy_only=False)
-    idx = np.flatnonzero(is_int)
+    iso = pc.fill_null(pc.match_substring_regex(text, f"^(?:{ISO_REGEX})$"), False)
+    iso = iso.to_numpy(zero_copy_only=False)
+    rows = np.flatnonzero(iso)
+    if rows.size:
+        _iso_times(pc.take(text, pa.array(rows)), rows, ms, sub, ok)
+    rest = np.flatnonzero(~iso)  # integers, or not a time
+    if rest.size:
+        rest_text = pc.take(text, pa.array(rest))
+        is_int = pc.match_substring_regex(rest_text, r"^[+-]?[0-9]{1,19}$")
+        idx = rest[pc.fill_null(is_int, False).to_numpy(zero_copy_only=False)]
+    else:
+        idx = rest
     if idx.size:
         digits = pc.take(text, pa.array(idx))
         try:
@@ -500,15 +536,37 @@ def _tick_times(col, unit: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             fits = np.array([-(2**63) <= v < 2**63 for v in parsed])
             values = np.array([v if f else 0 for v, f in zip(parsed, fits, strict=True)], np.int64)
         ms[idx], sub[idx], ok[idx] = _int_epochs(values, fits, unit)
-    rest = np.flatnonzero(~is_int)
-    if rest.size:
-        cells = pc.take(text, pa.array(rest)).to_pylist()
-        for i, value in zip(rest.tolist(), cells, strict=True):
-            parts = iso_parts(value) if value else None
-            if parts is not None:
-                ms[i], sub[i] = parts
-                ok[i] = True
     return ms, sub, ok
+
+
+def _iso_times(text, rows: np.ndarray, ms, sub, ok) -> None:
+    """Cells ``text`` (rows ``rows``) that match ``timetext.ISO_REGEX`` into ``ms``/
+    ``sub``/``ok``: converted by Arrow where it takes a whole group (with a zone / without),
+    else cell by cell with ``timetext.iso_parts`` (e.g. February 30th: not a time)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    zoned = pc.match_substring_regex(text, r"(?:[Zz]|[+-]\d{2}(?::?\d{2})?)$")
+    zoned = pc.fill_null(zoned, False).to_numpy(zero_copy_only=False)
+    left = np.ones(rows.size, bool)
+    for group, tz in ((zoned, "UTC"), (~zoned, None)):
+        picked = np.flatnonzero(group)
+        if picked.size == 0:
+            continue
+        try:
+            stamps = pc.cast(pc.take(text, pa.array(picked)), pa.timestamp("ns", tz=tz))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # one odd cell: one by one
+            continue
+        ns = stamps.cast(pa.int64()).to_numpy(zero_copy_only=False)
+        ms[rows[picked]], sub[rows[picked]] = np.divmod(ns, 1_000_000)
+        ok[rows[picked]] = True
+        left[picked] = False
+    picked = np.flatnonzero(left)
+    for i, value in zip(picked.tolist(), pc.take(text, pa.array(picked)).to_pylist(), strict=True):
+        parts = iso_parts(value)
+        if parts is not None:
+            ms[rows[i]], sub[rows[i]] = parts
+            ok[rows[i]] = True
 
 
 def _int_epochs(values: np.ndarray, valid: np.ndarray, unit: str):
