@@ -204,3 +204,32 @@ def test_cli_replay_ticks_with_nanosecond_times(tmp_path, capsys):
     bad = write(tmp_path, f'time,symbol,price,size\n{T0},A,1,1\n{T0},"B,1,1\n', "bad.csv")
     code, err = run_main(["replay", "--ticks", str(bad), "--no-progress"], capsys)
     assert code == 2 and err.strip().count("\n") == 0 and "unterminated quote" in err, err
+
+
+@pytest.mark.parametrize("damage", [None, "2023-02-30T00:00:00Z", "2023-11-14"])
+def test_iso_columns_arrow_path_and_cell_by_cell_agree(tmp_path, damage):
+    """Whole groups of ISO cells are converted by Arrow; one cell Arrow refuses (or a form
+    it does not take, like a comma or a lower-case z) sends its group cell by cell, with
+    the same results; integers mixed in are read by magnitude."""
+    times = [T0 + 1_000 * i + 7 for i in range(12)]
+    forms = [
+        lambda ms: iso(ms, "250"),  # with 'Z' and microseconds
+        lambda ms: str(np.datetime64(ms, "ms")),  # no zone: UTC
+        lambda ms: str(np.datetime64(ms + 3_600_000, "ms")).replace("T", " ") + "+01:00",
+        lambda ms: '"' + str(np.datetime64(ms, "ms")).replace(".", ",") + 'z"',  # CSV-quoted
+        lambda ms: str(ms * 1000 + 250),  # integer microseconds
+    ]
+    lines = ["time,symbol,price,size"]
+    for i, ms in enumerate(times):
+        lines.append(f"{forms[i % len(forms)](ms)},A,{10 + i},1")
+    if damage is not None:
+        lines.insert(5, f"{damage},A,99,1")
+    ticks = load_ticks(write(tmp_path, "\n".join(lines) + "\n"))
+    want_sub = [250_000 if i % len(forms) in (0, 4) else 0 for i in range(len(times))]
+    if damage == "2023-11-14":  # a date alone is midnight UTC: a valid (early) tick
+        midnight = 1_699_920_000_000
+        times, want_sub = [*times[:4], midnight, *times[4:]], [*want_sub[:4], 0, *want_sub[4:]]
+    assert ticks.times.tolist() == times
+    assert ticks.sub_ms.tolist() == want_sub
+    bad = {"bad_time": 1} if damage == "2023-02-30T00:00:00Z" else {}
+    assert ticks.bad_rows.counts == bad
