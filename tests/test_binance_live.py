@@ -771,11 +771,29 @@ def test_cli_live_snapshot_resume_every_bar_once(tmp_path):
             assert (signal is None and np.isnan(want)) or signal == want
 
 
-def test_cli_live_resume_cuts_the_output_back_to_the_snapshot(tmp_path):
+def written_rows(out, upto=None):
+    """Rows of a JSONL file (its first ``upto`` bytes) or a Parquet part directory (its
+    first ``upto`` parts), as dicts."""
+    if out.suffix == ".jsonl":
+        data = out.read_bytes()[:upto]
+        return [json.loads(x) for x in data.splitlines()]
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = []
+    for part in sorted(out.glob("part-*.parquet"))[:upto]:
+        table = pq.read_table(part)
+        at = table.schema.get_field_index("time")  # a timestamp column: epoch ms back
+        rows += table.set_column(at, "time", table.column("time").cast(pa.int64())).to_pylist()
+    return rows
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_cli_live_resume_cuts_the_output_back_to_the_snapshot(tmp_path, suffix):
     """A crash after rows were written but before the next snapshot (here: the newest
     snapshots dropped) leaves rows the restored state has not seen in the output;
     ``--resume`` with the same ``-o`` cuts them off and the backfill writes them again,
-    so the file holds every (symbol, params_id, time) exactly once."""
+    so the output holds every (symbol, params_id, time) exactly once."""
     pytest.importorskip("atc_stream.state.stores")
     from typer.testing import CliRunner
 
@@ -785,7 +803,7 @@ def test_cli_live_resume_cuts_the_output_back_to_the_snapshot(tmp_path):
     closes = make_bars(["BTCUSDT", "ETHUSDT"], 270, seed=14)
     start, history = 230, 100
     t0 = int(time.time() * 1000) - start * IMS - 1000
-    snaps, out = tmp_path / "snaps", tmp_path / "live.jsonl"
+    snaps, out = tmp_path / "snaps", tmp_path / f"live{suffix}"
     common = ["live", "--symbols", "BTCUSDT,ETHUSDT", "--history", str(history),
               "--backend", "cpu", "--no-previews", "--status-every", "0",
               "--max-seconds", "60", "--snapshot-dir", str(snaps), "--snapshot-every", "4",
@@ -800,18 +818,19 @@ def test_cli_live_resume_cuts_the_output_back_to_the_snapshot(tmp_path):
         kept = Engine.restore(store.latest().blob)
         position = kept.source_offsets["live"]["output"]
         assert position["path"] == str(out)
-        written = out.read_bytes()
-        assert 0 < position["bytes"] < len(written)  # rows after the snapshot: a crash
-        rows_in_state = written[: position["bytes"]].count(b"\n") - 2  # less the warmup's
+        cut = position["bytes"] if suffix == ".jsonl" else position["parts"]
+        before = written_rows(out)
+        kept_rows = written_rows(out, cut)
+        assert 2 < len(kept_rows) < len(before)  # rows after the snapshot: a crash
+        rows_in_state = len(kept_rows) - 2  # less the warmup's last bars
         time.sleep(0.1)  # the exchange moves on while we are down
         second = CliRunner().invoke(
             app, [*common, *urls, "--resume", "--max-bars", str(2 * (270 - start) - rows_in_state)]
         )
         assert second.exit_code == 0, second.output
     assert "restored snapshot" in second.stderr
-    after = out.read_bytes()
-    assert after[: position["bytes"]] == written[: position["bytes"]]  # kept, then appended
-    rows = [json.loads(x) for x in after.splitlines()]
+    rows = written_rows(out)
+    assert rows[: len(kept_rows)] == kept_rows  # kept, then appended
     seen = Counter((r["symbol"], r["params_id"], r["time"]) for r in rows)
     assert set(seen.values()) == {1}, [k for k, v in seen.items() if v > 1][:5]
     for sym in ("BTCUSDT", "ETHUSDT"):
