@@ -562,6 +562,14 @@ def run_stream(
     params: ParamsOption = None,
     backend: BackendOption = "auto",
     interval: ResumableIntervalOption = None,
+    time_unit: Annotated[
+        TimeUnit | None,
+        typer.Option(
+            "--time-unit",
+            help="Unit of integer entry times (default: taken as they are, epoch ms by "
+            "convention; auto: by magnitude). ISO-8601 times need none.",
+        ),
+    ] = None,
 ) -> None:
     """Apply bars from a Redis Stream (consumer group), exactly once across restarts.
 
@@ -575,6 +583,7 @@ def run_stream(
         resume=resume, stop_when_idle=stop_when_idle, publish=publish,
         redis_prefix=redis_prefix, batch_size=batch_size, output_maxlen=output_maxlen,
         namespace=namespace, params=params, backend=backend, interval=interval,
+        time_unit=time_unit.value if time_unit is not None else None,
     )  # fmt: skip
 
 

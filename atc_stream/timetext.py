@@ -14,7 +14,8 @@ week dates, ordinal dates or basic format slip in)::
     2024-03-01T12:30:05.123456789    any number of fraction digits (beyond 9: floored)
     ...Z / ...z / ...+02:00 / ...-0530   zone; without one the time is UTC
 
-Integers: ``[+-]digits`` only (no ``1_0``, no spaces inside, no decimal point).
+Integers: ``[+-]digits`` only (no ``1_0``, no spaces inside, no decimal point), in a
+given unit (s/ms/us/ns), by magnitude (``auto``), or as they are (``None``: epoch ms).
 """
 
 from __future__ import annotations
@@ -22,7 +23,17 @@ from __future__ import annotations
 import re
 from datetime import datetime, timezone
 
-__all__ = ["ISO_REGEX", "ISO_PATTERN", "INT_PATTERN", "iso_parts", "int_epoch_parts", "text_to_ms"]
+from .inputs import EPOCH_BANDS
+
+__all__ = [
+    "ISO_REGEX",
+    "ISO_PATTERN",
+    "INT_PATTERN",
+    "iso_parts",
+    "int_epoch_parts",
+    "epoch_to_ms",
+    "text_to_ms",
+]
 
 _DATE, _HOUR_MINUTE, _SECOND = r"\d{4}-\d{2}-\d{2}", r"[T ]\d{2}:\d{2}", r":\d{2}"
 _ZONE = r"[Zz]|[+-]\d{2}(?::?\d{2})?"
@@ -81,15 +92,27 @@ def int_epoch_parts(value: int, unit: str) -> tuple[int, int]:
     raise ValueError(f"time unit must be s, ms, us or ns, got {unit!r}")
 
 
-def text_to_ms(text: str) -> int | None:
-    """Engine time (int ms) of one time cell: an integer taken as it is (epoch ms by
-    convention, or any increasing integer), or ISO-8601 / RFC 3339 (sub-ms floored).
-    None when it is neither, or outside int64."""
+def epoch_to_ms(value: int, unit: str | None) -> int | None:
+    """Engine time (int ms, sub-ms floored) of an integer epoch in ``unit``: ``None`` takes
+    it as it is (epoch ms by convention, or any increasing integer); ``auto`` picks the
+    unit from its magnitude (``inputs.EPOCH_BANDS``). None when it fits no unit or int64."""
+    if unit == "auto":
+        magnitude = abs(value)
+        unit = next((name for name, lo, hi in EPOCH_BANDS if lo <= magnitude < hi), None)
+        if unit is None:
+            return None
+    if unit is not None:
+        value = int_epoch_parts(value, unit)[0]
+    return value if -(2**63) < value < 2**63 else None
+
+
+def text_to_ms(text: str, unit: str | None = None) -> int | None:
+    """Engine time (int ms) of one time cell: an integer epoch (``epoch_to_ms`` with
+    ``unit``), or ISO-8601 / RFC 3339 (sub-ms floored). None when it is neither."""
     text = text.strip()
     if INT_PATTERN.fullmatch(text):
-        if len(text) > 20:
+        if len(text) > 21:
             return None
-        value = int(text)
-        return value if -(2**63) < value < 2**63 else None
+        return epoch_to_ms(int(text), unit)
     parts = iso_parts(text)
     return None if parts is None else parts[0]

@@ -110,8 +110,9 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ..engine import Engine
+from ..inputs import TIME_UNITS
 from ..results import StepResult
-from ..timetext import text_to_ms
+from ..timetext import epoch_to_ms, text_to_ms
 from .redis_pubsub import pack_command, records_from_result, send_packed
 
 log = logging.getLogger("atc_stream.redis")
@@ -159,14 +160,17 @@ MALFORMED_TIME = "bad_time"
 MALFORMED_CLOSE = "bad_close"
 
 
-def parse_bar_time(raw: Any) -> int | None:
-    """Engine time (int ms) of an entry's ``time`` field, strictly: an integer as it is
-    (epoch ms by convention), or ISO-8601 / RFC 3339 (``timetext``; sub-ms floored).
-    None for anything else (``1_0``, ``1.5``, ``yesterday``, outside int64)."""
+def parse_bar_time(raw: Any, time_unit: str | None = None) -> int | None:
+    """Engine time (int ms) of an entry's ``time`` field, strictly: an integer epoch in
+    ``time_unit`` (None: as it is, epoch ms by convention; ``auto``: by magnitude), or
+    ISO-8601 / RFC 3339 (``timetext``; sub-ms floored). None for anything else (``1_0``,
+    ``1.5``, ``yesterday``, outside int64, no unit fits)."""
     if isinstance(raw, bool):
         return None
     if isinstance(raw, int):
-        return raw if _MIN_TIME < raw < _MAX_TIME else None  # int64, not the "no bar" marker
+        if not _MIN_TIME < raw < _MAX_TIME:  # int64, and not the "no bar" marker
+            return None
+        return epoch_to_ms(raw, time_unit)
     if isinstance(raw, bytes):
         try:
             raw = raw.decode("ascii")
@@ -174,7 +178,7 @@ def parse_bar_time(raw: Any) -> int | None:
             return None
     if not isinstance(raw, str):
         return None
-    return text_to_ms(raw)
+    return text_to_ms(raw, time_unit)
 
 
 def parse_close(raw: Any) -> float | None:
@@ -269,6 +273,8 @@ class RedisStreamRunner:
 
     ``engine`` is a fresh engine or one restored from the newest snapshot
     (``Engine.restore``); its ``source_offsets`` say where the input resumes.
+    ``time_unit`` is the unit of integer entry times (None: taken as they are, epoch ms
+    by convention; ``auto``: by magnitude; see ``parse_bar_time``).
     """
 
     def __init__(
@@ -286,7 +292,10 @@ class RedisStreamRunner:
         start_id: str = "0",
         snapshotter: Any = None,
         publisher: Any = None,
+        time_unit: str | None = None,
     ) -> None:
+        if time_unit is not None and time_unit not in TIME_UNITS:
+            raise ValueError(f"time_unit must be None, auto, s, ms, us or ns, got {time_unit!r}")
         for name, value in (("input_stream", input_stream), ("group", group)):
             if not isinstance(value, str) or not value:
                 raise ValueError(f"{name} must be a non-empty str, got {value!r}")
@@ -322,6 +331,7 @@ class RedisStreamRunner:
         self.block_ms = block_ms
         self.start_id = start_id
         self.snapshotter = snapshotter
+        self.time_unit = time_unit
         self.publisher = publisher
         self.source = source_key(input_stream)
         self.stats = RunStats()
@@ -579,7 +589,7 @@ class RedisStreamRunner:
                 raw_symbol = ""
         if not raw_symbol or not raw_symbol.isprintable():
             return self._malformed(MALFORMED_SYMBOL, entry_id, fields)
-        bar_time = parse_bar_time(raw_time)
+        bar_time = parse_bar_time(raw_time, self.time_unit)
         if bar_time is None:
             return self._malformed(MALFORMED_TIME, entry_id, fields)
         close = parse_close(raw_close)

@@ -28,6 +28,7 @@ def run_stream(
     params: Path | None,
     backend: str,
     interval: str | None,
+    time_unit: str | None = None,
 ) -> int:
     """Consume ``input_stream`` until SIGINT/SIGTERM or ``stop_when_idle``; the exit
     status (1 when Redis cannot be reached)."""
@@ -56,6 +57,7 @@ def run_stream(
             engine, redis, input_stream, group=group, consumer=consumer,
             output_stream=output_stream, output_maxlen=output_maxlen, batch_size=batch_size,
             snapshotter=durability.snapshotter, publisher=durability.publisher,
+            time_unit=time_unit,
         )  # fmt: skip
     except ValueError as exc:
         raise OptionError(str(exc)) from None
