@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from . import inputs
+from . import inputs, schema
 from .kernels import batch
 from .params import ATCParams
 from .results import Rejection, StepResult, StreamKey, UnknownStreamError
@@ -120,9 +120,15 @@ class Engine:
         interval: str = "1m",
         capacity: int = 64,
         threads: int | None = None,
+        outputs: str | Sequence[str] | None = None,
     ) -> None:
+        """``outputs``: the output groups ``step``/``preview``/``warmup`` return
+        (``schema.OUTPUT_GROUPS``: "signal", "events", "layers", "equities", "growth", or
+        "all"); default ``schema.DEFAULT_OUTPUTS``, the signal and the events. See
+        :attr:`outputs`."""
         from .kernels.threads import check_threads
 
+        self._outputs = schema.resolve_outputs(outputs)
         self.threads = check_threads(threads)
         self.store = StateStore(capacity)
         self.interval = interval
@@ -425,6 +431,8 @@ class Engine:
         index; times may be datetimes (naive = UTC) or integer epochs in ``time_unit``
         (see ``atc_stream.inputs``). A form that cannot be converted exactly raises
         ``ValueError``; bad values in a good form are rejected and counted as usual.
+        The result carries the output groups of :attr:`outputs` (default: signal and
+        events).
         """
         return self._step(*self._parse_input(bars, time_unit, columns))
 
@@ -451,18 +459,20 @@ class Engine:
         )  # fmt: skip
         if order.shape[0] != slots.shape[0]:
             self._report_codes(reasons, slots, times, closes, origin, rejected)
-        self._request_on_backend()
-        out = self._only_requested(self.backend.step(slots, times, closes, order, round_starts))
+        fields = self.backend.step_outputs(slots, times, closes, order, round_starts, self._outputs)
         if order.shape[0] == slots.shape[0]:  # all accepted: every row is a result
-            return self._result(slots, times, closes, out, rejected)
+            return self._result(slots, times, closes, fields, rejected)
         keep = np.sort(order)
-        return self._result(slots[keep], times[keep], closes[keep], out[keep], rejected)
+        fields = {name: values[keep] for name, values in fields.items()}
+        return self._result(slots[keep], times[keep], closes[keep], fields, rejected)
 
     def _result(self, slots, times, closes, out, rejected, provisional=False) -> StepResult:
+        """``out``: kernel output rows or typed fields (``schema.kernel_fields``)."""
         ready_from = self.store.params.ready_bars[self.store.counters[slots, L.PARAM_ROW]]
         return StepResult(
-            self._keys_by_slot, slots, times, closes, out, rejected, provisional, ready_from
-        )
+            self._keys_by_slot, slots, times, closes, out, rejected, provisional, ready_from,
+            self._outputs,
+        )  # fmt: skip
 
     def preview(
         self,
@@ -488,35 +498,35 @@ class Engine:
         accepted = reasons == batch.ACCEPTED
         if not accepted.all():
             self._report_codes(reasons, slots, times, closes, origin, rejected)
-        self._request_on_backend()
-        out = self._only_requested(self.backend.preview(slots, times, closes, accepted))
+        fields = self.backend.preview_outputs(slots, times, closes, accepted, self._outputs)
+        if not accepted.all():
+            fields = {name: values[accepted] for name, values in fields.items()}
         return self._result(
-            slots[accepted], times[accepted], closes[accepted], out[accepted], rejected, True
+            slots[accepted], times[accepted], closes[accepted], fields, rejected, True
         )
 
-    def request_outputs(self, *groups: str) -> None:
-        """Return only these output groups from ``step``/``preview`` (none given: all).
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The output groups every result carries, in canonical order.
 
-        Groups: ``batch.OUTPUT_GROUPS`` ("signal", "events", "layers", "equities",
-        "growth"); ``bar_index`` always comes back. Unrequested columns of
-        ``StepResult.outputs`` are NaN. On CUDA only the requested columns are copied
-        back from the device every step. Warmup results always carry every column.
+        Each row always has the key columns (``schema.KEY_COLUMNS``: symbol, interval,
+        params_id, time, close, bar_index, provisional); the groups add ``signal``
+        ("signal"), ``ready``/``long``/``short`` ("events", bool), the six
+        ``<family>_signal`` ("layers"), the six ``<family>_equity`` ("equities") and
+        ``growth``. Default: signal and events. The values of a requested column are
+        bit-identical whatever else is requested. On CUDA only the requested columns
+        are copied back from the device (events as one byte each). Assign a group
+        name, a list of them, or "all" (the CLI writes all).
         """
-        self._output_columns = batch.output_columns(groups or None)
+        return self._outputs
 
-    _output_columns: np.ndarray | None = None
+    @outputs.setter
+    def outputs(self, value: str | Sequence[str] | None) -> None:
+        self._outputs = schema.resolve_outputs(value)
 
-    def _request_on_backend(self) -> None:
-        if hasattr(self.backend, "output_columns"):
-            self.backend.output_columns = self._output_columns
-
-    def _only_requested(self, out: np.ndarray) -> np.ndarray:
-        """NaN in unrequested columns where the backend computed them all anyway."""
-        if self._output_columns is not None and not hasattr(self.backend, "output_columns"):
-            keep = out[:, self._output_columns]
-            out[:] = np.nan
-            out[:, self._output_columns] = keep
-        return out
+    def request_outputs(self, *groups: str) -> None:
+        """Return only these output groups from now on (none given: all); see :attr:`outputs`."""
+        self.outputs = groups or "all"
 
     # -- warmup -----------------------------------------------------------------------
 
@@ -665,8 +675,17 @@ class Engine:
         return encode_snapshot(self.capture_snapshot(source_offsets, copy=False), compression)
 
     @classmethod
-    def restore(cls, blob, backend: str = "auto", threads: int | None = None) -> Engine:
+    def restore(
+        cls,
+        blob,
+        backend: str = "auto",
+        threads: int | None = None,
+        outputs: str | Sequence[str] | None = None,
+    ) -> Engine:
         """The engine a snapshot blob was taken from; ``SnapshotError`` if it does not verify.
+
+        ``outputs``: the output groups of its results, as in the constructor (a snapshot
+        holds state, not this choice).
 
         ``blob`` may also be an already verified ``state.snapshot.Snapshot`` (a store's
         ``latest().decoded``), so that a blob is decoded once.
@@ -676,8 +695,9 @@ class Engine:
         snap = blob if isinstance(blob, Snapshot) else decode_snapshot(blob)
         h = snap.header
         eng = cls(
-            snap.params, backend=backend, interval=h.interval, capacity=h.capacity, threads=threads
-        )
+            snap.params, backend=backend, interval=h.interval, capacity=h.capacity,
+            threads=threads, outputs=outputs,
+        )  # fmt: skip
         store = eng.store
         reshaped = False
         for name in ("ring", "values", "counters", "in_use"):

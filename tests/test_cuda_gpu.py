@@ -61,7 +61,7 @@ def names(n):
 
 
 def warmed(backend, closes, bars, **kwargs):
-    eng = Engine(PARAMS, backend=backend, capacity=2 * closes.shape[0], **kwargs)
+    eng = Engine(PARAMS, backend=backend, capacity=2 * closes.shape[0], **kwargs, outputs="all")
     t = times_of(closes.shape[1])
     eng.warmup({s: (t[:bars], closes[i, :bars]) for i, s in enumerate(names(closes.shape[0]))})
     return eng
@@ -81,9 +81,10 @@ def closes_at_scale():
 def test_auto_picks_cuda_only_for_many_streams():
     from atc_stream.kernels.cuda import AUTO_MIN_STREAMS, CudaBackend
 
-    assert Engine(PARAMS, backend="auto").backend.name == "cpu"
+    assert Engine(PARAMS, backend="auto", outputs="all").backend.name == "cpu"
     assert isinstance(
-        Engine(PARAMS, backend="auto", capacity=AUTO_MIN_STREAMS).backend, CudaBackend
+        Engine(PARAMS, backend="auto", capacity=AUTO_MIN_STREAMS, outputs="all").backend,
+        CudaBackend,
     )
 
 
@@ -137,7 +138,7 @@ def test_preview_at_scale(closes):
 def test_warmup_then_step_equals_longer_warmup(closes, warmup_state):
     t = times_of(closes.shape[1])
     a = warmed("cuda", closes, 300)
-    b = Engine(PARAMS, backend="cuda", capacity=2 * N_SYMBOLS)
+    b = Engine(PARAMS, backend="cuda", capacity=2 * N_SYMBOLS, outputs="all")
     a.backend.warmup_state = b.backend.warmup_state = warmup_state
     symbols = names(N_SYMBOLS)
     for j in range(300, 400):
@@ -209,7 +210,7 @@ def test_no_kernel_compiles_inside_a_step():
     kernels = (kc.step_kernel, kc.preview_kernel, kc.warmup_kernel, kc.transpose_kernel,
                kc.scatter_rows_kernel)  # fmt: skip
     for capacity in (1, 64):
-        eng = Engine(PARAMS[:1], backend="cuda", capacity=capacity)
+        eng = Engine(PARAMS[:1], backend="cuda", capacity=capacity, outputs="all")
         before = [len(k.overloads) for k in kernels]
         closes = walks(1, 30, seed=3)
         t = times_of(31)

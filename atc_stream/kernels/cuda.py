@@ -113,6 +113,7 @@ import types
 import numpy as np
 from numba import cuda, njit
 
+from .. import schema
 from ..state import layout as L
 from ..state.layout import (
     BAR_INDEX,
@@ -121,6 +122,8 @@ from ..state.layout import (
     N_COUNTER_FIELDS,
     N_OUT,
     N_VALUE_FIELDS,
+    OUT_LONG,
+    OUT_SHORT,
     PARAM_ROW,
     PV_LAM,
 )
@@ -419,12 +422,18 @@ def local_warmup_kernel(ring_columns: int):
 
 
 @_kernel
-def gather_columns_kernel(out, n, columns, compact):
-    """``compact[u, j] = out[u, columns[j]]`` for ``u < n``: the requested outputs only."""
+def pack_outputs_kernel(out, n, columns, k, floats, flags, events):
+    """The requested outputs only, packed for one copy each: ``floats[u, j] =
+    out[u, columns[j]]`` (j < k, the requested float columns) and, with ``events``,
+    ``flags[u] = (long, short)`` as one byte each (0/1, read on the host as bool).
+    ``bar_index`` is not copied: the host knows it (``_commit_step``)."""
     u = cuda.grid(1)
     if u < n:
-        for j in range(columns.shape[0]):
-            compact[u, j] = out[u, columns[j]]
+        for j in range(k):
+            floats[u, j] = out[u, columns[j]]
+        if events:
+            flags[u, 0] = 1 if out[u, OUT_LONG] == 1.0 else 0
+            flags[u, 1] = 1 if out[u, OUT_SHORT] == 1.0 else 0
 
 
 @_kernel
@@ -516,11 +525,16 @@ def _plan_in_order(slots, order, plan):
 
 
 @njit(cache=True)
-def _commit_step(counters, shadow, slots, times, order, max_bar):
-    """Apply a step's counter changes on the host (as the kernel does on the device)."""
+def _commit_step(counters, shadow, slots, times, order, max_bar, bar_index):
+    """Apply a step's counter changes on the host (as the kernel does on the device).
+
+    ``bar_index[u]`` receives the index of the bar update ``u`` applied (the kernel's
+    ``OUT_BAR_INDEX``), so that it never has to be copied back.
+    """
     for k in range(order.shape[0]):  # plan order: rounds ascending, so times ascending
         u = order[k]
         slot = slots[u]
+        bar_index[u] = counters[slot, BAR_INDEX]
         bar = counters[slot, BAR_INDEX] + 1
         counters[slot, BAR_INDEX] = bar
         counters[slot, LAST_TIME] = times[u]
@@ -588,6 +602,11 @@ def growth_table(param_lengths: np.ndarray, param_values: np.ndarray, length: in
     else:
         table[:] = 1.0
     return table
+
+
+def _empty_fields(n: int, groups, bar_index: np.ndarray) -> dict:
+    """Typed fields of ``groups`` for ``n`` rows none of which holds a result."""
+    return schema.kernel_fields(np.full((n, N_OUT), np.nan), groups) | {"bar_index": bar_index}
 
 
 # -- device memory -------------------------------------------------------------------------
@@ -706,12 +725,12 @@ class CudaBackend:
         #: kernels (CUDA events on the backend's stream) in ``last_kernel_seconds``
         self.time_kernels = False
         self.last_kernel_seconds: float | None = None
-        #: output columns step/preview copy back (sorted; None: all); the others are NaN.
-        #: Set by ``Engine.request_outputs``.
-        self.output_columns: np.ndarray | None = None
-        self._columns_key: bytes | None = None
-        self._columns_device = None
-        self._compact = _Staging(self, np.float64)
+        # requested outputs (``step_outputs``): packed floats and event bytes
+        self._packed_groups: tuple[str, ...] | None = None
+        self._packed_columns = None  # device: the float columns of those groups
+        self._packed_k = 0
+        self._packed = _Staging(self, np.float64)
+        self._flags = _Staging(self, np.uint8)
         if precompile:
             self.precompile()
 
@@ -941,6 +960,30 @@ class CudaBackend:
     def step(self, slots, times, closes, order, round_starts) -> np.ndarray:
         """Apply planned rounds (``batch.plan_rounds``); row ``u`` of the result is update u.
 
+        Every output column comes back (rows ``[u, OUT_*]``, rejected rows NaN);
+        ``step_outputs`` copies back only requested ones.
+        """
+        n, m = slots.shape[0], order.shape[0]
+        if m == 0:
+            return np.full((n, N_OUT), np.nan)
+        self._run_step(slots, times, closes, order, round_starts, None, np.empty(n, np.int64))
+        return self._host_rows(n, order)
+
+    def step_outputs(self, slots, times, closes, order, round_starts, groups) -> dict:
+        """``step`` returning only the typed fields of output ``groups``
+        (``schema.kernel_fields``); only those are copied back from the device.
+        Fields of rejected rows are unspecified (the engine drops those rows)."""
+        n, m = slots.shape[0], order.shape[0]
+        bar_index = np.full(n, -1, np.int64)
+        if m == 0:
+            return _empty_fields(n, groups, bar_index)
+        self._run_step(slots, times, closes, order, round_starts, groups, bar_index)
+        return self._host_fields(n, groups, bar_index)
+
+    def _run_step(self, slots, times, closes, order, round_starts, groups, bar_index) -> None:
+        """Plan, stage, launch, start the copy back (all columns, or ``groups``), commit
+        the counters on the host and wait.
+
         Host work: the plan (slots sorted within each round, built in compiled code, and
         kept on the device while the batch's slots repeat with every update accepted in
         one round: the steady one-bar-per-stream case), two memcpys of the inputs into
@@ -948,8 +991,6 @@ class CudaBackend:
         kernel writes in host order (C order, row u): no gather, scatter or transpose.
         """
         n, m = slots.shape[0], order.shape[0]
-        if m == 0:
-            return np.full((n, N_OUT), np.nan)
         n_rounds = round_starts.shape[0] - 1
         plan = self._step_plan(slots, order, round_starts)
         self._sync(self._plan.host, m)
@@ -965,14 +1006,13 @@ class CudaBackend:
                 times_d, closes_d, out,
             )  # fmt: skip
         timer = self._timer_stop(timer)
-        self._download_outputs(n, out)
+        self._download_outputs(n, out, groups)
         # while the device works: the same counter changes on the host
         self._max_bar = _commit_step(
-            self.store.counters, self._shadow, slots, times, order, self._max_bar
+            self.store.counters, self._shadow, slots, times, order, self._max_bar, bar_index
         )
         self.stream.synchronize()
         self._timer_read(timer)
-        return self._host_outputs(n, order)
 
     def _step_plan(self, slots, order, round_starts):
         """The step's device plan (``_build_plan``), reused while the slots repeat."""
@@ -1002,46 +1042,79 @@ class CudaBackend:
         self._times.upload(n, self.stream)
         self._closes.upload(n, self.stream)
 
-    def _download_outputs(self, n: int, out) -> None:
-        """Start copying the step's outputs back: all columns, or the requested ones."""
-        columns = self.output_columns
-        if columns is None:
+    def _download_outputs(self, n: int, out, groups) -> None:
+        """Start copying the outputs back: every column (``groups`` None), or the float
+        columns and event bytes of ``groups`` packed on the device first."""
+        if groups is None:
             self._out.download(n * N_OUT, self.stream)
             return
-        key = columns.tobytes()
-        if key != self._columns_key:
-            self._columns_device = cuda.to_device(
-                np.ascontiguousarray(columns, np.int64), stream=self.stream
-            )
-            self._columns_key = key
-        k = columns.shape[0]
-        self._compact.reserve(n * k)
-        compact = self._compact.device[: n * k].reshape((n, k))
-        self._launch(gather_columns_kernel, n, out, n, self._columns_device, compact)
-        self._compact.download(n * k, self.stream)
+        if groups != self._packed_groups:
+            columns = schema.float_columns(groups)
+            padded = np.zeros(max(columns.shape[0], 1), np.int64)  # no zero-size arrays
+            padded[: columns.shape[0]] = columns
+            self._packed_columns = cuda.to_device(padded, stream=self.stream)
+            self._packed_k = columns.shape[0]
+            self._packed_groups = groups
+        k = self._packed_k
+        events = "events" in groups
+        self._packed.reserve(n * max(k, 1))
+        self._flags.reserve(2 * n)
+        floats = self._packed.device[: n * max(k, 1)].reshape((n, max(k, 1)))
+        flags = self._flags.device[: 2 * n].reshape((n, 2))
+        self._launch(pack_outputs_kernel, n, out, n, self._packed_columns, k, floats, flags, events)
+        self._packed.download(n * k, self.stream)
+        if events:
+            self._flags.download(2 * n, self.stream)
 
-    def _host_outputs(self, n: int, order: np.ndarray) -> np.ndarray:
+    def _host_rows(self, n: int, order: np.ndarray) -> np.ndarray:
         """A copy of the pinned output rows (the buffer is reused); rejected rows NaN."""
-        columns = self.output_columns
-        if columns is None:
-            result = self._out.host[: n * N_OUT].reshape((n, N_OUT)).copy()
-        else:
-            result = np.full((n, N_OUT), np.nan)
-            k = columns.shape[0]
-            result[:, columns] = self._compact.host[: n * k].reshape((n, k))
+        result = self._out.host[: n * N_OUT].reshape((n, N_OUT)).copy()
         if order.shape[0] != n:
             rejected = np.ones(n, np.bool_)
             rejected[order] = False
             result[rejected] = np.nan
         return result
 
+    def _host_fields(self, n: int, groups, bar_index: np.ndarray) -> dict:
+        """The typed fields of ``groups``, copied out of the pinned buffers (reused)."""
+        fields = {"bar_index": bar_index}
+        names = schema.fields_for(groups)[1:]
+        k = self._packed_k
+        floats = self._packed.host[: n * k].reshape((n, k))
+        flags = self._flags.host[: 2 * n].reshape((n, 2)).view(np.bool_)
+        j = 0
+        for name in names:
+            if name in ("long", "short"):
+                fields[name] = flags[:, 0 if name == "long" else 1].copy()
+                continue
+            width = len(schema.FLOAT_FIELD_COLUMNS[name])
+            block = floats[:, j : j + width]
+            fields[name] = (block[:, 0] if width == 1 else block).copy()
+            j += width
+        return fields
+
     def preview(self, slots, times, closes, accepted) -> np.ndarray:
         """Outputs for in-progress bars on scratch copies of the slots; state is untouched."""
         n = slots.shape[0]
         order = np.flatnonzero(accepted)
-        m = order.shape[0]
-        if m == 0:
+        if order.shape[0] == 0:
             return np.full((n, N_OUT), np.nan)
+        self._run_preview(slots, times, closes, order, None)
+        return self._host_rows(n, order)
+
+    def preview_outputs(self, slots, times, closes, accepted, groups) -> dict:
+        """``preview`` returning only the typed fields of output ``groups``."""
+        n = slots.shape[0]
+        order = np.flatnonzero(accepted)
+        bar_index = np.full(n, -1, np.int64)
+        bar_index[order] = self.store.counters[slots[order], BAR_INDEX]
+        if order.shape[0] == 0:
+            return _empty_fields(n, groups, bar_index)
+        self._run_preview(slots, times, closes, order, groups)
+        return self._host_fields(n, groups, bar_index)
+
+    def _run_preview(self, slots, times, closes, order, groups) -> None:
+        n, m = slots.shape[0], order.shape[0]
         pp = self._preview_plan
         pp.reserve(2 * m)
         self.stream.synchronize()  # a pending upload may still read the pinned plan
@@ -1058,10 +1131,9 @@ class CudaBackend:
             self._closes.device, scratch.ring, scratch.values, scratch.counters, out,
         )  # fmt: skip
         timer = self._timer_stop(timer)
-        self._download_outputs(n, out)
+        self._download_outputs(n, out, groups)
         self.stream.synchronize()
         self._timer_read(timer)
-        return self._host_outputs(n, order)
 
     def _scratch_rows(self, m: int):
         ring_cols = self.store.ring.shape[1]
@@ -1182,6 +1254,7 @@ def kernel_signatures(local_ring_columns: int | None = 70) -> dict[str, tuple[ob
     i2c = nt.Array(nt.int64, 2, "C")
     i1 = nt.Array(nt.int64, 1, "C")
     f1 = nt.Array(nt.float64, 1, "C")
+    u2c = nt.Array(nt.uint8, 2, "C")
     i64 = nt.int64
     state = (f2f, f2f, i2f, i2c, f2c, f2c)
     warmup = (*state, i1, i64, f2c, f2c, nt.boolean)
@@ -1190,7 +1263,7 @@ def kernel_signatures(local_ring_columns: int | None = 70) -> dict[str, tuple[ob
         "preview_kernel": (preview_kernel, (*state, i1, i64, i1, f1, f2f, f2f, i2f, f2c)),
         "warmup_kernel": (warmup_kernel, warmup),
         "transpose_kernel": (transpose_kernel, (f2c, i64, i64, f2c)),
-        "gather_columns_kernel": (gather_columns_kernel, (f2c, i64, i1, f2c)),
+        "pack_outputs_kernel": (pack_outputs_kernel, (f2c, i64, i1, i64, f2c, u2c, nt.boolean)),
         "scatter_rows_kernel": (scatter_rows_kernel, (f2f, i1, f2c)),
         "scatter_rows_kernel(int64)": (scatter_rows_kernel, (i2f, i1, i2c)),
     }
