@@ -26,7 +26,7 @@ import numpy as np
 from . import inputs, schema
 from .kernels import batch
 from .params import ATCParams
-from .results import Rejection, StepResult, StreamKey, UnknownStreamError
+from .results import PendingStep, Rejection, StepResult, StreamKey, UnknownStreamError
 from .state import layout as L
 from .state.store import StateStore
 
@@ -51,10 +51,13 @@ _FAST_REAL_TYPES = _FAST_INT_TYPES | {float, np.float64, np.float32}
 WARMUP_CHUNK = 1024
 
 
-def make_backend(name: str, store: StateStore, threads: int | None = None):
+def make_backend(
+    name: str, store: StateStore, threads: int | None = None, cuda_graph: bool = False
+):
     """The backend object for ``name`` ("cpu", "cuda" or "auto").
 
-    ``threads`` is the CPU backend's thread count (None: chosen per call).
+    ``threads`` is the CPU backend's thread count (None: chosen per call);
+    ``cuda_graph`` turns on the CUDA backend's graph of the steady step.
 
     "cuda" also runs under numba's simulator (``NUMBA_ENABLE_CUDASIM=1``) and raises
     ``RuntimeError`` naming the missing piece when CUDA cannot run here. "auto" picks
@@ -73,7 +76,7 @@ def make_backend(name: str, store: StateStore, threads: int | None = None):
         if available:
             from .kernels.cuda import CudaBackend
 
-            return CudaBackend(store)
+            return CudaBackend(store, cuda_graph=cuda_graph)
         if name == "cuda":
             raise RuntimeError(f"backend='cuda' was asked for but CUDA is unavailable: {why}")
         _note_cpu_fallback(why)
@@ -121,11 +124,17 @@ class Engine:
         capacity: int = 64,
         threads: int | None = None,
         outputs: str | Sequence[str] | None = None,
+        cuda_graph: bool = False,
     ) -> None:
         """``outputs``: the output groups ``step``/``preview``/``warmup`` return
         (``schema.OUTPUT_GROUPS``: "signal", "events", "layers", "equities", "growth", or
         "all"); default ``schema.DEFAULT_OUTPUTS``, the signal and the events. See
-        :attr:`outputs`."""
+        :attr:`outputs`.
+
+        ``cuda_graph``: on the CUDA backend, replay the steady step (the same streams
+        every step, one bar each) as one captured CUDA graph (needs CuPy on a real
+        device; otherwise, or when a capture fails, one warning and ordinary launches).
+        Off by default; results are identical either way. Ignored on the CPU."""
         from .kernels.threads import check_threads
 
         self._outputs = schema.resolve_outputs(outputs)
@@ -146,7 +155,8 @@ class Engine:
             param_sets = [param_sets]
         for p in param_sets:
             self.add_params(p)
-        self.backend = make_backend(backend, self.store, self.threads)
+        self.cuda_graph = cuda_graph
+        self.backend = make_backend(backend, self.store, self.threads, cuda_graph)
 
     def compile(self, report=None):
         """Compile (first run) or load from the on-disk cache every CPU kernel now.
@@ -167,7 +177,7 @@ class Engine:
         (the engine then stays where it was).
         """
         self.backend.pull_state()
-        new = make_backend(backend, self.store, self.threads)
+        new = make_backend(backend, self.store, self.threads, self.cuda_graph)
         new.push_state()
         old, self.backend = self.backend, new
         close = getattr(old, "close", None)
@@ -434,7 +444,29 @@ class Engine:
         The result carries the output groups of :attr:`outputs` (default: signal and
         events).
         """
+        return self._step(*self._parse_input(bars, time_unit, columns)).result()
+
+    def step_async(
+        self,
+        bars: Iterable[tuple[str, int, float]] | Any,
+        *,
+        time_unit: str | None = None,
+        columns: Mapping[str, str] | None = None,
+    ) -> PendingStep:
+        """:meth:`step` without waiting for the outputs: ``.result()`` gives the
+        ``StepResult``.
+
+        The state advances now (a following step, preview, warmup or snapshot sees this
+        step applied); on CUDA the next step's inputs are validated, planned and staged
+        while this step's copies and kernels are in flight (double-buffered pinned
+        buffers, ``kernels/cuda_io.py``). On the CPU the step runs to completion before
+        returning. Results are identical to :meth:`step`'s.
+        """
         return self._step(*self._parse_input(bars, time_unit, columns))
+
+    def step_arrays_async(self, slots, times, closes, inputs=None) -> PendingStep:
+        """:meth:`step_arrays` without waiting (see :meth:`step_async`)."""
+        return self._step(*self._array_input(slots, times, closes, inputs))
 
     def step_arrays(self, slots, times, closes, inputs=None) -> StepResult:
         """Array fast path: ``slots`` from ``slot_of``/``slots_of``; no per-item Python work.
@@ -442,15 +474,19 @@ class Engine:
         ``inputs[u]`` is the position of the input update ``u`` came from, when one input
         fans out to several slots (default: its own position); rejections count per input.
         """
+        return self._step(*self._array_input(slots, times, closes, inputs)).result()
+
+    @staticmethod
+    def _array_input(slots, times, closes, inputs):
         slots, times, closes = _as_update_arrays(slots, times, closes)
         inputs = np.arange(slots.shape[0]) if inputs is None else np.asarray(inputs, np.int64)
         if inputs.shape != slots.shape:
             raise ValueError(
                 f"inputs must have the shape of slots {slots.shape}, got {inputs.shape}"
             )
-        return self._step(slots, times, closes, inputs, [])
+        return slots, times, closes, inputs, []
 
-    def _step(self, slots, times, closes, origin, rejected) -> StepResult:
+    def _step(self, slots, times, closes, origin, rejected) -> PendingStep:
         store = self.store
         reasons = np.zeros(slots.shape[0], np.int64)
         order, round_starts = batch.plan_rounds(
@@ -459,12 +495,28 @@ class Engine:
         )  # fmt: skip
         if order.shape[0] != slots.shape[0]:
             self._report_codes(reasons, slots, times, closes, origin, rejected)
-        fields = self.backend.step_outputs(slots, times, closes, order, round_starts, self._outputs)
-        if order.shape[0] == slots.shape[0]:  # all accepted: every row is a result
-            return self._result(slots, times, closes, fields, rejected)
-        keep = np.sort(order)
-        fields = {name: values[keep] for name, values in fields.items()}
-        return self._result(slots[keep], times[keep], closes[keep], fields, rejected)
+        submit = getattr(self.backend, "step_outputs_async", None)
+        args = (slots, times, closes, order, round_starts, self._outputs)
+        pending = submit(*args) if submit is not None else None
+        fields = None if submit is not None else self.backend.step_outputs(*args)
+        if order.shape[0] != slots.shape[0]:  # rejected updates have no row
+            keep = np.sort(order)
+            slots, times, closes = slots[keep], times[keep], closes[keep]
+        else:
+            keep = None
+        # the result's rows are fixed now (a later step may reuse or free a slot)
+        ready_from = self.store.params.ready_bars[self.store.counters[slots, L.PARAM_ROW]]
+        outputs, keys_by_slot = self._outputs, self._keys_by_slot
+
+        def result() -> StepResult:
+            out = pending.wait() if pending is not None else fields
+            if keep is not None:
+                out = {name: values[keep] for name, values in out.items()}
+            return StepResult(
+                keys_by_slot, slots, times, closes, out, rejected, False, ready_from, outputs
+            )
+
+        return PendingStep(result)
 
     def _result(self, slots, times, closes, out, rejected, provisional=False) -> StepResult:
         """``out``: kernel output rows or typed fields (``schema.kernel_fields``)."""
@@ -681,11 +733,12 @@ class Engine:
         backend: str = "auto",
         threads: int | None = None,
         outputs: str | Sequence[str] | None = None,
+        cuda_graph: bool = False,
     ) -> Engine:
         """The engine a snapshot blob was taken from; ``SnapshotError`` if it does not verify.
 
-        ``outputs``: the output groups of its results, as in the constructor (a snapshot
-        holds state, not this choice).
+        ``outputs`` and ``cuda_graph`` as in the constructor (a snapshot holds state, not
+        these choices).
 
         ``blob`` may also be an already verified ``state.snapshot.Snapshot`` (a store's
         ``latest().decoded``), so that a blob is decoded once.
@@ -696,7 +749,7 @@ class Engine:
         h = snap.header
         eng = cls(
             snap.params, backend=backend, interval=h.interval, capacity=h.capacity,
-            threads=threads, outputs=outputs,
+            threads=threads, outputs=outputs, cuda_graph=cuda_graph,
         )  # fmt: skip
         store = eng.store
         reshaped = False
@@ -710,7 +763,10 @@ class Engine:
         if reshaped:
             store.ring_capacity = h.ring_capacity
             store.generation += 1
-            old, eng.backend = eng.backend, make_backend(backend, store, eng.threads)
+            old, eng.backend = (
+                eng.backend,
+                make_backend(backend, store, eng.threads, eng.cuda_graph),
+            )
             getattr(old, "close", lambda: None)()
         by_symbol: dict[str, list[int]] = {}
         for key, slot in h.registry.items():

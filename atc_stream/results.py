@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,24 @@ class Rejection:
     reason: str
     detail: str
     symbol: str | None = None
+
+
+class PendingStep:
+    """A submitted step (``Engine.step_async``): :meth:`result` waits for its outputs.
+
+    The engine's state already includes the step. The result is built once; asking
+    again returns the same object. Nothing is lost by never asking.
+    """
+
+    def __init__(self, build: Callable[[], StepResult]) -> None:
+        self._build: Callable[[], StepResult] | None = build
+        self._result: StepResult | None = None
+
+    def result(self) -> StepResult:
+        if self._result is None:
+            self._result = self._build()
+            self._build = None
+        return self._result
 
 
 class StepResult:

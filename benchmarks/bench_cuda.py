@@ -429,7 +429,7 @@ def mismatches(n: int, steps: int = 20) -> dict:
     closes = random_walks(n, total, seed=11)
     times = bar_times(total)
     history = {f"S{i}": (times[:STEP_HISTORY], closes[i, :STEP_HISTORY]) for i in range(n)}
-    engines = [Engine(ATCParams(), backend=b, capacity=n) for b in ("cpu", "cuda")]
+    engines = [Engine(ATCParams(), backend=b, capacity=n, outputs="all") for b in ("cpu", "cuda")]
     for eng in engines:
         eng.warmup(history)
     slots = [np.array([e.slot_of(e.streams[i]) for i in range(n)]) for e in engines]

@@ -488,3 +488,65 @@ def test_only_the_requested_columns_are_packed(cuda_mod):
     eng.outputs = "all"
     eng.step([("A", int(t[11]), 102.0)])
     assert backend._packed_k == schema.float_columns(schema.ALL_OUTPUTS).shape[0] == 14
+
+
+# -- double-buffered steps, CUDA graph option ------------------------------------------------
+
+
+def test_async_steps_double_buffered_equal_the_cpu(cuda_mod):
+    """Three steps submitted before any result is read (the third reuses the first's
+    buffer set, so the first is waited for and copied out); previews and a snapshot
+    in between; every result equals the CPU's synchronous one."""
+    closes = walks(3, 40, seed=21)
+    t = times_of(40)
+    engines = [Engine([SHORT, SHORT2], backend=b, outputs=("signal", "events", "layers"))
+               for b in ("cuda", "cpu")]  # fmt: skip
+    for eng in engines:
+        eng.warmup({f"S{i}": (t[:20], closes[i, :20]) for i in range(3)})
+    order = [2, 0, 1]
+    got, want = [], []
+    j = 20
+    while j < 38:
+        bars = [(f"S{i}", int(t[j]), float(closes[i, j])) for i in order]
+        pend = [engines[0].step_async(bars)]
+        want.append(engines[1].step(bars))
+        j += 1
+        bars = [(f"S{i}", int(t[j]), float(closes[i, j])) for i in order]
+        pend.append(engines[0].step_async(bars))
+        want.append(engines[1].step(bars))
+        io = engines[0].backend._io
+        assert io[0].pending is not None and io[1].pending is not None  # both in flight
+        j += 1
+        if j % 4 == 0:  # a preview while two steps are pending
+            pv = [e.preview([("S1", int(t[j]), 50.0)]) for e in engines]
+            assert_same(pv[0].outputs, pv[1].outputs, f"preview {j}")
+        bars = [(f"S{i}", int(t[j]), float(closes[i, j])) for i in order]
+        pend.append(engines[0].step_async(bars))
+        want.append(engines[1].step(bars))
+        j += 1
+        got += [p.result() for p in pend]
+    assert got[0] is not None and pend[-1].result() is got[-1]  # built once
+    for k, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert a.column_names == b.column_names
+        for name, values in b.columns().items():
+            assert np.array_equal(a.columns()[name], values, equal_nan=values.dtype.kind == "f"), (
+                k, name,
+            )  # fmt: skip
+    assert_same_state(*engines)
+
+
+def test_cuda_graph_falls_back_with_one_warning_under_the_simulator(cuda_mod, caplog):
+    closes = walks(2, 30, seed=4)
+    t = times_of(30)
+    with caplog.at_level("WARNING", logger="atc_stream"):
+        eng = Engine(SHORT, backend="cuda", cuda_graph=True, outputs="all")
+    warned = [r for r in caplog.records if "CUDA graphs need CuPy" in r.getMessage()]
+    assert len(warned) == 1 and eng.backend.graphs is None and eng.cuda_graph
+    ref = Engine(SHORT, backend="cpu", outputs="all")
+    for e in (eng, ref):
+        e.warmup({f"S{i}": (t[:25], closes[i, :25]) for i in range(2)})
+    for j in range(25, 28):
+        bars = [(f"S{i}", int(t[j]), float(closes[i, j])) for i in range(2)]
+        assert_same(eng.step(bars).outputs, ref.step(bars).outputs, f"bar {j}")
+    eng.move_to("cuda")  # the option carries over (and warns again for the new backend)
+    assert eng.backend.graphs is None

@@ -139,3 +139,24 @@ def test_redis_records_of_a_subset_round_trip():
         msgspec.json.Decoder(SignalRecord).decode(data)
     assert batch_type.__struct_fields__[-1] == "records"
     assert _message_types("all") == (SignalRecord, SignalBatch)
+
+
+def test_step_async_on_the_cpu_equals_step():
+    """``step_async``/``step_arrays_async`` on the CPU: the step is applied at once, the
+    result (built once) equals ``step``'s, rejections included."""
+    a, b = Engine(ATCParams(cutout=2), backend="cpu"), Engine(ATCParams(cutout=2), backend="cpu")
+    t = T0 + BAR * np.arange(10)
+    closes = 100 + np.cumsum(np.cos(np.arange(10)))
+    for eng in (a, b):
+        eng.warmup({"A": (t[:6], closes[:6]), "B": (t[:6], closes[:6] + 1)})
+    pending = a.step_async([("A", int(t[6]), closes[6]), ("B", int(t[5]), 3.0)])
+    assert a.stream_state(a.streams[0])["bar_index"] == 7  # applied before .result()
+    want = b.step([("A", int(t[6]), closes[6]), ("B", int(t[5]), 3.0)])
+    got = pending.result()
+    assert got is pending.result() and [r.reason for r in got.rejected] == ["duplicate_bar"]
+    for name, values in want.columns().items():
+        assert np.array_equal(got.columns()[name], values, equal_nan=values.dtype.kind == "f")
+    slots = np.array([a.slot_of(a.streams[1]), a.slot_of(a.streams[0])])
+    got = a.step_arrays_async(slots, t[[6, 7]], closes[[6, 7]]).result()
+    want = b.step_arrays(slots, t[[6, 7]], closes[[6, 7]])
+    assert np.array_equal(got.signal, want.signal, equal_nan=True)

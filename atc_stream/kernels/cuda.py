@@ -130,6 +130,7 @@ from ..state.layout import (
 from ..state.store import StateStore
 from . import AUTO_MIN_STREAMS, cpu, cuda_simulated  # noqa: F401 - AUTO_MIN_STREAMS re-exported
 from .compile import compile_core
+from .cuda_io import IoSet, PendingOutputs, Staging, StepGraphs
 
 log = logging.getLogger("atc_stream")
 
@@ -628,33 +629,6 @@ def _launch_shape(count: int, threads: int = THREADS_PER_BLOCK) -> tuple[int, in
     return (count + threads - 1) // threads, threads
 
 
-class _Staging:
-    """A pinned host buffer and a device buffer of one dtype, grown by doubling."""
-
-    def __init__(self, backend: CudaBackend, dtype) -> None:
-        self._backend = backend
-        self.dtype = np.dtype(dtype)
-        self.size = 0
-        self.host = None
-        self.device = None
-
-    def reserve(self, size: int) -> None:
-        if size <= self.size:
-            return
-        size = max(size, 2 * self.size, 1024)
-        self.host = cuda.pinned_array(size, self.dtype)
-        self.device = self._backend._device_empty(size, self.dtype)
-        self.size = size
-
-    def upload(self, size: int, stream) -> None:
-        if size:
-            self.device[:size].copy_to_device(self.host[:size], stream=stream)
-
-    def download(self, size: int, stream) -> None:
-        if size:
-            self.device[:size].copy_to_host(self.host[:size], stream=stream)
-
-
 class CudaBackend:
     """Runs the CUDA kernels on device-resident state; same interface as ``CpuBackend``.
 
@@ -679,6 +653,7 @@ class CudaBackend:
         warmup_state: str = "global",
         threads_per_block: int = THREADS_PER_BLOCK,
         precompile: bool = True,
+        cuda_graph: bool = False,
     ) -> None:
         if warmup_state not in ("local", "global"):
             raise ValueError(f"warmup_state must be 'local' or 'global', got {warmup_state!r}")
@@ -697,19 +672,22 @@ class CudaBackend:
         self.warmup_state = warmup_state
         self._cupy = _import_cupy()
         self.stream = cuda.stream()
-        self._ints = _Staging(self, np.int64)
-        self._floats = _Staging(self, np.float64)
-        self._out = _Staging(self, np.float64)
-        self._plan = _Staging(self, np.int64)  # step plan: slots, then host positions
-        self._preview_plan = _Staging(self, np.int64)
-        self._times = _Staging(self, np.int64)  # step/preview inputs in host order
-        self._closes = _Staging(self, np.float64)
-        self._history = _Staging(self, np.float64)  # warmup closes before the transpose
+        #: the CUDA graph of the steady step (``cuda_graph=True``; None: off or unavailable)
+        self.graphs: StepGraphs | None = self._make_graphs() if cuda_graph else None
+        self._ints = self._staging(np.int64)
+        self._floats = self._staging(np.float64)
+        self._warm_out = self._staging(np.float64)  # warmup output rows
+        self._plan = self._staging(np.int64)  # step plan: slots, then host positions
+        self._preview_plan = self._staging(np.int64)
+        self._history = self._staging(np.float64)  # warmup closes before the transpose
+        # step/preview inputs and outputs: two sets, used alternately (cuda_io.py)
+        self._io = [IoSet(i, self._device_empty, self._buffers_moved) for i in (0, 1)]
+        self._next_io = 0
         #: the slots of the last fully accepted one-round step, whose plan is on the device
         self._plan_slots: np.ndarray | None = None
         self._where = np.zeros(0, np.int64)
-        self._rows = _Staging(self, np.float64)  # packed rows of host-initialised slots
-        self._row_counters = _Staging(self, np.int64)
+        self._rows = self._staging(np.float64)  # packed rows of host-initialised slots
+        self._row_counters = self._staging(np.int64)
         self._dev: types.SimpleNamespace | None = None
         self._mirror: types.SimpleNamespace | None = None
         self._shadow = np.zeros((0, len(_SHADOW_COLUMNS)), np.int64)
@@ -729,8 +707,6 @@ class CudaBackend:
         self._packed_groups: tuple[str, ...] | None = None
         self._packed_columns = None  # device: the float columns of those groups
         self._packed_k = 0
-        self._packed = _Staging(self, np.float64)
-        self._flags = _Staging(self, np.uint8)
         if precompile:
             self.precompile()
 
@@ -752,6 +728,46 @@ class CudaBackend:
             check_no_fma(kernel, name)
 
     # -- device arrays ---------------------------------------------------------------------
+
+    def _staging(self, dtype) -> Staging:
+        return Staging(self._device_empty, dtype, self._buffers_moved)
+
+    def _buffers_moved(self) -> None:
+        """A device buffer was (re)allocated: CUDA graphs that captured it are stale."""
+        if self.graphs is not None:
+            self.graphs.invalidate()
+
+    def _make_graphs(self) -> StepGraphs | None:
+        """CUDA graphs need CuPy's stream capture on a real device; else one warning."""
+        if cuda_simulated() or self._cupy is None:
+            why = "the CUDA simulator" if cuda_simulated() else "CuPy is not installed"
+            log.warning(
+                "cuda_graph=True: CUDA graphs need CuPy on a real device (%s here); "
+                "using ordinary launches",
+                why,
+            )
+            return None
+        try:
+            cupy_stream = self._cupy.cuda.Stream(non_blocking=True)
+            self.stream = cuda.external_stream(cupy_stream.ptr)
+        except Exception as exc:  # an old CuPy, a driver without capture
+            log.warning("cuda_graph=True: no capturable stream (%s); using ordinary launches", exc)
+            return None
+        return StepGraphs(cupy_stream)
+
+    def _take_io(self) -> IoSet:
+        """The next buffer set; the step that last used it is waited for first."""
+        io = self._io[self._next_io]
+        self._next_io ^= 1
+        if io.pending is not None:
+            io.pending.wait()
+        return io
+
+    def _drain(self) -> None:
+        """Wait for every submitted step (their outputs are copied out)."""
+        for io in self._io:
+            if io.pending is not None:
+                io.pending.wait()
 
     def _device_empty(self, shape, dtype, order: str = "C"):
         if self._cupy is not None:
@@ -792,6 +808,8 @@ class CudaBackend:
 
     def close(self) -> None:
         """Free the device state (the host arrays keep whatever was last pulled)."""
+        self._drain()
+        self._buffers_moved()
         self._dev = None
         self._mirror = None
         self._scratch = None
@@ -804,6 +822,8 @@ class CudaBackend:
     def push_state(self) -> None:
         """Upload the store's host arrays (the whole state and the parameter table)."""
         s = self.store
+        self._drain()
+        self._buffers_moved()  # new parameter tables (and maybe state arrays) on the device
         # at least two rows: a one-row F-order array is also C-contiguous, which numba
         # types as layout "C", i.e. a second specialisation of every kernel
         rows = max(s.capacity, 2)
@@ -841,6 +861,7 @@ class CudaBackend:
         """Copy the device state into the store's host arrays (the host mirror)."""
         if self._dev is None:
             return  # nothing on the device yet: the host arrays are the state
+        self._drain()
         self._sync(None)
         m, d = self._mirror, self._dev
         for name in ("ring", "values", "counters"):
@@ -952,7 +973,9 @@ class CudaBackend:
         if needed > length:
             length = max(needed, 2 * length, GROWTH_TABLE_MIN)
         table = growth_table(s.params.lengths, s.params.values, length)
+        self.stream.synchronize()  # a submitted step may still read the old table
         self._growth_table = cuda.to_device(table, stream=self.stream)
+        self._buffers_moved()
         self._table_rows, self._table_length = rows, length
 
     # -- the backend interface -------------------------------------------------------------
@@ -966,124 +989,149 @@ class CudaBackend:
         n, m = slots.shape[0], order.shape[0]
         if m == 0:
             return np.full((n, N_OUT), np.nan)
-        self._run_step(slots, times, closes, order, round_starts, None, np.empty(n, np.int64))
-        return self._host_rows(n, order)
+        bar_index = np.empty(n, np.int64)
+        return self._submit_step(slots, times, closes, order, round_starts, None, bar_index).wait()
 
     def step_outputs(self, slots, times, closes, order, round_starts, groups) -> dict:
         """``step`` returning only the typed fields of output ``groups``
         (``schema.kernel_fields``); only those are copied back from the device.
         Fields of rejected rows are unspecified (the engine drops those rows)."""
+        return self.step_outputs_async(slots, times, closes, order, round_starts, groups).wait()
+
+    def step_outputs_async(
+        self, slots, times, closes, order, round_starts, groups
+    ) -> PendingOutputs:
+        """``step_outputs`` without waiting: the state and host counters advance now, the
+        outputs are ``.wait()``-ed for. Two steps may be in flight (``cuda_io.py``)."""
         n, m = slots.shape[0], order.shape[0]
         bar_index = np.full(n, -1, np.int64)
         if m == 0:
-            return _empty_fields(n, groups, bar_index)
-        self._run_step(slots, times, closes, order, round_starts, groups, bar_index)
-        return self._host_fields(n, groups, bar_index)
+            return PendingOutputs.ready(_empty_fields(n, groups, bar_index))
+        return self._submit_step(slots, times, closes, order, round_starts, groups, bar_index)
 
-    def _run_step(self, slots, times, closes, order, round_starts, groups, bar_index) -> None:
-        """Plan, stage, launch, start the copy back (all columns, or ``groups``), commit
-        the counters on the host and wait.
+    def _submit_step(
+        self, slots, times, closes, order, round_starts, groups, bar_index
+    ) -> PendingOutputs:
+        """Plan, stage, enqueue the copies and kernels (or launch the step's CUDA graph),
+        commit the counters on the host; the outputs (all rows for ``groups`` None) are
+        read when the returned step is waited for.
 
         Host work: the plan (slots sorted within each round, built in compiled code, and
         kept on the device while the batch's slots repeat with every update accepted in
         one round: the steady one-bar-per-stream case), two memcpys of the inputs into
-        pinned buffers, the counter bookkeeping, and one memcpy of the outputs, which the
-        kernel writes in host order (C order, row u): no gather, scatter or transpose.
+        the pinned buffers of one of two sets, the counter bookkeeping, and at the wait
+        one copy per requested field (the kernels write host order: no gather, scatter
+        or transpose).
         """
         n, m = slots.shape[0], order.shape[0]
         n_rounds = round_starts.shape[0] - 1
-        plan = self._step_plan(slots, order, round_starts)
+        io = self._take_io()
+        plan, reused = self._step_plan(slots, order, round_starts)
         self._sync(self._plan.host, m)
         self._ensure_growth(n_rounds)
-        self._stage_inputs(times, closes)
-        out = self._out.device[: n * N_OUT].reshape((n, N_OUT))
-        times_d, closes_d = self._times.device, self._closes.device
+        k = self._prepare_packing(groups)
+        io.reserve(n, N_OUT, k)
+        io.stage(times, closes)
+
+        def enqueue() -> None:
+            io.times.upload(n, self.stream)
+            io.closes.upload(n, self.stream)
+            out = io.out.device[: n * N_OUT].reshape((n, N_OUT))
+            for r in range(n_rounds):
+                start, stop = int(round_starts[r]), int(round_starts[r + 1])
+                self._launch(
+                    step_kernel, stop - start, *self._params(), plan, m, start, stop,
+                    io.times.device, io.closes.device, out,
+                )  # fmt: skip
+            self._enqueue_outputs(io, n, out, groups, k)
+
         timer = self._timer_start()
-        for r in range(n_rounds):
-            start, stop = int(round_starts[r]), int(round_starts[r + 1])
-            self._launch(
-                step_kernel, stop - start, *self._params(), plan, m, start, stop,
-                times_d, closes_d, out,
-            )  # fmt: skip
+        graphs = self.graphs
+        steady = graphs is not None and reused and groups is not None and timer is None
+        if not (steady and graphs.run((io.index, n, groups, self.threads_per_block), enqueue)):
+            enqueue()
         timer = self._timer_stop(timer)
-        self._download_outputs(n, out, groups)
         # while the device works: the same counter changes on the host
         self._max_bar = _commit_step(
             self.store.counters, self._shadow, slots, times, order, self._max_bar, bar_index
         )
-        self.stream.synchronize()
-        self._timer_read(timer)
+        done = cuda.event() if cuda_simulated() else cuda.event(timing=False)
+        done.record(self.stream)
+
+        def read():
+            self._timer_read(timer)
+            if groups is None:
+                return self._host_rows(io, n, order)
+            return self._host_fields(io, n, groups, k, bar_index)
+
+        pending = PendingOutputs(read, done, io)
+        io.pending = pending
+        return pending
 
     def _step_plan(self, slots, order, round_starts):
-        """The step's device plan (``_build_plan``), reused while the slots repeat."""
+        """The step's device plan (``_build_plan``), reused while the slots repeat;
+        returns ``(plan, reused)``."""
         n, m = slots.shape[0], order.shape[0]
         steady = m == n and round_starts.shape[0] == 2
         cached = self._plan_slots
         if steady and cached is not None and np.array_equal(cached, slots):
-            return self._plan.device
+            return self._plan.device, True
         self._plan_slots = None
         if self._where.shape[0] < self.store.capacity:
             self._where = np.full(self.store.capacity, -1, np.int64)
+        self.stream.synchronize()  # a submitted step may still read the plan (pinned/device)
         self._plan.reserve(2 * m)
-        self.stream.synchronize()  # a pending upload may still read the pinned plan
         _build_plan(slots, order, round_starts, self._plan.host, self._where)
         self._plan.upload(2 * m, self.stream)
         if steady:
             self._plan_slots = slots.copy()
-        return self._plan.device
+        return self._plan.device, False
 
-    def _stage_inputs(self, times, closes) -> None:
-        n = times.shape[0]
-        self._times.reserve(n)
-        self._closes.reserve(n)
-        self._out.reserve(n * N_OUT)
-        self._times.host[:n] = times
-        self._closes.host[:n] = closes
-        self._times.upload(n, self.stream)
-        self._closes.upload(n, self.stream)
-
-    def _download_outputs(self, n: int, out, groups) -> None:
-        """Start copying the outputs back: every column (``groups`` None), or the float
-        columns and event bytes of ``groups`` packed on the device first."""
+    def _prepare_packing(self, groups) -> int:
+        """The device list of the float columns of ``groups``; returns how many."""
         if groups is None:
-            self._out.download(n * N_OUT, self.stream)
-            return
+            return 0
         if groups != self._packed_groups:
             columns = schema.float_columns(groups)
             padded = np.zeros(max(columns.shape[0], 1), np.int64)  # no zero-size arrays
             padded[: columns.shape[0]] = columns
+            self.stream.synchronize()  # a submitted step may still read the old list
             self._packed_columns = cuda.to_device(padded, stream=self.stream)
             self._packed_k = columns.shape[0]
             self._packed_groups = groups
-        k = self._packed_k
-        events = "events" in groups
-        self._packed.reserve(n * max(k, 1))
-        self._flags.reserve(2 * n)
-        floats = self._packed.device[: n * max(k, 1)].reshape((n, max(k, 1)))
-        flags = self._flags.device[: 2 * n].reshape((n, 2))
-        self._launch(pack_outputs_kernel, n, out, n, self._packed_columns, k, floats, flags, events)
-        self._packed.download(n * k, self.stream)
-        if events:
-            self._flags.download(2 * n, self.stream)
+            self._buffers_moved()
+        return self._packed_k
 
-    def _host_rows(self, n: int, order: np.ndarray) -> np.ndarray:
+    def _enqueue_outputs(self, io: IoSet, n: int, out, groups, k: int) -> None:
+        """Enqueue the copy back: every column (``groups`` None), or the ``k`` float
+        columns and the event bytes of ``groups``, packed on the device first."""
+        if groups is None:
+            io.out.download(n * N_OUT, self.stream)
+            return
+        events = "events" in groups
+        floats = io.packed.device[: n * max(k, 1)].reshape((n, max(k, 1)))
+        flags = io.flags.device[: 2 * n].reshape((n, 2))
+        self._launch(pack_outputs_kernel, n, out, n, self._packed_columns, k, floats, flags, events)
+        io.packed.download(n * k, self.stream)
+        if events:
+            io.flags.download(2 * n, self.stream)
+
+    def _host_rows(self, io: IoSet, n: int, order: np.ndarray) -> np.ndarray:
         """A copy of the pinned output rows (the buffer is reused); rejected rows NaN."""
-        result = self._out.host[: n * N_OUT].reshape((n, N_OUT)).copy()
+        result = io.out.host[: n * N_OUT].reshape((n, N_OUT)).copy()
         if order.shape[0] != n:
             rejected = np.ones(n, np.bool_)
             rejected[order] = False
             result[rejected] = np.nan
         return result
 
-    def _host_fields(self, n: int, groups, bar_index: np.ndarray) -> dict:
+    def _host_fields(self, io: IoSet, n: int, groups, k: int, bar_index: np.ndarray) -> dict:
         """The typed fields of ``groups``, copied out of the pinned buffers (reused)."""
         fields = {"bar_index": bar_index}
-        names = schema.fields_for(groups)[1:]
-        k = self._packed_k
-        floats = self._packed.host[: n * k].reshape((n, k))
-        flags = self._flags.host[: 2 * n].reshape((n, 2)).view(np.bool_)
+        floats = io.packed.host[: n * k].reshape((n, k))
+        flags = io.flags.host[: 2 * n].reshape((n, 2)).view(np.bool_)
         j = 0
-        for name in names:
+        for name in schema.fields_for(groups)[1:]:
             if name in ("long", "short"):
                 fields[name] = flags[:, 0 if name == "long" else 1].copy()
                 continue
@@ -1099,8 +1147,8 @@ class CudaBackend:
         order = np.flatnonzero(accepted)
         if order.shape[0] == 0:
             return np.full((n, N_OUT), np.nan)
-        self._run_preview(slots, times, closes, order, None)
-        return self._host_rows(n, order)
+        io, _ = self._run_preview(slots, times, closes, order, None)
+        return self._host_rows(io, n, order)
 
     def preview_outputs(self, slots, times, closes, accepted, groups) -> dict:
         """``preview`` returning only the typed fields of output ``groups``."""
@@ -1110,30 +1158,37 @@ class CudaBackend:
         bar_index[order] = self.store.counters[slots[order], BAR_INDEX]
         if order.shape[0] == 0:
             return _empty_fields(n, groups, bar_index)
-        self._run_preview(slots, times, closes, order, groups)
-        return self._host_fields(n, groups, bar_index)
+        io, k = self._run_preview(slots, times, closes, order, groups)
+        return self._host_fields(io, n, groups, k, bar_index)
 
-    def _run_preview(self, slots, times, closes, order, groups) -> None:
+    def _run_preview(self, slots, times, closes, order, groups):
         n, m = slots.shape[0], order.shape[0]
+        self._drain()
+        io = self._take_io()
         pp = self._preview_plan
-        pp.reserve(2 * m)
         self.stream.synchronize()  # a pending upload may still read the pinned plan
+        pp.reserve(2 * m)
         _plan_in_order(slots, order, pp.host)
         self._sync(pp.host, m)
         self._ensure_growth(1)
         pp.upload(2 * m, self.stream)
-        self._stage_inputs(times, closes)
+        k = self._prepare_packing(groups)
+        io.reserve(n, N_OUT, k)
+        io.stage(times, closes)
+        io.times.upload(n, self.stream)
+        io.closes.upload(n, self.stream)
         scratch = self._scratch_rows(m)
-        out = self._out.device[: n * N_OUT].reshape((n, N_OUT))
+        out = io.out.device[: n * N_OUT].reshape((n, N_OUT))
         timer = self._timer_start()
         self._launch(
-            preview_kernel, m, *self._params(), pp.device, m, self._times.device,
-            self._closes.device, scratch.ring, scratch.values, scratch.counters, out,
+            preview_kernel, m, *self._params(), pp.device, m, io.times.device,
+            io.closes.device, scratch.ring, scratch.values, scratch.counters, out,
         )  # fmt: skip
         timer = self._timer_stop(timer)
-        self._download_outputs(n, out, groups)
+        self._enqueue_outputs(io, n, out, groups, k)
         self.stream.synchronize()
         self._timer_read(timer)
+        return io, k
 
     def _scratch_rows(self, m: int):
         ring_cols = self.store.ring.shape[1]
@@ -1155,6 +1210,7 @@ class CudaBackend:
         Streams are taken in chunks whose device buffers (histories twice: as uploaded
         and transposed, plus outputs) fit ``warmup_memory_budget`` bytes.
         """
+        self._drain()
         n = slots.shape[0]
         width = times.shape[1] if record_all else 1
         result = np.full((n, max(width, 1), N_OUT), np.nan)
@@ -1186,7 +1242,7 @@ class CudaBackend:
         self._ints.reserve(3 * n)
         self._floats.reserve(longest * n)
         self._history.reserve(longest * n)
-        self._out.reserve(n * rows * N_OUT)
+        self._warm_out.reserve(n * rows * N_OUT)
         _pack_warmup(slots, times, counts, self._ints.host)
         # the histories as they are (one stream per row: a memcpy); the device transposes
         host_history = self._history.host[: n * longest].reshape(n, longest)
@@ -1195,19 +1251,19 @@ class CudaBackend:
         self._history.upload(n * longest, self.stream)
         history = self._history.device[: n * longest].reshape(n, longest)
         closes_tn = self._floats.device[: longest * n].reshape(longest, n)
-        out = self._out.device[: n * rows * N_OUT].reshape((n * rows, N_OUT))
+        out = self._warm_out.device[: n * rows * N_OUT].reshape((n * rows, N_OUT))
         args = (*self._params(), self._ints.device, n, closes_tn, out, bool(record_all))
         timer = self._timer_start()
         self._launch(transpose_kernel, n, history, n, longest, closes_tn)
         self._launch_warmup(n, args)
         timer = self._timer_stop(timer)
-        self._out.download(n * rows * N_OUT, self.stream)
+        self._warm_out.download(n * rows * N_OUT, self.stream)
         self._max_bar = _commit_warmup(
             self.store.counters, self._shadow, self._ints.host, n, self._max_bar
         )
         self.stream.synchronize()
         self._timer_read(timer)
-        result[:, :rows] = self._out.host[: n * rows * N_OUT].reshape((n, rows, N_OUT))
+        result[:, :rows] = self._warm_out.host[: n * rows * N_OUT].reshape((n, rows, N_OUT))
 
     def _launch_warmup(self, n: int, args) -> None:
         ring_cols = self.store.ring.shape[1]
