@@ -46,9 +46,13 @@ def _struct_for(base: type, columns: tuple[str, ...]) -> type:
     struct = _STRUCTS.get((base, columns))
     if struct is None:
         fields = [(name, _FIELD_TYPES[COLUMN_TYPES[name]]) for name in columns]
+        namespace = {}
         if base is SignalRecord:
             fields.append(("v", int, SCHEMA_VERSION))
-        struct = msgspec.defstruct(base.__name__, fields, gc=False, module=__name__)
+            namespace["key"] = SignalRecord.key
+        struct = msgspec.defstruct(
+            base.__name__, fields, gc=False, module=__name__, namespace=namespace
+        )
         _STRUCTS[(base, columns)] = struct
     return struct
 

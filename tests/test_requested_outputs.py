@@ -135,6 +135,7 @@ def test_redis_records_of_a_subset_round_trip():
     record_type, batch_type = _message_types(("events",))
     decoded = msgspec.json.Decoder(record_type).decode(data)
     assert decoded.long == bool(result.long_events[0]) and decoded.v == schema.SCHEMA_VERSION
+    assert decoded.key == records[0].key == str(result.keys[0])  # the latest-hash field
     with pytest.raises(msgspec.ValidationError):  # the full record needs every column
         msgspec.json.Decoder(SignalRecord).decode(data)
     assert batch_type.__struct_fields__[-1] == "records"

@@ -16,7 +16,8 @@ Channels and keys (``prefix`` defaults to ``"atc"``)
     ``seq`` (1, 2, 3, ...; a gap means steps were dropped).
 ``{prefix}:events``
     one message per record whose bar raised a long or short event (a
-    :class:`SignalRecord` with ``long`` or ``short`` true).
+    :class:`SignalRecord` with ``long`` or ``short`` true); nothing when the engine
+    was not asked for the "events" outputs.
 ``{prefix}:latest`` (a hash)
     field = stream key ``"{symbol}:{interval}:{params_id}"``, value = the encoded
     latest :class:`SignalRecord` of that stream, for late joiners (read it with
@@ -428,7 +429,7 @@ class SignalPublisher:
                 for rec, data in zip(records, encoded, strict=True):
                     publish.append(f"{prefix}:signal:{rec.symbol}")
                     publish.append(data)
-            if self.events:
+            if self.events and "events" in result.groups:  # else no long/short columns
                 for rec, data in zip(records, encoded, strict=True):
                     if (rec.long or rec.short) and (rec.ready or self.events_before_ready):
                         publish.append(self.events_channel)
