@@ -50,6 +50,7 @@ import os
 import platform
 import sys
 import time
+import types
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -58,6 +59,7 @@ from numba import njit
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from atc_stream import schema  # noqa: E402
 from atc_stream.engine import WARMUP_CHUNK, Engine  # noqa: E402
 from atc_stream.kernels import batch, cpu, cuda_available  # noqa: E402
 from atc_stream.params import ATCParams  # noqa: E402
@@ -159,13 +161,37 @@ def set_ratios(rows: list[Row]) -> None:
 # -- step latency -------------------------------------------------------------------------
 
 
-def step_rows(n: int, backend: str, repeats: int, threads: int | None = None) -> list[Row]:
-    """End-to-end and kernel-only step latency for ``n`` streams on ``backend``."""
+#: step variants beside the plain one (default outputs, one synchronous step at a time)
+STEP_VARIANTS = {
+    "": {},
+    "all outputs": {"outputs": "all"},
+    "double-buffered": {"pipelined": True},
+    "cuda graph": {"cuda_graph": True},
+    "cuda graph, double-buffered": {"cuda_graph": True, "pipelined": True},
+}
+
+
+def step_rows(
+    n: int, backend: str, repeats: int, threads: int | None = None, variant: str = ""
+) -> list[Row]:
+    """End-to-end and kernel-only step latency for ``n`` streams on ``backend``.
+
+    ``variant`` (``STEP_VARIANTS``): "all outputs" returns every column instead of the
+    default signal + events; "double-buffered" submits each step with
+    ``step_arrays_async`` and reads the previous step's result after it (two in
+    flight; the time per call is one step's share); "cuda graph" builds the engine with
+    ``cuda_graph=True``. Kernel-only time is taken for the plain variant only.
+    """
+    options = STEP_VARIANTS[variant]
+    pipelined = options.get("pipelined", False)
     work = f"step, {n:,} streams"
     total = STEP_HISTORY + 2 * repeats + 8
     closes = random_walks(n, total, seed=n)
     times = bar_times(total)
-    eng = Engine(ATCParams(), backend=backend, capacity=n)
+    eng = Engine(
+        ATCParams(), backend=backend, capacity=n, outputs=options.get("outputs"),
+        cuda_graph=options.get("cuda_graph", False),
+    )  # fmt: skip
     if threads is not None and backend == "cuda":
         eng.backend.threads_per_block = threads
     for i in range(n):
@@ -180,14 +206,31 @@ def step_rows(n: int, backend: str, repeats: int, threads: int | None = None) ->
         False,
     )
     position = [STEP_HISTORY]
+    in_flight: list = []
 
     def one_step():
         j = position[0]
         position[0] += 1
-        eng.step_arrays(slots, np.full(n, times[j]), closes[sym, j])
+        if not pipelined:
+            eng.step_arrays(slots, np.full(n, times[j]), closes[sym, j])
+            return
+        in_flight.append(eng.step_arrays_async(slots, np.full(n, times[j]), closes[sym, j]))
+        if len(in_flight) == 2:
+            in_flight.pop(0).result()
 
     rows = []
     kernel_s: list[float] = []
+    if variant:
+        label = f"{backend} {variant}"
+        e2e = timed(one_step, repeats)
+        note = "per call, 2 steps in flight" if pipelined else ""
+        graphs = getattr(eng.backend, "graphs", None)
+        if options.get("cuda_graph"):
+            note = (
+                "graphs off (see the log)" if graphs is None or graphs.failed
+                else f"{graphs.launches} graph launches"
+            )  # fmt: skip
+        return [Row(work, f"{label} end to end", float(np.median(e2e)), n, "upd", repeats, note)]
     if backend == "cuda":
         eng.backend.time_kernels = True
         one_step()  # compile
@@ -384,16 +427,94 @@ def host_cost_rows(n: int, repeats: int) -> list[Row]:
 
         return run
 
+    def typed_outputs(groups):
+        """Now: inputs staged, then the requested fields copied out of packed buffers."""
+        k = schema.float_columns(groups).shape[0]
+        layout = kc.pack_layout(groups)[1]
+        io = types.SimpleNamespace(
+            packed=types.SimpleNamespace(host=rng.normal(size=n * max(k, 1))),
+            flags=types.SimpleNamespace(host=np.zeros(2 * n, np.uint8)),
+        )
+        bar_index = np.zeros(n, np.int64)
+
+        def run():
+            assert np.array_equal(cached, slots)  # the plan on the device is reused
+            t_in[:] = times
+            c_in[:] = closes
+            return kc.CudaBackend._host_fields(io, n, groups, layout, bar_index)
+
+        return run
+
+    def commit():
+        counters = np.zeros((n, L.N_COUNTER_FIELDS), np.int64)
+        shadow, bar_index = np.zeros((n, 3), np.int64), np.zeros(n, np.int64)
+        step_times = np.zeros(n, np.int64)
+
+        def run():
+            step_times[:] += 1
+            kc._commit_step(counters, shadow, slots, step_times, order, 0, bar_index)
+
+        return run
+
     rows = []
     for label, fn, note in (
         ("before: gather + F->C outputs", before, "commit 4723466"),
-        ("after: cached plan, host-order outputs", after_cached, "steady case"),
+        ("after: cached plan, host-order outputs", after_cached, "steady case, 17 columns"),
         ("after: new plan (slot sort)", after_new_plan, "first step / slot set changed"),
+        ("now: signal + events, typed", typed_outputs(schema.DEFAULT_OUTPUTS),
+         "steady case, default outputs"),
+        ("now: all outputs, typed", typed_outputs(schema.ALL_OUTPUTS), "steady case"),
+        ("_commit_step (host counters, bar_index)", commit(), "both before and now"),
         ("plan_rounds (engine, unchanged)", planning(), "validation + rounds"),
-    ):
+        ("Engine.step_arrays host path, no device", engine_host_path(n), "default outputs"),
+    ):  # fmt: skip
         samples = timed(fn, repeats)
         rows.append(Row(work, label, float(np.median(samples)), n, "upd", repeats, note))
     return rows
+
+
+def engine_host_path(n: int) -> Callable[[], object]:
+    """``Engine.step_arrays`` with the device replaced by its host share: validation and
+    rounds, the cached-plan check, staging, ``_commit_step``, the typed fields copied
+    out of packed buffers, the ``StepResult`` (no kernels, no transfers)."""
+    from atc_stream.kernels import cuda as kc
+    from atc_stream.kernels.cuda_io import PendingOutputs
+
+    eng = Engine(ATCParams(), backend="cpu", capacity=n)
+    for i in range(n):
+        eng.add_stream(f"S{i}")
+    rng = np.random.default_rng(n)
+    slots = rng.permutation([eng.slot_of(k) for k in eng.streams]).astype(np.int64)
+    closes = rng.uniform(10, 100, n)
+    groups = eng.outputs
+    k = schema.float_columns(groups).shape[0]
+    layout = kc.pack_layout(groups)[1]
+    io = types.SimpleNamespace(
+        packed=types.SimpleNamespace(host=rng.normal(size=n * max(k, 1))),
+        flags=types.SimpleNamespace(host=np.zeros(2 * n, np.uint8)),
+    )
+    store, cached = eng.store, slots.copy()
+    shadow = np.zeros((n, 3), np.int64)
+    t_in, c_in = np.empty(n, np.int64), np.empty(n)
+
+    class HostShare:
+        def step_outputs_async(self, slots, times, closes, order, round_starts, groups):
+            assert np.array_equal(cached, slots)
+            t_in[:] = times
+            c_in[:] = closes
+            bar_index = np.full(n, -1, np.int64)
+            kc._commit_step(store.counters, shadow, slots, times, order, 0, bar_index)
+            fields = kc.CudaBackend._host_fields(io, n, groups, layout, bar_index)
+            return PendingOutputs.ready(fields)
+
+    eng.backend = HostShare()
+    step = [0]
+
+    def run():
+        step[0] += 1
+        return eng.step_arrays(slots, np.full(n, BASE_TIME + step[0] * BAR_MS), closes)
+
+    return run
 
 
 def warmup_host_rows(n: int, t: int, repeats: int) -> list[Row]:
@@ -547,6 +668,10 @@ def main(argv=None) -> int:
     for n in step_sizes:
         for backend in backends:
             step += step_rows(n, backend, args.repeats)
+            step += step_rows(n, backend, args.repeats, variant="all outputs")
+        if have_gpu:
+            for variant in ("double-buffered", "cuda graph", "cuda graph, double-buffered"):
+                step += step_rows(n, "cuda", args.repeats, variant=variant)
         if have_gpu:
             for threads in [int(x) for x in args.threads.split(",") if x.strip()]:
                 step += step_rows(n, "cuda", args.repeats, threads)

@@ -53,7 +53,8 @@ neighbouring state), its slot and its position ``u`` in the host's batch
 (``_build_plan``, compiled). The kernel reads the bar time and close from the
 host-order inputs and writes the outputs to the host-order row ``out[u]`` in C
 order, the layout ``StepResult`` reads: the host neither gathers inputs nor
-transposes or scatters outputs (one memcpy of the pinned buffer). While a step's
+transposes or scatters outputs (one copy per requested field out of the pinned
+buffers). While a step's
 slots repeat with every update accepted in one round (the steady one-bar-per-stream
 case), the plan on the device is reused and only times and closes are uploaded.
 Every kernel specialisation is compiled when the backend is built
@@ -85,12 +86,20 @@ every untouched stream is merged into the new layout (the ring re-laid out with 
 store's own ``_grow_ring``) and everything is pushed.
 
 Transfers: step inputs go through pinned staging buffers and async copies on one
-CUDA stream; the host counter update runs while the kernel executes; the outputs
-come back through a pinned buffer. Every step returns its outputs, so a step waits
-for its own results and there is nothing to double-buffer across steps; overlapping
-a warmup's upload with compute (time-chunked double buffering) and CUDA graphs for
-the step's copy/launch/copy sequence were NOT built: numba-cuda 0.30 has no graph
-capture API, and without a GPU their gain could not be measured. The warmup uploads
+CUDA stream; the host counter update runs while the kernel executes. Only the
+requested outputs come back (``step_outputs``, ``Engine(outputs=...)``): a packing
+kernel (``pack_outputs_kernel``) gathers the requested float columns into one block
+and the long/short events into one byte each, two copies; ``bar_index`` is never
+copied (the host counters give it, ``_commit_step``), ``ready`` is computed on the
+host from it. The step's buffers come in two alternating pinned sets
+(``kernels/cuda_io.py``): ``step_outputs_async`` (``Engine.step_async``) returns
+before the device is done, so the host validates, plans and stages step k+1 while
+step k's copies and kernels run. Optionally (``cuda_graph=True``) the steady step's
+copy/launch/copy sequence is one captured CUDA graph (CuPy stream capture; numba-cuda
+0.30 has no graph API), replayed while the slot set, size and outputs repeat. Neither
+gain is measured (no GPU lent); ``benchmarks/bench_cuda.py`` times them on a device.
+Overlapping a warmup's upload with compute (time-chunked double buffering) was not
+built. The warmup uploads
 the histories as the host holds them (one stream per row, a memcpy into pinned
 memory), transposes them on the device (``transpose_kernel``) to the time-major
 layout the time loop reads coalesced, and splits the streams into chunks whose
@@ -423,18 +432,43 @@ def local_warmup_kernel(ring_columns: int):
 
 
 @_kernel
-def pack_outputs_kernel(out, n, columns, k, floats, flags, events):
-    """The requested outputs only, packed for one copy each: ``floats[u, j] =
-    out[u, columns[j]]`` (j < k, the requested float columns) and, with ``events``,
-    ``flags[u] = (long, short)`` as one byte each (0/1, read on the host as bool).
-    ``bar_index`` is not copied: the host knows it (``_commit_step``)."""
+def pack_outputs_kernel(out, n, spec, k, floats, flags, events):
+    """The requested outputs only, field-major so that each field is one contiguous
+    block on the host: for requested float column ``j < k``, ``floats[n * spec[k + j] +
+    u * spec[2k + j] + spec[3k + j]] = out[u, spec[j]]`` (the field's first packed
+    column, its width, the column within it: field ``f`` of width ``w`` starting at
+    packed column ``c0`` is the C-order ``(n, w)`` block ``floats[n*c0 : n*(c0 + w)]``).
+    With ``events``, ``flags[u]`` = long and ``flags[n + u]`` = short, one byte each
+    (0/1, read on the host as bool). ``bar_index`` is not copied: the host knows it
+    (``_commit_step``)."""
     u = cuda.grid(1)
     if u < n:
         for j in range(k):
-            floats[u, j] = out[u, columns[j]]
+            floats[n * spec[k + j] + u * spec[2 * k + j] + spec[3 * k + j]] = out[u, spec[j]]
         if events:
-            flags[u, 0] = 1 if out[u, OUT_LONG] == 1.0 else 0
-            flags[u, 1] = 1 if out[u, OUT_SHORT] == 1.0 else 0
+            flags[u] = 1 if out[u, OUT_LONG] == 1.0 else 0
+            flags[n + u] = 1 if out[u, OUT_SHORT] == 1.0 else 0
+
+
+def pack_layout(groups) -> tuple[np.ndarray, list[tuple[str, int, int]]]:
+    """The ``spec`` of ``pack_outputs_kernel`` for output ``groups`` and the host's
+    reading of it: ``(name, first packed column, width)`` per float field."""
+    out_columns, first, width, within, fields = [], [], [], [], []
+    c0 = 0
+    for name in schema.fields_for(groups):
+        columns = schema.FLOAT_FIELD_COLUMNS.get(name)
+        if columns is None:  # bar_index (host), long/short (flags)
+            continue
+        w = len(columns)
+        for c, column in enumerate(columns):
+            out_columns.append(column)
+            first.append(c0)
+            width.append(w)
+            within.append(c)
+        fields.append((name, c0, w))
+        c0 += w
+    spec = np.array(out_columns + first + width + within, np.int64)
+    return spec, fields
 
 
 @_kernel
@@ -705,8 +739,9 @@ class CudaBackend:
         self.last_kernel_seconds: float | None = None
         # requested outputs (``step_outputs``): packed floats and event bytes
         self._packed_groups: tuple[str, ...] | None = None
-        self._packed_columns = None  # device: the float columns of those groups
+        self._packed_columns = None  # device: ``pack_layout`` spec of those groups
         self._packed_k = 0
+        self._packed_fields: list[tuple[str, int, int]] = []
         if precompile:
             self.precompile()
 
@@ -1030,6 +1065,7 @@ class CudaBackend:
         self._sync(self._plan.host, m)
         self._ensure_growth(n_rounds)
         k = self._prepare_packing(groups)
+        layout = self._packed_fields
         io.reserve(n, N_OUT, k)
         io.stage(times, closes)
 
@@ -1062,7 +1098,7 @@ class CudaBackend:
             self._timer_read(timer)
             if groups is None:
                 return self._host_rows(io, n, order)
-            return self._host_fields(io, n, groups, k, bar_index)
+            return self._host_fields(io, n, groups, layout, bar_index)
 
         pending = PendingOutputs(read, done, io)
         io.pending = pending
@@ -1092,12 +1128,12 @@ class CudaBackend:
         if groups is None:
             return 0
         if groups != self._packed_groups:
-            columns = schema.float_columns(groups)
-            padded = np.zeros(max(columns.shape[0], 1), np.int64)  # no zero-size arrays
-            padded[: columns.shape[0]] = columns
-            self.stream.synchronize()  # a submitted step may still read the old list
+            spec, self._packed_fields = pack_layout(groups)
+            padded = np.zeros(max(spec.shape[0], 1), np.int64)  # no zero-size arrays
+            padded[: spec.shape[0]] = spec
+            self.stream.synchronize()  # a submitted step may still read the old spec
             self._packed_columns = cuda.to_device(padded, stream=self.stream)
-            self._packed_k = columns.shape[0]
+            self._packed_k = spec.shape[0] // 4
             self._packed_groups = groups
             self._buffers_moved()
         return self._packed_k
@@ -1109,8 +1145,8 @@ class CudaBackend:
             io.out.download(n * N_OUT, self.stream)
             return
         events = "events" in groups
-        floats = io.packed.device[: n * max(k, 1)].reshape((n, max(k, 1)))
-        flags = io.flags.device[: 2 * n].reshape((n, 2))
+        floats = io.packed.device[: n * max(k, 1)]
+        flags = io.flags.device[: 2 * n]
         self._launch(pack_outputs_kernel, n, out, n, self._packed_columns, k, floats, flags, events)
         io.packed.download(n * k, self.stream)
         if events:
@@ -1125,20 +1161,19 @@ class CudaBackend:
             result[rejected] = np.nan
         return result
 
-    def _host_fields(self, io: IoSet, n: int, groups, k: int, bar_index: np.ndarray) -> dict:
-        """The typed fields of ``groups``, copied out of the pinned buffers (reused)."""
+    @staticmethod
+    def _host_fields(io: IoSet, n: int, groups, layout, bar_index: np.ndarray) -> dict:
+        """The typed fields of ``groups``, copied out of the pinned buffers (reused):
+        one contiguous block per float field (``layout``: ``pack_layout(groups)[1]``)."""
         fields = {"bar_index": bar_index}
-        floats = io.packed.host[: n * k].reshape((n, k))
-        flags = io.flags.host[: 2 * n].reshape((n, 2)).view(np.bool_)
-        j = 0
-        for name in schema.fields_for(groups)[1:]:
-            if name in ("long", "short"):
-                fields[name] = flags[:, 0 if name == "long" else 1].copy()
-                continue
-            width = len(schema.FLOAT_FIELD_COLUMNS[name])
-            block = floats[:, j : j + width]
-            fields[name] = (block[:, 0] if width == 1 else block).copy()
-            j += width
+        packed = io.packed.host
+        for name, c0, width in layout:
+            block = packed[n * c0 : n * (c0 + width)]
+            fields[name] = block.copy() if width == 1 else block.reshape(n, width).copy()
+        if "events" in groups:
+            flags = io.flags.host[: 2 * n].view(np.bool_)
+            fields["long"] = flags[:n].copy()
+            fields["short"] = flags[n:].copy()
         return fields
 
     def preview(self, slots, times, closes, accepted) -> np.ndarray:
@@ -1158,8 +1193,8 @@ class CudaBackend:
         bar_index[order] = self.store.counters[slots[order], BAR_INDEX]
         if order.shape[0] == 0:
             return _empty_fields(n, groups, bar_index)
-        io, k = self._run_preview(slots, times, closes, order, groups)
-        return self._host_fields(io, n, groups, k, bar_index)
+        io, _ = self._run_preview(slots, times, closes, order, groups)
+        return self._host_fields(io, n, groups, self._packed_fields, bar_index)
 
     def _run_preview(self, slots, times, closes, order, groups):
         n, m = slots.shape[0], order.shape[0]
@@ -1310,7 +1345,7 @@ def kernel_signatures(local_ring_columns: int | None = 70) -> dict[str, tuple[ob
     i2c = nt.Array(nt.int64, 2, "C")
     i1 = nt.Array(nt.int64, 1, "C")
     f1 = nt.Array(nt.float64, 1, "C")
-    u2c = nt.Array(nt.uint8, 2, "C")
+    u1 = nt.Array(nt.uint8, 1, "C")
     i64 = nt.int64
     state = (f2f, f2f, i2f, i2c, f2c, f2c)
     warmup = (*state, i1, i64, f2c, f2c, nt.boolean)
@@ -1319,7 +1354,7 @@ def kernel_signatures(local_ring_columns: int | None = 70) -> dict[str, tuple[ob
         "preview_kernel": (preview_kernel, (*state, i1, i64, i1, f1, f2f, f2f, i2f, f2c)),
         "warmup_kernel": (warmup_kernel, warmup),
         "transpose_kernel": (transpose_kernel, (f2c, i64, i64, f2c)),
-        "pack_outputs_kernel": (pack_outputs_kernel, (f2c, i64, i1, i64, f2c, u2c, nt.boolean)),
+        "pack_outputs_kernel": (pack_outputs_kernel, (f2c, i64, i1, i64, f1, u1, nt.boolean)),
         "scatter_rows_kernel": (scatter_rows_kernel, (f2f, i1, f2c)),
         "scatter_rows_kernel(int64)": (scatter_rows_kernel, (i2f, i1, i2c)),
     }
