@@ -486,13 +486,38 @@ class Engine:
             )
         return slots, times, closes, inputs, []
 
-    def _step(self, slots, times, closes, origin, rejected) -> PendingStep:
+    def _plan(self, slots, times, closes, reasons):
+        """``batch.plan_rounds``, or its steady-case shortcut: while a batch's slots are
+        those of the last batch that was one round with every update accepted (each
+        stream once), the rounds are known and only the checks run
+        (``batch.check_unique_step``: no per-slot scratch, fewer scattered reads)."""
         store = self.store
-        reasons = np.zeros(slots.shape[0], np.int64)
+        n = slots.shape[0]
+        unique = self._unique_slots
+        if unique is not None and unique.shape[0] == n and np.array_equal(unique, slots):
+            n_ok = batch.check_unique_step(
+                store.counters, store.in_use, slots, times, closes, reasons
+            )
+            if n_ok == n:
+                if self._all_rows.shape[0] != n:
+                    self._all_rows = np.arange(n, dtype=np.int64)
+                return self._all_rows, np.array([0, n], np.int64)
+            order = np.flatnonzero(reasons == batch.ACCEPTED)
+            return order, np.array([0, n_ok] if n_ok else [0], np.int64)
         order, round_starts = batch.plan_rounds(
             store.counters, store.in_use, store.pending_last, store.pending_count,
             slots, times, closes, reasons,
         )  # fmt: skip
+        one_round_all_accepted = order.shape[0] == n and round_starts.shape[0] == 2
+        self._unique_slots = slots.copy() if one_round_all_accepted and n > 1 else None
+        return order, round_starts
+
+    _unique_slots: np.ndarray | None = None
+    _all_rows = np.zeros(0, np.int64)
+
+    def _step(self, slots, times, closes, origin, rejected) -> PendingStep:
+        reasons = np.zeros(slots.shape[0], np.int64)
+        order, round_starts = self._plan(slots, times, closes, reasons)
         if order.shape[0] != slots.shape[0]:
             self._report_codes(reasons, slots, times, closes, origin, rejected)
         submit = getattr(self.backend, "step_outputs_async", None)

@@ -270,3 +270,36 @@ def test_params_lengths_and_round_trip():
 def test_state_is_under_4kb_per_stream_with_defaults():
     engine = Engine(backend="cpu", outputs="all")
     assert engine.store.bytes_per_stream <= 4096
+
+
+def test_steady_slot_set_shortcut_equals_full_planning():
+    """A batch with the slots of the last one-round, all-accepted batch skips the round
+    planning (``Engine._plan``); results, rejections and state equal full planning,
+    also when some of its updates are rejected (bad close, duplicate, stale bar)."""
+    rng = np.random.default_rng(8)
+    n, bars = 6, 40
+    closes = np.round(100 * np.exp(np.cumsum(rng.normal(0, 0.01, (n, bars)), 1)), 2)
+    t = 1_700_000_000_000 + 60_000 * np.arange(bars, dtype=np.int64)
+    fast, full = (Engine(SHORT, backend="cpu", outputs="all") for _ in range(2))
+    for eng in (fast, full):
+        eng.warmup({f"S{i}": (t[:10], closes[i, :10]) for i in range(n)})
+    order = rng.permutation(n)
+    slots = np.array([fast.slot_of(fast.streams[i]) for i in order])
+    for j in range(10, bars):
+        step_times, step_closes = np.full(n, t[j]), closes[order, j].copy()
+        if j % 7 == 0:
+            step_closes[2] = np.nan
+        if j % 11 == 0:
+            step_times[4] = t[j - 1]  # not after the stream's last bar
+        full._unique_slots = None  # always the full planning
+        a = fast.step_arrays(slots, step_times, step_closes)
+        b = full.step_arrays(slots, step_times, step_closes)
+        assert_bit_identical(a.outputs, b.outputs, f"bar {j}")
+        assert [(r.index, r.reason) for r in a.rejected] == [
+            (r.index, r.reason) for r in b.rejected
+        ]
+        if j > 11:
+            assert fast._unique_slots is not None  # the shortcut is in use
+    assert dict(fast.rejections) == dict(full.rejections)
+    np.testing.assert_array_equal(fast.store.counters, full.store.counters)
+    np.testing.assert_array_equal(fast.store.values, full.store.values)

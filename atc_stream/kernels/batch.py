@@ -95,6 +95,22 @@ def plan_rounds(counters, in_use, pending_last, pending_count, slots, times, clo
 
 
 @cached_jit(njit(cache=True))
+def check_unique_step(counters, in_use, slots, times, closes, reasons):
+    """Validate a step batch known to hold each stream at most once (one round); return
+    the number of accepted updates. Same reasons as ``plan_rounds`` gives such a batch."""
+    n_ok = 0
+    for u in range(slots.shape[0]):
+        slot = slots[u]
+        reason = _check_close_and_slot(slot, closes[u], in_use)
+        if reason == ACCEPTED:
+            reason = _time_reason(times[u], counters[slot, LAST_TIME])
+        reasons[u] = reason
+        if reason == ACCEPTED:
+            n_ok += 1
+    return n_ok
+
+
+@cached_jit(njit(cache=True))
 def check_previews(counters, in_use, slots, times, closes, reasons):
     """Validate a preview batch: each update is checked against committed state only."""
     n_ok = 0
