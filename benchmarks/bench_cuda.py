@@ -436,6 +436,16 @@ def host_cost_rows(n: int, repeats: int) -> list[Row]:
 
         return run
 
+    def checks_only():
+        store_counters = np.zeros((n, L.N_COUNTER_FIELDS), np.int64)
+        in_use = np.ones(n, np.bool_)
+        reasons = np.zeros(n, np.int64)
+
+        def run():
+            batch.check_unique_step(store_counters, in_use, slots, times, closes, reasons)
+
+        return run
+
     def typed_outputs(groups):
         """Now: inputs staged, then the requested fields copied out of packed buffers."""
         k = schema.float_columns(groups).shape[0]
@@ -481,7 +491,8 @@ def host_cost_rows(n: int, repeats: int) -> list[Row]:
         ("now: all outputs, typed", typed_outputs(schema.ALL_OUTPUTS), "steady case"),
         ("before: _commit_step in arrival order", commit(False), "host counters"),
         ("now: _commit_step in plan order", commit(True), "host counters + bar_index"),
-        ("plan_rounds (engine, unchanged)", planning(), "validation + rounds"),
+        ("before: plan_rounds (engine)", planning(), "validation + rounds"),
+        ("now: check_unique_step (engine, steady)", checks_only(), "slots as last step"),
         ("Engine.step_arrays host path, no device", engine_host_path(n), "default outputs"),
     ):  # fmt: skip
         samples = timed(fn, repeats)
@@ -490,9 +501,10 @@ def host_cost_rows(n: int, repeats: int) -> list[Row]:
 
 
 def engine_host_path(n: int) -> Callable[[], object]:
-    """``Engine.step_arrays`` with the device replaced by its host share: validation and
-    rounds, the cached-plan check, staging, ``_commit_step``, the typed fields copied
-    out of packed buffers, the ``StepResult`` (no kernels, no transfers)."""
+    """``Engine.step_arrays`` with the device replaced by its host share: validation (the
+    steady shortcut), the cached-plan check, ``_find_changed``, staging,
+    ``_commit_step``, the typed fields copied out of packed buffers, the ``StepResult``
+    (no kernels, no transfers)."""
     from atc_stream.kernels import cuda as kc
     from atc_stream.kernels.cuda_io import PendingOutputs
 
@@ -512,7 +524,8 @@ def engine_host_path(n: int) -> Callable[[], object]:
     store, cached = eng.store, slots.copy()
     plan = np.empty(2 * n, np.int64)  # the cached plan's host copy, built once
     kc._build_plan(slots, np.arange(n), np.array([0, n]), plan, np.full(n, -1, np.int64))
-    shadow = np.zeros((n, 3), np.int64)
+    shadow = np.ascontiguousarray(store.counters[:, [L.BAR_INDEX, L.LAST_TIME, L.PARAM_ROW]])
+    changed = np.zeros(n, np.int64)
     t_in, c_in = np.empty(n, np.int64), np.empty(n)
 
     class HostShare:
@@ -520,6 +533,7 @@ def engine_host_path(n: int) -> Callable[[], object]:
             assert np.array_equal(cached, slots)
             t_in[:] = times
             c_in[:] = closes
+            kc._find_changed(store.counters, shadow, plan, n, changed)  # CudaBackend._sync
             bar_index = np.full(n, -1, np.int64)
             kc._commit_step(store.counters, shadow, plan, n, times, 0, bar_index)
             fields = kc.CudaBackend._host_fields(io, n, groups, layout, bar_index)
