@@ -565,8 +565,9 @@ def _commit_step(counters, shadow, plan, m, times, max_bar, bar_index):
 
     Walks the host copy of the device plan (``plan[k]`` slot, ``plan[m + k]`` host
     position; rounds ascending, so a stream's bars in time order; slots ascending within
-    a round, so the counters are read in memory order: at 100,000 shuffled streams
-    about 5x faster than arrival order). ``bar_index[u]`` receives the index of the bar
+    a round, so the counters are read in memory order: with 100,000 shuffled streams
+    1.3-5x faster than arrival order on the 2-core test VM, ``bench_cuda.py
+    --host-costs``). ``bar_index[u]`` receives the index of the bar
     update ``u`` applied (the kernel's ``OUT_BAR_INDEX``), so that it is never copied back.
     """
     for k in range(m):
