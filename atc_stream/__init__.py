@@ -6,7 +6,8 @@
 
 from .engine import Engine
 from .params import FAMILIES, ATCParams
-from .results import Rejection, StepResult, StreamKey, UnknownStreamError
+from .results import PendingStep, Rejection, StepResult, StreamKey, UnknownStreamError
+from .schema import OutputNotRequestedError
 from .series import compute
 
 __version__ = "0.1.0"
@@ -15,6 +16,8 @@ __all__ = [
     "ATCParams",
     "Engine",
     "FAMILIES",
+    "OutputNotRequestedError",
+    "PendingStep",
     "Rejection",
     "StepResult",
     "StreamKey",

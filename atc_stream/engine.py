@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from . import inputs
+from . import inputs, schema
 from .kernels import batch
 from .params import ATCParams
-from .results import Rejection, StepResult, StreamKey, UnknownStreamError
+from .results import PendingStep, Rejection, StepResult, StreamKey, UnknownStreamError
 from .state import layout as L
 from .state.store import StateStore
 
@@ -51,10 +51,13 @@ _FAST_REAL_TYPES = _FAST_INT_TYPES | {float, np.float64, np.float32}
 WARMUP_CHUNK = 1024
 
 
-def make_backend(name: str, store: StateStore, threads: int | None = None):
+def make_backend(
+    name: str, store: StateStore, threads: int | None = None, cuda_graph: bool = False
+):
     """The backend object for ``name`` ("cpu", "cuda" or "auto").
 
-    ``threads`` is the CPU backend's thread count (None: chosen per call).
+    ``threads`` is the CPU backend's thread count (None: chosen per call);
+    ``cuda_graph`` turns on the CUDA backend's graph of the steady step.
 
     "cuda" also runs under numba's simulator (``NUMBA_ENABLE_CUDASIM=1``) and raises
     ``RuntimeError`` naming the missing piece when CUDA cannot run here. "auto" picks
@@ -73,7 +76,7 @@ def make_backend(name: str, store: StateStore, threads: int | None = None):
         if available:
             from .kernels.cuda import CudaBackend
 
-            return CudaBackend(store)
+            return CudaBackend(store, cuda_graph=cuda_graph)
         if name == "cuda":
             raise RuntimeError(f"backend='cuda' was asked for but CUDA is unavailable: {why}")
         _note_cpu_fallback(why)
@@ -120,9 +123,21 @@ class Engine:
         interval: str = "1m",
         capacity: int = 64,
         threads: int | None = None,
+        outputs: str | Sequence[str] | None = None,
+        cuda_graph: bool = False,
     ) -> None:
+        """``outputs``: the output groups ``step``/``preview``/``warmup`` return
+        (``schema.OUTPUT_GROUPS``: "signal", "events", "layers", "equities", "growth", or
+        "all"); default ``schema.DEFAULT_OUTPUTS``, the signal and the events. See
+        :attr:`outputs`.
+
+        ``cuda_graph``: on the CUDA backend, replay the steady step (the same streams
+        every step, one bar each) as one captured CUDA graph (needs CuPy on a real
+        device; otherwise, or when a capture fails, one warning and ordinary launches).
+        Off by default; results are identical either way. Ignored on the CPU."""
         from .kernels.threads import check_threads
 
+        self._outputs = schema.resolve_outputs(outputs)
         self.threads = check_threads(threads)
         self.store = StateStore(capacity)
         self.interval = interval
@@ -140,7 +155,8 @@ class Engine:
             param_sets = [param_sets]
         for p in param_sets:
             self.add_params(p)
-        self.backend = make_backend(backend, self.store, self.threads)
+        self.cuda_graph = cuda_graph
+        self.backend = make_backend(backend, self.store, self.threads, cuda_graph)
 
     def compile(self, report=None):
         """Compile (first run) or load from the on-disk cache every CPU kernel now.
@@ -161,7 +177,7 @@ class Engine:
         (the engine then stays where it was).
         """
         self.backend.pull_state()
-        new = make_backend(backend, self.store, self.threads)
+        new = make_backend(backend, self.store, self.threads, self.cuda_graph)
         new.push_state()
         old, self.backend = self.backend, new
         close = getattr(old, "close", None)
@@ -425,8 +441,32 @@ class Engine:
         index; times may be datetimes (naive = UTC) or integer epochs in ``time_unit``
         (see ``atc_stream.inputs``). A form that cannot be converted exactly raises
         ``ValueError``; bad values in a good form are rejected and counted as usual.
+        The result carries the output groups of :attr:`outputs` (default: signal and
+        events).
+        """
+        return self._step(*self._parse_input(bars, time_unit, columns)).result()
+
+    def step_async(
+        self,
+        bars: Iterable[tuple[str, int, float]] | Any,
+        *,
+        time_unit: str | None = None,
+        columns: Mapping[str, str] | None = None,
+    ) -> PendingStep:
+        """:meth:`step` without waiting for the outputs: ``.result()`` gives the
+        ``StepResult``.
+
+        The state advances now (a following step, preview, warmup or snapshot sees this
+        step applied); on CUDA the next step's inputs are validated, planned and staged
+        while this step's copies and kernels are in flight (double-buffered pinned
+        buffers, ``kernels/cuda_io.py``). On the CPU the step runs to completion before
+        returning. Results are identical to :meth:`step`'s.
         """
         return self._step(*self._parse_input(bars, time_unit, columns))
+
+    def step_arrays_async(self, slots, times, closes, inputs=None) -> PendingStep:
+        """:meth:`step_arrays` without waiting (see :meth:`step_async`)."""
+        return self._step(*self._array_input(slots, times, closes, inputs))
 
     def step_arrays(self, slots, times, closes, inputs=None) -> StepResult:
         """Array fast path: ``slots`` from ``slot_of``/``slots_of``; no per-item Python work.
@@ -434,35 +474,82 @@ class Engine:
         ``inputs[u]`` is the position of the input update ``u`` came from, when one input
         fans out to several slots (default: its own position); rejections count per input.
         """
+        return self._step(*self._array_input(slots, times, closes, inputs)).result()
+
+    @staticmethod
+    def _array_input(slots, times, closes, inputs):
         slots, times, closes = _as_update_arrays(slots, times, closes)
         inputs = np.arange(slots.shape[0]) if inputs is None else np.asarray(inputs, np.int64)
         if inputs.shape != slots.shape:
             raise ValueError(
                 f"inputs must have the shape of slots {slots.shape}, got {inputs.shape}"
             )
-        return self._step(slots, times, closes, inputs, [])
+        return slots, times, closes, inputs, []
 
-    def _step(self, slots, times, closes, origin, rejected) -> StepResult:
+    def _plan(self, slots, times, closes, reasons):
+        """``batch.plan_rounds``, or its steady-case shortcut: while a batch's slots are
+        those of the last batch that was one round with every update accepted (each
+        stream once), the rounds are known and only the checks run
+        (``batch.check_unique_step``: no per-slot scratch, fewer scattered reads)."""
         store = self.store
-        reasons = np.zeros(slots.shape[0], np.int64)
+        n = slots.shape[0]
+        unique = self._unique_slots
+        if unique is not None and unique.shape[0] == n and np.array_equal(unique, slots):
+            n_ok = batch.check_unique_step(
+                store.counters, store.in_use, slots, times, closes, reasons
+            )
+            if n_ok == n:
+                if self._all_rows.shape[0] != n:
+                    self._all_rows = np.arange(n, dtype=np.int64)
+                return self._all_rows, np.array([0, n], np.int64)
+            order = np.flatnonzero(reasons == batch.ACCEPTED)
+            return order, np.array([0, n_ok] if n_ok else [0], np.int64)
         order, round_starts = batch.plan_rounds(
             store.counters, store.in_use, store.pending_last, store.pending_count,
             slots, times, closes, reasons,
         )  # fmt: skip
+        one_round_all_accepted = order.shape[0] == n and round_starts.shape[0] == 2
+        self._unique_slots = slots.copy() if one_round_all_accepted and n > 1 else None
+        return order, round_starts
+
+    _unique_slots: np.ndarray | None = None
+    _all_rows = np.zeros(0, np.int64)
+
+    def _step(self, slots, times, closes, origin, rejected) -> PendingStep:
+        reasons = np.zeros(slots.shape[0], np.int64)
+        order, round_starts = self._plan(slots, times, closes, reasons)
         if order.shape[0] != slots.shape[0]:
             self._report_codes(reasons, slots, times, closes, origin, rejected)
-        self._request_on_backend()
-        out = self._only_requested(self.backend.step(slots, times, closes, order, round_starts))
-        if order.shape[0] == slots.shape[0]:  # all accepted: every row is a result
-            return self._result(slots, times, closes, out, rejected)
-        keep = np.sort(order)
-        return self._result(slots[keep], times[keep], closes[keep], out[keep], rejected)
+        submit = getattr(self.backend, "step_outputs_async", None)
+        args = (slots, times, closes, order, round_starts, self._outputs)
+        pending = submit(*args) if submit is not None else None
+        fields = None if submit is not None else self.backend.step_outputs(*args)
+        if order.shape[0] != slots.shape[0]:  # rejected updates have no row
+            keep = np.sort(order)
+            slots, times, closes = slots[keep], times[keep], closes[keep]
+        else:
+            keep = None
+        # the result's rows are fixed now (a later step may reuse or free a slot)
+        ready_from = self.store.params.ready_bars[self.store.counters[slots, L.PARAM_ROW]]
+        outputs, keys_by_slot = self._outputs, self._keys_by_slot
+
+        def result() -> StepResult:
+            out = pending.wait() if pending is not None else fields
+            if keep is not None:
+                out = {name: values[keep] for name, values in out.items()}
+            return StepResult(
+                keys_by_slot, slots, times, closes, out, rejected, False, ready_from, outputs
+            )
+
+        return PendingStep(result)
 
     def _result(self, slots, times, closes, out, rejected, provisional=False) -> StepResult:
+        """``out``: kernel output rows or typed fields (``schema.kernel_fields``)."""
         ready_from = self.store.params.ready_bars[self.store.counters[slots, L.PARAM_ROW]]
         return StepResult(
-            self._keys_by_slot, slots, times, closes, out, rejected, provisional, ready_from
-        )
+            self._keys_by_slot, slots, times, closes, out, rejected, provisional, ready_from,
+            self._outputs,
+        )  # fmt: skip
 
     def preview(
         self,
@@ -488,35 +575,35 @@ class Engine:
         accepted = reasons == batch.ACCEPTED
         if not accepted.all():
             self._report_codes(reasons, slots, times, closes, origin, rejected)
-        self._request_on_backend()
-        out = self._only_requested(self.backend.preview(slots, times, closes, accepted))
+        fields = self.backend.preview_outputs(slots, times, closes, accepted, self._outputs)
+        if not accepted.all():
+            fields = {name: values[accepted] for name, values in fields.items()}
         return self._result(
-            slots[accepted], times[accepted], closes[accepted], out[accepted], rejected, True
+            slots[accepted], times[accepted], closes[accepted], fields, rejected, True
         )
 
-    def request_outputs(self, *groups: str) -> None:
-        """Return only these output groups from ``step``/``preview`` (none given: all).
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The output groups every result carries, in canonical order.
 
-        Groups: ``batch.OUTPUT_GROUPS`` ("signal", "events", "layers", "equities",
-        "growth"); ``bar_index`` always comes back. Unrequested columns of
-        ``StepResult.outputs`` are NaN. On CUDA only the requested columns are copied
-        back from the device every step. Warmup results always carry every column.
+        Each row always has the key columns (``schema.KEY_COLUMNS``: symbol, interval,
+        params_id, time, close, bar_index, provisional); the groups add ``signal``
+        ("signal"), ``ready``/``long``/``short`` ("events", bool), the six
+        ``<family>_signal`` ("layers"), the six ``<family>_equity`` ("equities") and
+        ``growth``. Default: signal and events. The values of a requested column are
+        bit-identical whatever else is requested. On CUDA only the requested columns
+        are copied back from the device (events as one byte each). Assign a group
+        name, a list of them, or "all" (the CLI writes all).
         """
-        self._output_columns = batch.output_columns(groups or None)
+        return self._outputs
 
-    _output_columns: np.ndarray | None = None
+    @outputs.setter
+    def outputs(self, value: str | Sequence[str] | None) -> None:
+        self._outputs = schema.resolve_outputs(value)
 
-    def _request_on_backend(self) -> None:
-        if hasattr(self.backend, "output_columns"):
-            self.backend.output_columns = self._output_columns
-
-    def _only_requested(self, out: np.ndarray) -> np.ndarray:
-        """NaN in unrequested columns where the backend computed them all anyway."""
-        if self._output_columns is not None and not hasattr(self.backend, "output_columns"):
-            keep = out[:, self._output_columns]
-            out[:] = np.nan
-            out[:, self._output_columns] = keep
-        return out
+    def request_outputs(self, *groups: str) -> None:
+        """Return only these output groups from now on (none given: all); see :attr:`outputs`."""
+        self.outputs = groups or "all"
 
     # -- warmup -----------------------------------------------------------------------
 
@@ -665,8 +752,18 @@ class Engine:
         return encode_snapshot(self.capture_snapshot(source_offsets, copy=False), compression)
 
     @classmethod
-    def restore(cls, blob, backend: str = "auto", threads: int | None = None) -> Engine:
+    def restore(
+        cls,
+        blob,
+        backend: str = "auto",
+        threads: int | None = None,
+        outputs: str | Sequence[str] | None = None,
+        cuda_graph: bool = False,
+    ) -> Engine:
         """The engine a snapshot blob was taken from; ``SnapshotError`` if it does not verify.
+
+        ``outputs`` and ``cuda_graph`` as in the constructor (a snapshot holds state, not
+        these choices).
 
         ``blob`` may also be an already verified ``state.snapshot.Snapshot`` (a store's
         ``latest().decoded``), so that a blob is decoded once.
@@ -676,8 +773,9 @@ class Engine:
         snap = blob if isinstance(blob, Snapshot) else decode_snapshot(blob)
         h = snap.header
         eng = cls(
-            snap.params, backend=backend, interval=h.interval, capacity=h.capacity, threads=threads
-        )
+            snap.params, backend=backend, interval=h.interval, capacity=h.capacity,
+            threads=threads, outputs=outputs, cuda_graph=cuda_graph,
+        )  # fmt: skip
         store = eng.store
         reshaped = False
         for name in ("ring", "values", "counters", "in_use"):
@@ -690,7 +788,10 @@ class Engine:
         if reshaped:
             store.ring_capacity = h.ring_capacity
             store.generation += 1
-            old, eng.backend = eng.backend, make_backend(backend, store, eng.threads)
+            old, eng.backend = (
+                eng.backend,
+                make_backend(backend, store, eng.threads, eng.cuda_graph),
+            )
             getattr(old, "close", lambda: None)()
         by_symbol: dict[str, list[int]] = {}
         for key, slot in h.registry.items():

@@ -11,7 +11,8 @@ from . import schema
 
 
 def to_pandas(columns: dict[str, np.ndarray], index: Any = None):
-    """A DataFrame of schema ``columns`` (in :data:`schema.COLUMNS` order).
+    """A DataFrame of schema ``columns`` (in :data:`schema.COLUMNS` order; all of them or
+    a requested subset).
 
     ``time`` (int epoch ms) becomes ``datetime64[ms, UTC]``; ``symbol``/``interval`` stay
     Python ``str`` objects; NaN stays NaN. ``index`` (e.g. a compute input's index) is
@@ -21,6 +22,8 @@ def to_pandas(columns: dict[str, np.ndarray], index: Any = None):
 
     data: dict[str, Any] = {}
     for name in schema.COLUMNS:
+        if name not in columns:  # a result of fewer requested outputs
+            continue
         values = columns[name]
         if schema.COLUMN_TYPES[name] == "time":
             stamps = np.asarray(values, np.int64).astype("datetime64[ms]")

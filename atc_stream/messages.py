@@ -10,7 +10,7 @@ from __future__ import annotations
 import msgspec
 
 from .results import StepResult
-from .schema import COLUMN_TYPES, SCHEMA_VERSION
+from .schema import COLUMN_TYPES, COLUMNS, SCHEMA_VERSION
 
 # JSON types of the logical column types; not-available floats are null.
 _FIELD_TYPES = {"str": str, "int": int, "float": float | None, "bool": bool, "time": int}
@@ -35,17 +35,47 @@ class SignalRecord(SignalRow, gc=False):
         return f"{self.symbol}:{self.interval}:{self.params_id}"
 
 
+_STRUCTS: dict[tuple[type, tuple[str, ...]], type] = {}
+
+
+def _struct_for(base: type, columns: tuple[str, ...]) -> type:
+    """``base`` itself for every column; else a struct of the same name with only
+    ``columns`` (a result of fewer requested outputs), made once per column set."""
+    if columns == COLUMNS:
+        return base
+    struct = _STRUCTS.get((base, columns))
+    if struct is None:
+        fields = [(name, _FIELD_TYPES[COLUMN_TYPES[name]]) for name in columns]
+        namespace = {}
+        if base is SignalRecord:
+            fields.append(("v", int, SCHEMA_VERSION))
+            namespace["key"] = SignalRecord.key
+        struct = msgspec.defstruct(
+            base.__name__, fields, gc=False, module=__name__, namespace=namespace
+        )
+        _STRUCTS[(base, columns)] = struct
+    return struct
+
+
+def record_type(columns: tuple[str, ...]) -> type:
+    """The Redis record struct of rows with ``columns`` (``SignalRecord`` for all)."""
+    return _struct_for(SignalRecord, tuple(columns))
+
+
 def records_from_result(result: StepResult) -> list[SignalRecord]:
-    """The :class:`SignalRecord` of every row of ``result`` (Redis messages)."""
+    """The :class:`SignalRecord` of every row of ``result`` (Redis messages); a result of
+    fewer requested outputs gives records of only its columns (plus ``v``)."""
     return _structs(result, SignalRecord)
 
 
 def rows_from_result(result: StepResult) -> list[SignalRow]:
-    """The :data:`SignalRow` of every row of ``result`` (JSONL lines)."""
+    """The :data:`SignalRow` of every row of ``result`` (JSONL lines), with the result's
+    columns (every schema column, or the requested subset)."""
     return _structs(result, SignalRow)
 
 
-def _structs(result: StepResult, struct: type) -> list:
+def _structs(result: StepResult, base: type) -> list:
     if len(result) == 0:
         return []
+    struct = _struct_for(base, result.column_names)
     return [struct(*row) for row in zip(*result.column_values(), strict=True)]

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from . import schema
-from .params import FAMILIES
 from .state import layout as L
 
 
@@ -43,13 +43,36 @@ class Rejection:
     symbol: str | None = None
 
 
+class PendingStep:
+    """A submitted step (``Engine.step_async``): :meth:`result` waits for its outputs.
+
+    The engine's state already includes the step. The result is built once; asking
+    again returns the same object. Nothing is lost by never asking.
+    """
+
+    def __init__(self, build: Callable[[], StepResult]) -> None:
+        self._build: Callable[[], StepResult] | None = build
+        self._result: StepResult | None = None
+
+    def result(self) -> StepResult:
+        if self._result is None:
+            self._result = self._build()
+            self._build = None
+        return self._result
+
+
 class StepResult:
     """Outputs of one ``step``/``preview``/``warmup`` call: one row per (stream, bar) applied.
 
-    ``outputs`` holds the kernel columns (``state/layout.py``, ``OUT_*``); the properties
-    below name them, and :meth:`columns` / :meth:`records` give the rows in the one output
-    schema (``atc_stream.schema``). ``ready_from`` is, per row, the first ready bar of the
-    row's parameter set. ``rejected`` lists the inputs that were left out, with reasons.
+    ``outputs`` is either the kernel output rows ``[row, OUT_*]`` (``state/layout.py``)
+    or the typed fields of the requested output ``groups`` (``schema.kernel_fields``:
+    ``bar_index`` int64, ``signal``/``layers``/``equities``/``growth`` float64,
+    ``long``/``short`` bool). ``groups`` are the output groups the rows carry
+    (``schema.OUTPUT_GROUPS``; default all): :meth:`columns` / :meth:`records` give the
+    key columns plus those groups' columns, in schema order, and reading a property of a
+    group that was not requested raises ``OutputNotRequestedError`` naming the fix.
+    ``ready_from`` is, per row, the first ready bar of the row's parameter set.
+    ``rejected`` lists the inputs that were left out, with reasons.
     """
 
     def __init__(
@@ -58,16 +81,20 @@ class StepResult:
         slots: np.ndarray,
         times: np.ndarray,
         closes: np.ndarray,
-        outputs: np.ndarray,
+        outputs: np.ndarray | dict[str, np.ndarray],
         rejected: list[Rejection] | None = None,
         provisional: bool = False,
         ready_from: np.ndarray | None = None,
+        groups: tuple[str, ...] = schema.ALL_OUTPUTS,
     ) -> None:
         self._keys_by_slot = keys_by_slot
         self.slots = slots
         self.times = times
         self.closes = closes
-        self.outputs = outputs
+        self.groups = tuple(groups)
+        if isinstance(outputs, np.ndarray):
+            outputs = schema.kernel_fields(outputs, self.groups)
+        self.fields: dict[str, np.ndarray] = outputs
         self.rejected = rejected or []
         self.provisional = provisional
         if ready_from is None:  # unknown parameter sets: no row claims to be ready
@@ -82,6 +109,14 @@ class StepResult:
         kind = "preview" if self.provisional else "step"
         return f"<StepResult {kind}: {len(self)} rows, {len(self.rejected)} rejected>"
 
+    def take(self, rows: np.ndarray) -> StepResult:
+        """The result of only these rows (same outputs, rejections and kind)."""
+        return StepResult(
+            self._keys_by_slot, self.slots[rows], self.times[rows], self.closes[rows],
+            {name: values[rows] for name, values in self.fields.items()},
+            self.rejected, self.provisional, self.ready_from[rows], self.groups,
+        )  # fmt: skip
+
     @property
     def keys(self) -> list[StreamKey]:
         return [self._keys_by_slot[s] for s in self.slots]
@@ -91,36 +126,68 @@ class StepResult:
         return [k.symbol for k in self.keys]
 
     @property
+    def column_names(self) -> tuple[str, ...]:
+        """The schema columns of these rows (all of ``schema.COLUMNS`` or a subset)."""
+        return schema.columns_for(self.groups)
+
+    def _field(self, name: str, group: str) -> np.ndarray:
+        values = self.fields.get(name)
+        if values is None:
+            raise schema.OutputNotRequestedError(
+                f"the {group!r} outputs were not requested (this result carries "
+                f"{list(self.groups)}); ask with Engine(outputs=[..., {group!r}]) or "
+                f"Engine(outputs='all') / engine.request_outputs({group!r}, ...)"
+            )
+        return values
+
+    @property
+    def outputs(self) -> np.ndarray:
+        """The kernel output rows ``[row, OUT_*]`` as float64 (built on demand; the
+        columns of groups that were not requested are NaN)."""
+        n = len(self)
+        out = np.full((n, L.N_OUT), np.nan)
+        out[:, L.OUT_BAR_INDEX] = self.fields["bar_index"]
+        for name, values in self.fields.items():
+            if name == "long":
+                out[:, L.OUT_LONG] = values
+            elif name == "short":
+                out[:, L.OUT_SHORT] = values
+            elif name != "bar_index":
+                cols = schema.FLOAT_FIELD_COLUMNS[name]
+                out[:, cols[0] : cols[-1] + 1] = values.reshape(n, len(cols))
+        return out
+
+    @property
     def signal(self) -> np.ndarray:
         """Final signal (Average_Signal) per row; NaN while the stream is before cutout."""
-        return self.outputs[:, L.OUT_SIGNAL]
+        return self._field("signal", "signal")
 
     @property
     def layer1_signals(self) -> np.ndarray:
         """Layer-1 signal per family, shape (rows, 6), families in ``FAMILIES`` order."""
-        return self.outputs[:, L.OUT_LAYER1 : L.OUT_LAYER1 + len(FAMILIES)]
+        return self._field("layers", "layers")
 
     @property
     def layer2_equities(self) -> np.ndarray:
         """Layer-2 equity per family, shape (rows, 6)."""
-        return self.outputs[:, L.OUT_LAYER2 : L.OUT_LAYER2 + len(FAMILIES)]
+        return self._field("equities", "equities")
 
     @property
     def long_events(self) -> np.ndarray:
-        return self.outputs[:, L.OUT_LONG] == 1.0
+        return self._field("long", "events")
 
     @property
     def short_events(self) -> np.ndarray:
-        return self.outputs[:, L.OUT_SHORT] == 1.0
+        return self._field("short", "events")
 
     @property
     def growth(self) -> np.ndarray:
         """exp(λ·(bar_index − cutout)) of each row's bar; NaN before cutout."""
-        return self.outputs[:, L.OUT_GROWTH]
+        return self._field("growth", "growth")
 
     @property
     def bar_index(self) -> np.ndarray:
-        return self.outputs[:, L.OUT_BAR_INDEX].astype(np.int64)
+        return self.fields["bar_index"]
 
     @property
     def ready(self) -> np.ndarray:
@@ -128,13 +195,15 @@ class StepResult:
         return self.bar_index >= self.ready_from
 
     def columns(self) -> dict[str, np.ndarray]:
-        """Every column of :data:`atc_stream.schema.COLUMNS`, in order, as NumPy arrays.
+        """The columns of these rows (:attr:`column_names`: every column of
+        :data:`atc_stream.schema.COLUMNS` or the requested subset), in schema order.
 
-        ``symbol``/``interval`` are object arrays of str; ``time`` is int64 epoch ms.
+        ``symbol``/``interval`` are object arrays of str; ``time`` is int64 epoch ms;
+        discrete columns bool/int64, continuous ones float64.
         """
         keys = self.keys
         n = len(keys)
-        kernel = schema.output_columns(self.outputs, self.ready_from)
+        kernel = schema.columns_from_fields(self.fields, self.ready_from, self.groups)
         columns: dict[str, np.ndarray] = {
             "symbol": np.array([k.symbol for k in keys], dtype=object).reshape(n),
             "interval": np.array([k.interval for k in keys], dtype=object).reshape(n),
@@ -144,10 +213,11 @@ class StepResult:
             "provisional": np.full(n, self.provisional),
         }
         columns.update(kernel)
-        return {name: columns[name] for name in schema.COLUMNS}
+        return {name: columns[name] for name in self.column_names}
 
     def column_values(self) -> list[list[Any]]:
-        """Per column (schema order), the plain Python values of every row; NaN becomes None.
+        """Per column (:attr:`column_names` order), the plain Python values of every row;
+        NaN becomes None.
 
         Column-wise, so that no per-row list is created (that would wake the cyclic
         garbage collector thousands of times per step). Built once per result: a live
@@ -157,9 +227,8 @@ class StepResult:
             return self._column_values
         columns = self.columns()
         lists = []
-        for name, kind in schema.COLUMN_TYPES.items():
-            values = columns[name]
-            if kind == "float":
+        for name, values in columns.items():
+            if schema.COLUMN_TYPES[name] == "float":
                 boxed = values.astype(object)
                 boxed[np.isnan(values)] = None
                 lists.append(boxed.tolist())
@@ -170,8 +239,9 @@ class StepResult:
 
     def records(self) -> list[dict[str, Any]]:
         """One JSON-ready dict per row, keys in schema order (NaN becomes None)."""
+        names = self.column_names
         rows = zip(*self.column_values(), strict=True)
-        return [dict(zip(schema.COLUMNS, row, strict=True)) for row in rows]
+        return [dict(zip(names, row, strict=True)) for row in rows]
 
     def to_pandas(self):
         """A pandas DataFrame of :meth:`columns`: one row per (stream, bar), ``time`` as
@@ -181,10 +251,11 @@ class StepResult:
         return to_pandas(self.columns())
 
     def to_arrow(self):
-        """A ``pyarrow.Table`` of :meth:`columns` with ``schema.arrow_schema()`` (UTC times)."""
+        """A ``pyarrow.Table`` of :meth:`columns` with ``schema.arrow_schema()`` of
+        :attr:`column_names` (UTC times)."""
         import pyarrow as pa
 
-        arrow_schema = schema.arrow_schema()
+        arrow_schema = schema.arrow_schema(columns=self.column_names)
         columns = self.columns()
         arrays = [
             pa.array(columns[f.name], type=pa.int64()).cast(f.type)

@@ -102,7 +102,7 @@ class Durability:
                     "(or delete them) to start fresh"
                 )
 
-    def restore(self, backend: str):
+    def restore(self, backend: str, outputs="all"):
         """The engine of the newest good snapshot with ``--resume``; None to start fresh."""
         if not self.resume or self.store is None:
             return None
@@ -121,25 +121,31 @@ class Durability:
         if found is None:
             _err(f"atc-stream: no snapshot in {self.store!r}; starting from the beginning")
             return None
-        engine = Engine.restore(found.decoded or found.blob, backend=backend)
+        engine = Engine.restore(found.decoded or found.blob, backend=backend, outputs=outputs)
         self.restored = True
         _err(f"atc-stream: restored snapshot {found.id} ({len(engine.streams)} streams)")
         return engine
 
-    def open_engine(self, backend: str, param_sets=None, interval: str | None = None):
+    def open_engine(
+        self, backend: str, param_sets=None, interval: str | None = None, outputs="all"
+    ):
         """The engine to run: with ``--resume`` the restored one (``RunError`` when it does
         not match ``param_sets``/``interval``), else a fresh one (defaults for None). Its CPU
         kernels are compiled or loaded before it returns, so no progress rate, ETA,
-        ``--max-seconds`` or event loop includes compilation."""
+        ``--max-seconds`` or event loop includes compilation. ``outputs``: the engine's
+        output groups (``Engine(outputs=...)``); the CLI writes the full schema."""
         from .engine import Engine
         from .kernels.prepare import prepare_for_cli
         from .params import ATCParams
 
-        engine = self.restore(backend)
+        engine = self.restore(backend, outputs)
         if engine is not None:
             check_resume_matches(engine, param_sets=param_sets, interval=interval)
         else:
-            engine = Engine(param_sets or [ATCParams()], backend=backend, interval=interval or "1m")
+            engine = Engine(
+                param_sets or [ATCParams()], backend=backend, interval=interval or "1m",
+                outputs=outputs,
+            )  # fmt: skip
         prepare_for_cli(engine, _err)
         return engine
 

@@ -29,8 +29,14 @@ host-side cost per step, 10,000 / 100,000 streams (``--host-costs``; no GPU need
     the host work of ``CudaBackend.step`` around the kernels, before (the code of
     commit 4723466, reproduced below: gather into plan order, F-order outputs
     transposed to C order and scattered back) and after (cached slot-sorted plan, two
-    input memcpys, host-order C outputs: one memcpy), plus the engine's ``plan_rounds``
-    (the same before and after) and the warmup's host transpose vs memcpy.
+    input memcpys, host-order C outputs: one memcpy) and now (the requested outputs
+    only, typed: signal + events by default, or all), the host counter update in
+    arrival vs plan order, the engine's ``plan_rounds`` (unchanged), the whole
+    ``Engine.step_arrays`` host path with the device work left out, and the warmup's
+    host transpose vs memcpy.
+step variants (with a GPU): the default outputs (signal + events), all outputs,
+    double-buffered (``step_arrays_async``, two in flight), the CUDA graph
+    (``cuda_graph=True``) and both; all in the ``--json`` record's ``step_us``.
 CPU-vs-GPU mismatches (with a GPU): 10,000 streams, 20 steps after a warmup, every
     output compared (discrete columns exactly, continuous ones to 1e-9).
 ``--gpu-tests``: runs ``pytest -m gpu tests/test_cuda_gpu.py`` and records the outcome.
@@ -50,6 +56,7 @@ import os
 import platform
 import sys
 import time
+import types
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -58,6 +65,7 @@ from numba import njit
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from atc_stream import schema  # noqa: E402
 from atc_stream.engine import WARMUP_CHUNK, Engine  # noqa: E402
 from atc_stream.kernels import batch, cpu, cuda_available  # noqa: E402
 from atc_stream.params import ATCParams  # noqa: E402
@@ -159,13 +167,37 @@ def set_ratios(rows: list[Row]) -> None:
 # -- step latency -------------------------------------------------------------------------
 
 
-def step_rows(n: int, backend: str, repeats: int, threads: int | None = None) -> list[Row]:
-    """End-to-end and kernel-only step latency for ``n`` streams on ``backend``."""
+#: step variants beside the plain one (default outputs, one synchronous step at a time)
+STEP_VARIANTS = {
+    "": {},
+    "all outputs": {"outputs": "all"},
+    "double-buffered": {"pipelined": True},
+    "cuda graph": {"cuda_graph": True},
+    "cuda graph, double-buffered": {"cuda_graph": True, "pipelined": True},
+}
+
+
+def step_rows(
+    n: int, backend: str, repeats: int, threads: int | None = None, variant: str = ""
+) -> list[Row]:
+    """End-to-end and kernel-only step latency for ``n`` streams on ``backend``.
+
+    ``variant`` (``STEP_VARIANTS``): "all outputs" returns every column instead of the
+    default signal + events; "double-buffered" submits each step with
+    ``step_arrays_async`` and reads the previous step's result after it (two in
+    flight; the time per call is one step's share); "cuda graph" builds the engine with
+    ``cuda_graph=True``. Kernel-only time is taken for the plain variant only.
+    """
+    options = STEP_VARIANTS[variant]
+    pipelined = options.get("pipelined", False)
     work = f"step, {n:,} streams"
     total = STEP_HISTORY + 2 * repeats + 8
     closes = random_walks(n, total, seed=n)
     times = bar_times(total)
-    eng = Engine(ATCParams(), backend=backend, capacity=n)
+    eng = Engine(
+        ATCParams(), backend=backend, capacity=n, outputs=options.get("outputs"),
+        cuda_graph=options.get("cuda_graph", False),
+    )  # fmt: skip
     if threads is not None and backend == "cuda":
         eng.backend.threads_per_block = threads
     for i in range(n):
@@ -180,14 +212,31 @@ def step_rows(n: int, backend: str, repeats: int, threads: int | None = None) ->
         False,
     )
     position = [STEP_HISTORY]
+    in_flight: list = []
 
     def one_step():
         j = position[0]
         position[0] += 1
-        eng.step_arrays(slots, np.full(n, times[j]), closes[sym, j])
+        if not pipelined:
+            eng.step_arrays(slots, np.full(n, times[j]), closes[sym, j])
+            return
+        in_flight.append(eng.step_arrays_async(slots, np.full(n, times[j]), closes[sym, j]))
+        if len(in_flight) == 2:
+            in_flight.pop(0).result()
 
     rows = []
     kernel_s: list[float] = []
+    if variant:
+        label = f"{backend} {variant}"
+        e2e = timed(one_step, repeats)
+        note = "per call, 2 steps in flight" if pipelined else ""
+        graphs = getattr(eng.backend, "graphs", None)
+        if options.get("cuda_graph"):
+            note = (
+                "graphs off (see the log)" if graphs is None or graphs.failed
+                else f"{graphs.launches} graph launches"
+            )  # fmt: skip
+        return [Row(work, f"{label} end to end", float(np.median(e2e)), n, "upd", repeats, note)]
     if backend == "cuda":
         eng.backend.time_kernels = True
         one_step()  # compile
@@ -334,7 +383,10 @@ def host_cost_rows(n: int, repeats: int) -> list[Row]:
 
     The steady case: every stream once, in a shuffled (arrival) order that repeats.
     Buffers are ordinary host memory here (pinned on a GPU machine: same memcpy cost);
-    the kernels, transfers and ``_find_changed``/``_commit_step`` (unchanged) are left out.
+    the kernels and transfers are left out. "after" is the issue-12 head before the
+    requested outputs (17 float64 columns copied out); "now" copies only the typed
+    requested fields; ``_commit_step`` is timed on its own (arrival order before,
+    plan order now); the last row is the engine's whole host path per step.
     """
     from atc_stream.kernels import cuda as kc
 
@@ -384,16 +436,117 @@ def host_cost_rows(n: int, repeats: int) -> list[Row]:
 
         return run
 
+    def checks_only():
+        store_counters = np.zeros((n, L.N_COUNTER_FIELDS), np.int64)
+        in_use = np.ones(n, np.bool_)
+        reasons = np.zeros(n, np.int64)
+
+        def run():
+            batch.check_unique_step(store_counters, in_use, slots, times, closes, reasons)
+
+        return run
+
+    def typed_outputs(groups):
+        """Now: inputs staged, then the requested fields copied out of packed buffers."""
+        k = schema.float_columns(groups).shape[0]
+        layout = kc.pack_layout(groups)[1]
+        io = types.SimpleNamespace(
+            packed=types.SimpleNamespace(host=rng.normal(size=n * max(k, 1))),
+            flags=types.SimpleNamespace(host=np.zeros(2 * n, np.uint8)),
+        )
+        bar_index = np.zeros(n, np.int64)
+
+        def run():
+            assert np.array_equal(cached, slots)  # the plan on the device is reused
+            t_in[:] = times
+            c_in[:] = closes
+            return kc.CudaBackend._host_fields(io, n, groups, layout, bar_index)
+
+        return run
+
+    def commit(in_plan_order: bool):
+        """The host counter update: before in arrival order, now in the plan's slot order."""
+        counters = np.zeros((n, L.N_COUNTER_FIELDS), np.int64)
+        shadow, bar_index = np.zeros((n, 3), np.int64), np.zeros(n, np.int64)
+        step_times = np.zeros(n, np.int64)
+        walk = np.empty(2 * n, np.int64)
+        if in_plan_order:
+            kc._build_plan(slots, order, starts, walk, np.full(n, -1, np.int64))
+        else:
+            walk[:n], walk[n:] = slots[order], order  # arrival order, as before
+
+        def run():
+            step_times[:] += 1
+            kc._commit_step(counters, shadow, walk, n, step_times, 0, bar_index)
+
+        return run
+
     rows = []
     for label, fn, note in (
         ("before: gather + F->C outputs", before, "commit 4723466"),
-        ("after: cached plan, host-order outputs", after_cached, "steady case"),
+        ("after: cached plan, host-order outputs", after_cached, "steady case, 17 columns"),
         ("after: new plan (slot sort)", after_new_plan, "first step / slot set changed"),
-        ("plan_rounds (engine, unchanged)", planning(), "validation + rounds"),
-    ):
+        ("now: signal + events, typed", typed_outputs(schema.DEFAULT_OUTPUTS),
+         "steady case, default outputs"),
+        ("now: all outputs, typed", typed_outputs(schema.ALL_OUTPUTS), "steady case"),
+        ("before: _commit_step in arrival order", commit(False), "host counters"),
+        ("now: _commit_step in plan order", commit(True), "host counters + bar_index"),
+        ("before: plan_rounds (engine)", planning(), "validation + rounds"),
+        ("now: check_unique_step (engine, steady)", checks_only(), "slots as last step"),
+        ("Engine.step_arrays host path, no device", engine_host_path(n), "default outputs"),
+    ):  # fmt: skip
         samples = timed(fn, repeats)
         rows.append(Row(work, label, float(np.median(samples)), n, "upd", repeats, note))
     return rows
+
+
+def engine_host_path(n: int) -> Callable[[], object]:
+    """``Engine.step_arrays`` with the device replaced by its host share: validation (the
+    steady shortcut), the cached-plan check, ``_find_changed``, staging,
+    ``_commit_step``, the typed fields copied out of packed buffers, the ``StepResult``
+    (no kernels, no transfers)."""
+    from atc_stream.kernels import cuda as kc
+    from atc_stream.kernels.cuda_io import PendingOutputs
+
+    eng = Engine(ATCParams(), backend="cpu", capacity=n)
+    for i in range(n):
+        eng.add_stream(f"S{i}")
+    rng = np.random.default_rng(n)
+    slots = rng.permutation([eng.slot_of(k) for k in eng.streams]).astype(np.int64)
+    closes = rng.uniform(10, 100, n)
+    groups = eng.outputs
+    k = schema.float_columns(groups).shape[0]
+    layout = kc.pack_layout(groups)[1]
+    io = types.SimpleNamespace(
+        packed=types.SimpleNamespace(host=rng.normal(size=n * max(k, 1))),
+        flags=types.SimpleNamespace(host=np.zeros(2 * n, np.uint8)),
+    )
+    store, cached = eng.store, slots.copy()
+    plan = np.empty(2 * n, np.int64)  # the cached plan's host copy, built once
+    kc._build_plan(slots, np.arange(n), np.array([0, n]), plan, np.full(n, -1, np.int64))
+    shadow = np.ascontiguousarray(store.counters[:, [L.BAR_INDEX, L.LAST_TIME, L.PARAM_ROW]])
+    changed = np.zeros(n, np.int64)
+    t_in, c_in = np.empty(n, np.int64), np.empty(n)
+
+    class HostShare:
+        def step_outputs_async(self, slots, times, closes, order, round_starts, groups):
+            assert np.array_equal(cached, slots)
+            t_in[:] = times
+            c_in[:] = closes
+            kc._find_changed(store.counters, shadow, plan, n, changed)  # CudaBackend._sync
+            bar_index = np.full(n, -1, np.int64)
+            kc._commit_step(store.counters, shadow, plan, n, times, 0, bar_index)
+            fields = kc.CudaBackend._host_fields(io, n, groups, layout, bar_index)
+            return PendingOutputs.ready(fields)
+
+    eng.backend = HostShare()
+    step = [0]
+
+    def run():
+        step[0] += 1
+        return eng.step_arrays(slots, np.full(n, BASE_TIME + step[0] * BAR_MS), closes)
+
+    return run
 
 
 def warmup_host_rows(n: int, t: int, repeats: int) -> list[Row]:
@@ -429,7 +582,7 @@ def mismatches(n: int, steps: int = 20) -> dict:
     closes = random_walks(n, total, seed=11)
     times = bar_times(total)
     history = {f"S{i}": (times[:STEP_HISTORY], closes[i, :STEP_HISTORY]) for i in range(n)}
-    engines = [Engine(ATCParams(), backend=b, capacity=n) for b in ("cpu", "cuda")]
+    engines = [Engine(ATCParams(), backend=b, capacity=n, outputs="all") for b in ("cpu", "cuda")]
     for eng in engines:
         eng.warmup(history)
     slots = [np.array([e.slot_of(e.streams[i]) for i in range(n)]) for e in engines]
@@ -547,6 +700,10 @@ def main(argv=None) -> int:
     for n in step_sizes:
         for backend in backends:
             step += step_rows(n, backend, args.repeats)
+            step += step_rows(n, backend, args.repeats, variant="all outputs")
+        if have_gpu:
+            for variant in ("double-buffered", "cuda graph", "cuda graph, double-buffered"):
+                step += step_rows(n, "cuda", args.repeats, variant=variant)
         if have_gpu:
             for threads in [int(x) for x in args.threads.split(",") if x.strip()]:
                 step += step_rows(n, "cuda", args.repeats, threads)

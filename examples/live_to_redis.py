@@ -26,6 +26,9 @@ from atc_stream.adapters.redis_pubsub import SignalPublisher, SignalSubscriber
 SYMBOLS = ("BTCUSDT", "ETHUSDT", "SOLUSDT")
 MINUTE_MS = 60_000
 T0 = 1_735_689_600_000  # 2025-01-01T00:00Z
+#: what the engine returns and publishes (the default: the signal and the events); the
+#: subscriber decodes records of these columns
+OUTPUTS = ("signal", "events")
 
 
 def fake_feed(n_bars: int, seed: int = 1) -> Iterator[list[tuple[str, pd.Timestamp, float]]]:
@@ -43,7 +46,7 @@ def fake_feed(n_bars: int, seed: int = 1) -> Iterator[list[tuple[str, pd.Timesta
 
 def subscribe(url: str, prefix: str, received: Counter, ready: threading.Event,
               done: threading.Event) -> None:  # fmt: skip
-    with SignalSubscriber(url, prefix=prefix, symbols=SYMBOLS, events=True) as sub:
+    with SignalSubscriber(url, prefix=prefix, symbols=SYMBOLS, events=True, outputs=OUTPUTS) as sub:
         sub.wait_ready()
         ready.set()
         while True:
@@ -67,7 +70,7 @@ def main() -> None:
     args = parser.parse_args()
 
     params = ATCParams(ema_len=10, hma_len=10, wma_len=10, dema_len=10, lsma_len=10, kama_len=10)
-    engine = Engine(params, backend="cpu", interval="1m")
+    engine = Engine(params, backend="cpu", interval="1m", outputs=OUTPUTS)
     for s in SYMBOLS:
         engine.add_symbol(s)
 

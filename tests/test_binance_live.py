@@ -373,7 +373,7 @@ SYMBOLS = ["BTCUSDT", "ETHUSDT", "XRPUSDT"]
 @pytest.fixture(scope="module", autouse=True)
 def compiled_kernels():
     """Compile the engine's kernels first, so no test's client stalls for seconds on it."""
-    engine = Engine(backend="cpu", interval=INTERVAL)
+    engine = Engine(backend="cpu", interval=INTERVAL, outputs="all")
     engine.warmup({"X": (np.arange(50), np.linspace(1.0, 2.0, 50))})
     engine.step([("X", 50, 1.5)])
     engine.preview([("X", 51, 1.6)])
@@ -387,7 +387,7 @@ def test_warmup_stream_previews_equal_compute():
     closes = make_bars(SYMBOLS, 320)
     start, history = 260, 200
     with FakeExchange(closes, start, wait_connections=2, previews_per_bar=3) as ex:
-        engine = Engine(backend="cpu", interval=INTERVAL)
+        engine = Engine(backend="cpu", interval=INTERVAL, outputs="all")
         results, previews = [], []
         client = KlineClient(
             engine, ",".join(s.lower() for s in SYMBOLS), fast_config(ex, history=history,
@@ -437,7 +437,7 @@ def test_disconnects_and_stall_every_bar_once():
     faults: dict[int, list] = {i: [(a, 1)] for i, a in zip(at, actions, strict=True)}
     faults[299] = [("abort", 1)]  # the very last closed bar is missed
     with FakeExchange(closes, start, faults=faults, bar_pause=0.008) as ex:
-        engine = Engine(backend="cpu", interval=INTERVAL)
+        engine = Engine(backend="cpu", interval=INTERVAL, outputs="all")
         results = []
         client = KlineClient(
             engine, SYMBOLS, fast_config(ex, history=150, idle_timeout=0.3),
@@ -521,7 +521,7 @@ def test_hostile_stream_inputs_counted_and_survived():
     corrupt["data"]["k"]["c"] = "12,5"
     with FakeExchange(closes, start, faults=faults) as ex:
         ex.faults.setdefault(275, []).append(("raw", "ETHUSDT", json.dumps(corrupt)))
-        engine = Engine(backend="cpu", interval=INTERVAL)
+        engine = Engine(backend="cpu", interval=INTERVAL, outputs="all")
         results = []
         client = KlineClient(
             engine, ["BTCUSDT", "ETHUSDT"], fast_config(ex, history=120),
@@ -556,7 +556,7 @@ def test_rest_faults_retried_paged_and_rate_limited():
     # the slow reply outlasts the client's timeout 3x; the timeout leaves ordinary replies a
     # full second even on a busy 2-core machine (0.3 s was once hit by one in CI)
     with FakeExchange(closes, start, rest_faults=faults, slow_seconds=3.0) as ex:
-        engine = Engine(backend="cpu", interval=INTERVAL)
+        engine = Engine(backend="cpu", interval=INTERVAL, outputs="all")
         results = []
         cfg = fast_config(ex, history=history, rest_timeout=1.0, rest_rate=50.0, rest_burst=1,
                           rest_concurrency=1)  # fmt: skip
@@ -583,7 +583,7 @@ def test_restart_from_snapshot_every_bar_once():
     start = 230
     faults = {262: [("abort", 1)]}
     with FakeExchange(closes, start, faults=faults, bar_pause=0.01) as ex:
-        engine = Engine(backend="cpu", interval=INTERVAL)
+        engine = Engine(backend="cpu", interval=INTERVAL, outputs="all")
         first, second = [], []
         cfg = fast_config(ex, history=150)
         c1 = KlineClient(engine, SYMBOLS, cfg, on_result=first.append,
@@ -591,7 +591,7 @@ def test_restart_from_snapshot_every_bar_once():
         s1 = run_client(c1, max_bars=len(SYMBOLS) * 25, max_seconds=60)
         blob = engine.snapshot()
         time.sleep(0.15)  # the exchange moves on while we are down
-        restored = Engine.restore(blob, backend="cpu")
+        restored = Engine.restore(blob, backend="cpu", outputs="all")
         c2 = KlineClient(restored, SYMBOLS, cfg, on_result=second.append,
                          clock_ms=lambda: ex.now_ms, seed=6)  # fmt: skip
         remaining = len(SYMBOLS) * (300 - start) - s1.bars
@@ -607,7 +607,7 @@ def test_connect_failures_back_off():
     with socket.socket() as sock:  # a port where nobody listens
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    engine = Engine(backend="cpu", interval=INTERVAL)
+    engine = Engine(backend="cpu", interval=INTERVAL, outputs="all")
     cfg = LiveConfig(
         ws_url=f"ws://127.0.0.1:{port}", rest_url=f"http://127.0.0.1:{port}", history=0,
         backoff_initial=0.05, backoff_max=0.4, backoff_jitter=0.0,
@@ -626,7 +626,9 @@ def test_connect_failures_back_off():
         port = silent.getsockname()[1]
         cfg.ws_url = f"ws://127.0.0.1:{port}"
         cfg.open_timeout = 0.2
-        client = KlineClient(Engine(backend="cpu", interval=INTERVAL), ["BTCUSDT"], cfg)
+        client = KlineClient(
+            Engine(backend="cpu", interval=INTERVAL, outputs="all"), ["BTCUSDT"], cfg
+        )
         stats = run_client(client, max_seconds=1.0)
     assert stats.connects == 0 and 2 <= stats.disconnects["connect_failed"] <= 6
 
@@ -656,7 +658,7 @@ def test_config_and_argument_validation():
     with pytest.raises(ValueError, match="rest_url"):
         LiveConfig(rest_url="api.binance.com")
     with pytest.raises(ValueError, match="symbols"):
-        KlineClient(Engine(backend="cpu"), ["BTC/USDT"])
+        KlineClient(Engine(backend="cpu", outputs="all"), ["BTC/USDT"])
     with pytest.raises(ValueError, match="interval"):
         interval_ms("1x")
     assert next_open(T0, "1m") == T0 + IMS

@@ -178,7 +178,7 @@ def test_run_stream_refuses_to_overwrite_existing_snapshots(tmp_path):
 
     snaps = tmp_path / "snaps"
     store = DirectorySnapshotStore(snaps)
-    store.save(Engine(ATCParams(), backend="cpu").snapshot())
+    store.save(Engine(ATCParams(), backend="cpu", outputs="all").snapshot())
     res = cli(["run-stream", "--redis", "redis://127.0.0.1:1", "--input-stream", "in",
                "--snapshot-dir", str(snaps)])  # fmt: skip
     assert res.exit_code == 2, res.output

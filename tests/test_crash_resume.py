@@ -68,7 +68,7 @@ def command(url, snapshot_dir, *, resume=False, idle=None):
 
 def reference_rows(table):
     """Every (stream, bar) record of an uninterrupted engine fed the same bars."""
-    engine = Engine(ATCParams(), backend="cpu")
+    engine = Engine(ATCParams(), backend="cpu", outputs="all")
     bars = list(
         zip(table.symbols.tolist(), table.times.tolist(), table.closes.tolist(), strict=True)
     )

@@ -61,7 +61,7 @@ def names(n):
 
 
 def warmed(backend, closes, bars, **kwargs):
-    eng = Engine(PARAMS, backend=backend, capacity=2 * closes.shape[0], **kwargs)
+    eng = Engine(PARAMS, backend=backend, capacity=2 * closes.shape[0], **kwargs, outputs="all")
     t = times_of(closes.shape[1])
     eng.warmup({s: (t[:bars], closes[i, :bars]) for i, s in enumerate(names(closes.shape[0]))})
     return eng
@@ -81,9 +81,10 @@ def closes_at_scale():
 def test_auto_picks_cuda_only_for_many_streams():
     from atc_stream.kernels.cuda import AUTO_MIN_STREAMS, CudaBackend
 
-    assert Engine(PARAMS, backend="auto").backend.name == "cpu"
+    assert Engine(PARAMS, backend="auto", outputs="all").backend.name == "cpu"
     assert isinstance(
-        Engine(PARAMS, backend="auto", capacity=AUTO_MIN_STREAMS).backend, CudaBackend
+        Engine(PARAMS, backend="auto", capacity=AUTO_MIN_STREAMS, outputs="all").backend,
+        CudaBackend,
     )
 
 
@@ -137,7 +138,7 @@ def test_preview_at_scale(closes):
 def test_warmup_then_step_equals_longer_warmup(closes, warmup_state):
     t = times_of(closes.shape[1])
     a = warmed("cuda", closes, 300)
-    b = Engine(PARAMS, backend="cuda", capacity=2 * N_SYMBOLS)
+    b = Engine(PARAMS, backend="cuda", capacity=2 * N_SYMBOLS, outputs="all")
     a.backend.warmup_state = b.backend.warmup_state = warmup_state
     symbols = names(N_SYMBOLS)
     for j in range(300, 400):
@@ -209,7 +210,7 @@ def test_no_kernel_compiles_inside_a_step():
     kernels = (kc.step_kernel, kc.preview_kernel, kc.warmup_kernel, kc.transpose_kernel,
                kc.scatter_rows_kernel)  # fmt: skip
     for capacity in (1, 64):
-        eng = Engine(PARAMS[:1], backend="cuda", capacity=capacity)
+        eng = Engine(PARAMS[:1], backend="cuda", capacity=capacity, outputs="all")
         before = [len(k.overloads) for k in kernels]
         closes = walks(1, 30, seed=3)
         t = times_of(31)
@@ -235,3 +236,39 @@ def test_growth_table_matches_cpu_growth_factor_exactly():
         for k in (0, 1, 2, 4765, 4766, 19_999):
             assert table[row, k] == cpu.growth_factor(p.lam, p.cutout + k, p.cutout)
     assert table.shape == (3, 20_000)
+
+
+@needs_device
+@pytest.mark.parametrize("outputs", [("signal", "events"), "all"])
+def test_cuda_graph_and_async_steps_equal_the_plain_path(closes, outputs):
+    """The steady step as a CUDA graph (``cuda_graph=True``), submitted two at a time
+    (``step_arrays_async``, double-buffered), equals the plain synchronous path bit for
+    bit, and the graph was captured (when CuPy is installed) and replayed."""
+    plain = warmed("cuda", closes, 300)
+    graph = warmed("cuda", closes, 300, cuda_graph=True)
+    for eng in (plain, graph):
+        eng.outputs = outputs
+    t = times_of(closes.shape[1])
+    rng = np.random.default_rng(3)
+    order = rng.permutation(plain.store.in_use.nonzero()[0])  # arrival order, repeated
+    symbol_of = np.array([int(plain._keys_by_slot[s].symbol[1:]) for s in order])
+    pending = []
+    for j in range(300, 340):
+        times, prices = np.full(order.shape[0], t[j]), closes[symbol_of, j]
+        want = plain.step_arrays(order, times, prices)
+        pending.append((graph.step_arrays_async(order, times, prices), want))
+        if len(pending) == 2:
+            for p, w in pending:
+                assert_same(p.result().outputs, w.outputs, f"bar {j}")
+            pending = []
+    for p, w in pending:
+        assert_same(p.result().outputs, w.outputs, "last bar")
+    graphs = graph.backend.graphs
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        assert graphs is None
+    else:
+        assert graphs is not None and not graphs.failed, "the capture failed (see the log)"
+        assert graphs.captures <= 4 and graphs.launches >= 30
+    assert_same_state(plain, graph)

@@ -96,9 +96,11 @@ def cuda_mod():
 
 
 def test_backend_choice_under_the_simulator(cuda_mod):
-    assert type(Engine(SHORT, backend="cuda").backend) is cuda_mod.CudaBackend
+    assert type(Engine(SHORT, backend="cuda", outputs="all").backend) is cuda_mod.CudaBackend
     # auto never picks the simulator, whatever the size
-    assert type(Engine(SHORT, backend="auto", capacity=10**5).backend) is cpu.CpuBackend
+    assert (
+        type(Engine(SHORT, backend="auto", capacity=10**5, outputs="all").backend) is cpu.CpuBackend
+    )
     with pytest.raises(ValueError, match="warmup_state"):
         cuda_mod.CudaBackend(StateStore(), warmup_state="registers")
 
@@ -118,7 +120,7 @@ COLUMNS = {
 
 def run_history(backend, params, closes, record_cuts):
     """All bars of one stream: warmup (record_all) / step / warmup in three parts."""
-    eng = Engine(params, backend=backend)
+    eng = Engine(params, backend=backend, outputs="all")
     eng.add_symbol("G")
     slot = eng.slots_of("G")
     t = times_of(closes.shape[0])
@@ -166,7 +168,7 @@ def test_growth_table_is_the_cpu_growth_factor(cuda_mod):
 
 def drive(backend, closes, params, *, warm=40, extra_ops=True):
     """Warmup, steps (one and several bars per stream), rejections and previews."""
-    eng = Engine(params, backend=backend)
+    eng = Engine(params, backend=backend, outputs="all")
     n, t_total = closes.shape
     t = times_of(t_total)
     names = [f"S{i}" for i in range(n)]
@@ -251,8 +253,8 @@ def test_backend_step_rounds_and_rejected_rows(cuda_mod):
 def test_preview_leaves_state_untouched_and_equals_the_step():
     closes = walks(3, 50, seed=5)
     t = times_of(51)
-    eng = Engine([SHORT, SHORT2], backend="cuda")
-    ref = Engine([SHORT, SHORT2], backend="cpu")
+    eng = Engine([SHORT, SHORT2], backend="cuda", outputs="all")
+    ref = Engine([SHORT, SHORT2], backend="cpu", outputs="all")
     hist = {f"S{i}": (t[:50], closes[i]) for i in range(3)}
     eng.warmup(hist)
     ref.warmup(hist)
@@ -275,7 +277,7 @@ def test_warmup_then_step_equals_longer_warmup(cuda_mod, warmup_state):
     t = times_of(90)
 
     def engine():
-        eng = Engine([SHORT, LONGER], backend="cuda")
+        eng = Engine([SHORT, LONGER], backend="cuda", outputs="all")
         eng.backend.warmup_state = warmup_state
         return eng
 
@@ -286,7 +288,7 @@ def test_warmup_then_step_equals_longer_warmup(cuda_mod, warmup_state):
     last_b = b.warmup({f"S{i}": (t, closes[i]) for i in range(3)})
     assert_same(last_a.outputs, last_b.outputs, "last bar")
     assert_same_state(a, b)
-    cpu_eng = Engine([SHORT, LONGER], backend="cpu")
+    cpu_eng = Engine([SHORT, LONGER], backend="cpu", outputs="all")
     on_cpu = cpu_eng.warmup({f"S{i}": (t, closes[i]) for i in range(3)})
     assert_same(on_cpu.outputs, last_b.outputs, "cpu")
     assert_same_state(b, cpu_eng)
@@ -316,8 +318,8 @@ def test_move_cpu_cuda_cpu_keeps_results():
     closes = walks(3, 80, seed=17)
     t = times_of(80)
     hist = {f"S{i}": (t[:40], closes[i, :40]) for i in range(3)}
-    moving = Engine([SHORT, SHORT2], backend="cpu")
-    staying = Engine([SHORT, SHORT2], backend="cpu")
+    moving = Engine([SHORT, SHORT2], backend="cpu", outputs="all")
+    staying = Engine([SHORT, SHORT2], backend="cpu", outputs="all")
     moving.warmup(hist)
     staying.warmup(hist)
     for j in range(40, 80):
@@ -333,7 +335,7 @@ def test_move_cpu_cuda_cpu_keeps_results():
 
 
 def test_move_to_unavailable_backend_keeps_the_engine():
-    eng = Engine(SHORT, backend="cuda")
+    eng = Engine(SHORT, backend="cuda", outputs="all")
     with pytest.raises(ValueError, match="backend must be"):
         eng.move_to("tpu")
     assert eng.backend.name == "cuda"
@@ -345,7 +347,7 @@ def test_streams_and_params_added_while_live():
     t = times_of(60)
 
     def run(backend):
-        eng = Engine(SHORT, backend=backend, capacity=4)
+        eng = Engine(SHORT, backend=backend, capacity=4, outputs="all")
         outs = [eng.warmup({f"S{i}": (t[:20], closes[i, :20]) for i in range(3)}).outputs]
         active = [0, 1, 2]
         for j in range(20, 60):
@@ -392,7 +394,7 @@ def test_step_plan_cache_m1_shuffled_slots_and_one_row_store(cuda_mod):
     """
     closes = walks(6, 60, seed=11)
     t = times_of(60)
-    engines = [Engine(SHORT, backend=b, capacity=1) for b in ("cuda", "cpu")]
+    engines = [Engine(SHORT, backend=b, capacity=1, outputs="all") for b in ("cuda", "cpu")]
     cuda_backend = engines[0].backend
     cuda_backend.warmup_memory_budget = 1  # one stream per warmup chunk
     for eng in engines:
@@ -432,7 +434,7 @@ def test_requested_outputs_subset_cuda_equals_cpu():
     """Only the requested columns come back (the rest NaN), equal to the CPU's."""
     closes = walks(3, 40, seed=13)
     t = times_of(41)
-    engines = [Engine(SHORT, backend=b) for b in ("cuda", "cpu")]
+    engines = [Engine(SHORT, backend=b, outputs="all") for b in ("cuda", "cpu")]
     for eng in engines:
         eng.warmup({f"S{i}": (t[:30], closes[i, :30]) for i in range(3)})
         eng.request_outputs("signal", "events")
@@ -451,3 +453,100 @@ def test_requested_outputs_subset_cuda_equals_cpu():
     full = [e.step([("S0", int(t[34]), float(closes[0, 34]))]).outputs for e in engines]
     assert_same(full[0], full[1], "all columns")
     assert not np.isnan(full[0]).any()
+
+
+@pytest.fixture(scope="module")
+def full_outputs_cpu():
+    from output_subsets import drive as drive_subset
+
+    return drive_subset("cpu", "all")
+
+
+@pytest.mark.parametrize(
+    "outputs", [None, ("layers",), ("signal", "equities", "growth"), (), "all"], ids=repr
+)
+def test_requested_output_subsets_cuda_equal_all_cpu_outputs(outputs, full_outputs_cpu):
+    """``Engine(backend="cuda", outputs=...)``: each requested column (packed on the
+    device, events as bytes, bar_index from the host) equals the CPU's full result, in
+    the narrow types; m = 1, a repeated shuffled slot set, two rounds with rejections,
+    a preview holding one slot twice (tests/output_subsets.py)."""
+    from output_subsets import assert_subset_matches
+    from output_subsets import drive as drive_subset
+
+    assert_subset_matches(drive_subset("cuda", outputs), full_outputs_cpu, outputs)
+
+
+def test_only_the_requested_columns_are_packed(cuda_mod):
+    from atc_stream import schema
+
+    eng = Engine(SHORT, backend="cuda", outputs=("signal", "events"))
+    t = times_of(12)
+    eng.warmup({"A": (t[:10], walks(1, 10, seed=1)[0])})
+    eng.step([("A", int(t[10]), 101.0)])
+    backend = eng.backend
+    assert backend._packed_k == 1  # the signal: one float column, events one byte each
+    eng.outputs = "all"
+    eng.step([("A", int(t[11]), 102.0)])
+    assert backend._packed_k == schema.float_columns(schema.ALL_OUTPUTS).shape[0] == 14
+
+
+# -- double-buffered steps, CUDA graph option ------------------------------------------------
+
+
+def test_async_steps_double_buffered_equal_the_cpu(cuda_mod):
+    """Three steps submitted before any result is read (the third reuses the first's
+    buffer set, so the first is waited for and copied out); previews and a snapshot
+    in between; every result equals the CPU's synchronous one."""
+    closes = walks(3, 40, seed=21)
+    t = times_of(40)
+    engines = [Engine([SHORT, SHORT2], backend=b, outputs=("signal", "events", "layers"))
+               for b in ("cuda", "cpu")]  # fmt: skip
+    for eng in engines:
+        eng.warmup({f"S{i}": (t[:20], closes[i, :20]) for i in range(3)})
+    order = [2, 0, 1]
+    got, want = [], []
+    j = 20
+    while j < 38:
+        bars = [(f"S{i}", int(t[j]), float(closes[i, j])) for i in order]
+        pend = [engines[0].step_async(bars)]
+        want.append(engines[1].step(bars))
+        j += 1
+        bars = [(f"S{i}", int(t[j]), float(closes[i, j])) for i in order]
+        pend.append(engines[0].step_async(bars))
+        want.append(engines[1].step(bars))
+        io = engines[0].backend._io
+        assert io[0].pending is not None and io[1].pending is not None  # both in flight
+        j += 1
+        if j % 4 == 0:  # a preview while two steps are pending
+            pv = [e.preview([("S1", int(t[j]), 50.0)]) for e in engines]
+            assert_same(pv[0].outputs, pv[1].outputs, f"preview {j}")
+        bars = [(f"S{i}", int(t[j]), float(closes[i, j])) for i in order]
+        pend.append(engines[0].step_async(bars))
+        want.append(engines[1].step(bars))
+        j += 1
+        got += [p.result() for p in pend]
+    assert got[0] is not None and pend[-1].result() is got[-1]  # built once
+    for k, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert a.column_names == b.column_names
+        for name, values in b.columns().items():
+            assert np.array_equal(a.columns()[name], values, equal_nan=values.dtype.kind == "f"), (
+                k, name,
+            )  # fmt: skip
+    assert_same_state(*engines)
+
+
+def test_cuda_graph_falls_back_with_one_warning_under_the_simulator(cuda_mod, caplog):
+    closes = walks(2, 30, seed=4)
+    t = times_of(30)
+    with caplog.at_level("WARNING", logger="atc_stream"):
+        eng = Engine(SHORT, backend="cuda", cuda_graph=True, outputs="all")
+    warned = [r for r in caplog.records if "CUDA graphs need CuPy" in r.getMessage()]
+    assert len(warned) == 1 and eng.backend.graphs is None and eng.cuda_graph
+    ref = Engine(SHORT, backend="cpu", outputs="all")
+    for e in (eng, ref):
+        e.warmup({f"S{i}": (t[:25], closes[i, :25]) for i in range(2)})
+    for j in range(25, 28):
+        bars = [(f"S{i}", int(t[j]), float(closes[i, j])) for i in range(2)]
+        assert_same(eng.step(bars).outputs, ref.step(bars).outputs, f"bar {j}")
+    eng.move_to("cuda")  # the option carries over (and warns again for the new backend)
+    assert eng.backend.graphs is None

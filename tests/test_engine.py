@@ -44,7 +44,7 @@ def assert_same_state(a, b):
 
 def test_streams_added_later_removed_and_readded_do_not_disturb_others():
     a, b = walk(1, 150), walk(2, 150)
-    engine = Engine(SHORT, backend="cpu", capacity=1)
+    engine = Engine(SHORT, backend="cpu", capacity=1, outputs="all")
     engine.add_symbol("A")
     got = list(feed(engine, "A", a[:50]))
     engine.add_symbol("B")  # forces capacity growth while A holds state
@@ -67,7 +67,7 @@ def test_streams_added_later_removed_and_readded_do_not_disturb_others():
 
 def test_parameter_sweep_fans_out_one_bar_to_every_parameter_set():
     sets = [SHORT, ATCParams(), ATCParams(robustness="Wide", cutout=20)]
-    engine = Engine(sets, backend="cpu")
+    engine = Engine(sets, backend="cpu", outputs="all")
     engine.add_symbol("X")
     closes = walk(3, 120)
     rows = {i: [] for i in range(3)}
@@ -81,7 +81,7 @@ def test_parameter_sweep_fans_out_one_bar_to_every_parameter_set():
 
 
 def test_a_bad_input_fanned_out_to_several_parameter_sets_counts_once():
-    engine = Engine([SHORT, ATCParams()], backend="cpu")
+    engine = Engine([SHORT, ATCParams()], backend="cpu", outputs="all")
     engine.add_symbol("X")
     res = engine.step([("X", 0, float("nan")), ("X", 1, 10.0), ("X", 1, 11.0)])
     assert [(r.index, r.reason) for r in res.rejected] == [
@@ -94,7 +94,7 @@ def test_a_bad_input_fanned_out_to_several_parameter_sets_counts_once():
 
 def test_adding_a_longer_parameter_set_later_keeps_existing_streams_exact():
     closes = walk(4, 200)
-    engine = Engine(SHORT, backend="cpu")
+    engine = Engine(SHORT, backend="cpu", outputs="all")
     engine.add_symbol("X")
     got = list(feed(engine, "X", closes[:100]))
     ring_before = engine.store.ring_capacity
@@ -114,7 +114,7 @@ def test_adding_a_longer_parameter_set_later_keeps_existing_streams_exact():
 
 def test_preview_never_changes_state_and_matches_step():
     closes = walk(5, 80)
-    engine = Engine(SHORT, backend="cpu")
+    engine = Engine(SHORT, backend="cpu", outputs="all")
     engine.warmup({"X": (np.arange(60), closes[:60])})
     before = snapshot_of(engine, "X")
     previews = engine.preview([("X", 60, 99.0), ("X", 60, 101.5), ("X", 61, float(closes[60]))])
@@ -125,7 +125,7 @@ def test_preview_never_changes_state_and_matches_step():
 
 
 def test_stream_state_reports_position_and_growth():
-    engine = Engine(ATCParams(cutout=5), backend="cpu")
+    engine = Engine(ATCParams(cutout=5), backend="cpu", outputs="all")
     engine.warmup({"X": (np.arange(10) * 60_000, walk(6, 10))})
     state = engine.stream_state(engine.streams[0])
     assert state["bar_index"] == 10 and state["last_time"] == 9 * 60_000
@@ -138,7 +138,7 @@ def test_stream_state_reports_position_and_growth():
 
 @pytest.fixture
 def warm_engine():
-    engine = Engine(SHORT, backend="cpu")
+    engine = Engine(SHORT, backend="cpu", outputs="all")
     engine.warmup({"A": (np.arange(30), walk(7, 30)), "B": (np.arange(30), walk(8, 30))})
     return engine
 
@@ -164,7 +164,7 @@ def warm_engine():
 )
 def test_each_bad_input_is_rejected_counted_and_the_rest_applies(warm_engine, bad, reason, caplog):
     engine = warm_engine
-    reference = Engine(SHORT, backend="cpu")
+    reference = Engine(SHORT, backend="cpu", outputs="all")
     reference.warmup({"B": (np.arange(30), walk(8, 30))})
     expected = reference.step([("B", 30, 100.0)]).outputs
     a_before = snapshot_of(engine, "A")
@@ -198,7 +198,7 @@ def test_bad_bars_in_warmup_history_are_skipped_and_counted():
     dirty = closes.copy()
     dirty[[10, 20]] = [np.nan, -1.0]
     times = np.arange(50)
-    engine = Engine(SHORT, backend="cpu")
+    engine = Engine(SHORT, backend="cpu", outputs="all")
     res = engine.warmup({"X": (times, dirty), "Y": ("not", "arrays")})
     assert engine.rejections["non_finite_close"] == 1
     assert engine.rejections["non_positive_close"] == 1
@@ -219,16 +219,16 @@ def test_step_arrays_rejects_unknown_slots_and_raises_on_bad_shapes(warm_engine)
 
 def test_invalid_library_arguments_raise_value_error_naming_them():
     with pytest.raises(ValueError, match="backend"):
-        Engine(backend="tpu")
+        Engine(backend="tpu", outputs="all")
     with pytest.raises(ValueError, match="capacity"):
-        Engine(capacity=0)
+        Engine(capacity=0, outputs="all")
     with pytest.raises(ValueError, match="params"):
-        Engine([ATCParams(), "fast"])
+        Engine([ATCParams(), "fast"], outputs="all")
     with pytest.raises(ValueError, match="closes"):
         compute([1.0, float("nan")])
     with pytest.raises(ValueError, match="closes"):
         compute(np.ones((2, 2)))
-    engine = Engine(backend="cpu")
+    engine = Engine(backend="cpu", outputs="all")
     with pytest.raises(ValueError, match="symbol"):
         engine.add_symbol("")
     with pytest.raises(ValueError, match="params_id"):
@@ -268,5 +268,38 @@ def test_params_lengths_and_round_trip():
 
 
 def test_state_is_under_4kb_per_stream_with_defaults():
-    engine = Engine(backend="cpu")
+    engine = Engine(backend="cpu", outputs="all")
     assert engine.store.bytes_per_stream <= 4096
+
+
+def test_steady_slot_set_shortcut_equals_full_planning():
+    """A batch with the slots of the last one-round, all-accepted batch skips the round
+    planning (``Engine._plan``); results, rejections and state equal full planning,
+    also when some of its updates are rejected (bad close, duplicate, stale bar)."""
+    rng = np.random.default_rng(8)
+    n, bars = 6, 40
+    closes = np.round(100 * np.exp(np.cumsum(rng.normal(0, 0.01, (n, bars)), 1)), 2)
+    t = 1_700_000_000_000 + 60_000 * np.arange(bars, dtype=np.int64)
+    fast, full = (Engine(SHORT, backend="cpu", outputs="all") for _ in range(2))
+    for eng in (fast, full):
+        eng.warmup({f"S{i}": (t[:10], closes[i, :10]) for i in range(n)})
+    order = rng.permutation(n)
+    slots = np.array([fast.slot_of(fast.streams[i]) for i in order])
+    for j in range(10, bars):
+        step_times, step_closes = np.full(n, t[j]), closes[order, j].copy()
+        if j % 7 == 0:
+            step_closes[2] = np.nan
+        if j % 11 == 0:
+            step_times[4] = t[j - 1]  # not after the stream's last bar
+        full._unique_slots = None  # always the full planning
+        a = fast.step_arrays(slots, step_times, step_closes)
+        b = full.step_arrays(slots, step_times, step_closes)
+        assert_bit_identical(a.outputs, b.outputs, f"bar {j}")
+        assert [(r.index, r.reason) for r in a.rejected] == [
+            (r.index, r.reason) for r in b.rejected
+        ]
+        if j > 11:
+            assert fast._unique_slots is not None  # the shortcut is in use
+    assert dict(fast.rejections) == dict(full.rejections)
+    np.testing.assert_array_equal(fast.store.counters, full.store.counters)
+    np.testing.assert_array_equal(fast.store.values, full.store.values)

@@ -28,7 +28,7 @@ CLOSES = {"AAA": walk(1), "BBB": walk(2)}
 
 
 def plain_warmup() -> tuple[Engine, object]:
-    eng = Engine(SHORT, backend="cpu")
+    eng = Engine(SHORT, backend="cpu", outputs="all")
     res = eng.warmup({s: (TIMES_MS, c) for s, c in CLOSES.items()})
     return eng, res
 
@@ -124,20 +124,20 @@ def test_compute_rejects_missing_closes_from_pandas_and_arrow():
 def test_warmup_dict_of_series(form, expected):
     times = TIME_FORMS[form]
     history = {s: pd.Series(c, index=pd.DatetimeIndex(times)) for s, c in CLOSES.items()}
-    eng = Engine(SHORT, backend="cpu")
+    eng = Engine(SHORT, backend="cpu", outputs="all")
     assert_same_result(eng.warmup(history), expected[0], form)
 
 
 @pytest.mark.parametrize("form", sorted(TIME_FORMS))
 def test_warmup_long_dataframe(form, expected):
-    eng = Engine(SHORT, backend="cpu")
+    eng = Engine(SHORT, backend="cpu", outputs="all")
     assert_same_result(eng.warmup(long_frame(list(TIME_FORMS[form]))), expected[0], form)
 
 
 def test_warmup_dataframe_with_renamed_columns_and_datetimeindex(expected):
     frame = long_frame(list(DATETIMES)).rename(columns={"symbol": "ticker", "close": "px"})
     frame = frame.set_index(pd.DatetimeIndex(frame.pop("time")))
-    eng = Engine(SHORT, backend="cpu")
+    eng = Engine(SHORT, backend="cpu", outputs="all")
     got = eng.warmup(frame, columns={"symbol": "ticker", "close": "px", "time": "open_time"})
     assert_same_result(got, expected[0], "renamed")
 
@@ -152,9 +152,9 @@ def test_warmup_arrow_table(tz, expected):
             "close": pa.array(frame["close"]),
         }
     )
-    eng = Engine(SHORT, backend="cpu")
+    eng = Engine(SHORT, backend="cpu", outputs="all")
     assert_same_result(eng.warmup(table), expected[0], f"arrow tz={tz}")
-    eng = Engine(SHORT, backend="cpu")
+    eng = Engine(SHORT, backend="cpu", outputs="all")
     assert_same_result(eng.warmup(table.to_batches()[0]), expected[0], "record batch")
 
 
@@ -165,20 +165,20 @@ def test_warmup_arrow_table(tz, expected):
 def test_warmup_integer_epochs(unit, scale, given, expected):
     ints = (TIMES_MS * scale).astype(np.int64) if scale >= 1 else TIMES_MS // 1000
     history = {s: (ints, c) for s, c in CLOSES.items()}
-    eng = Engine(SHORT, backend="cpu")
+    eng = Engine(SHORT, backend="cpu", outputs="all")
     got = eng.warmup(history, time_unit=unit if given else "auto")
     assert_same_result(got, expected[0], f"{unit} {given}")
     frame = long_frame(ints)
-    eng = Engine(SHORT, backend="cpu")
+    eng = Engine(SHORT, backend="cpu", outputs="all")
     assert_same_result(eng.warmup(frame, time_unit=unit if given else "auto"), expected[0], unit)
 
 
 def test_warmup_tuples_of_datetime_arrays(expected):
     history = {s: (DATETIMES, pd.Series(c)) for s, c in CLOSES.items()}
-    eng = Engine(SHORT, backend="cpu")
+    eng = Engine(SHORT, backend="cpu", outputs="all")
     assert_same_result(eng.warmup(history), expected[0], "DatetimeIndex times")
     history = {s: (list(DATETIMES), list(c)) for s, c in CLOSES.items()}
-    eng = Engine(SHORT, backend="cpu")
+    eng = Engine(SHORT, backend="cpu", outputs="all")
     assert_same_result(eng.warmup(history), expected[0], "list of Timestamps")
 
 
@@ -275,7 +275,7 @@ WRONG = {
 @pytest.mark.parametrize("case", sorted(WRONG))
 def test_wrong_history_forms_raise_clearly(case):
     make, message = WRONG[case]
-    eng = Engine(SHORT, backend="cpu")
+    eng = Engine(SHORT, backend="cpu", outputs="all")
     with pytest.raises(ValueError, match=message):
         eng.warmup(make())
     assert not eng.rejections and not eng.streams

@@ -23,7 +23,7 @@ def run_steps(closes: np.ndarray, params: ATCParams, warmup: int = 0):
 
     Returns (outputs of every bar, per-MA sig after every stepped bar).
     """
-    engine = Engine(params, backend="cpu")
+    engine = Engine(params, backend="cpu", outputs="all")
     engine.add_symbol("X")
     slot = engine.slot_of(engine.streams[0])
     times = np.arange(closes.shape[0], dtype=np.int64)
@@ -83,13 +83,13 @@ def test_step_preview_warmup_match_reference(closes, params, data):
 def test_warmup_then_step_equals_longer_warmup(closes, params, data):
     split = data.draw(st.integers(1, len(closes) - 1))
     times = np.arange(len(closes), dtype=np.int64)
-    a = Engine(params, backend="cpu")
+    a = Engine(params, backend="cpu", outputs="all")
     a.warmup({"X": (times[:split], closes[:split])})
     for t in range(split, len(closes)):
         a.step([("X", int(times[t]), float(closes[t]))])
-    b = Engine(params, backend="cpu")
+    b = Engine(params, backend="cpu", outputs="all")
     b.warmup({"X": (times, closes)})
-    c = Engine(params, backend="cpu")  # two warmups back to back
+    c = Engine(params, backend="cpu", outputs="all")  # two warmups back to back
     c.warmup({"X": (times[:split], closes[:split])})
     c.warmup({"X": (times[split:], closes[split:])})
     for other in (b, c):
@@ -101,7 +101,7 @@ def test_warmup_then_step_equals_longer_warmup(closes, params, data):
 def test_warmup_batch_of_many_streams_equals_compute():
     rng = np.random.default_rng(3)
     params = [ATCParams(), ATCParams(robustness="Wide", cutout=30, ema_len=12, kama_len=9)]
-    engine = Engine(params, backend="cpu")
+    engine = Engine(params, backend="cpu", outputs="all")
     series = {}
     for i in range(12):
         n = int(rng.integers(1, 300))
@@ -119,7 +119,8 @@ def test_several_bars_per_stream_in_one_batch_apply_in_order():
     rng = np.random.default_rng(5)
     closes = {s: np.round(100 + np.cumsum(rng.integers(-2, 3, 90)) * 0.1, 1) for s in "ABC"}
     engine = Engine(
-        ATCParams(ema_len=10, hma_len=10, wma_len=10, dema_len=10, lsma_len=10, kama_len=10)
+        ATCParams(ema_len=10, hma_len=10, wma_len=10, dema_len=10, lsma_len=10, kama_len=10),
+        outputs="all",
     )
     for s in "ABC":
         engine.add_symbol(s)

@@ -35,7 +35,7 @@ def closes_of(seed: int, n: int = 160) -> np.ndarray:
 def signal_files(tmp_path_factory):
     """A Parquet and a JSONL file of two symbols' rows, as ``atc-stream replay`` writes."""
     folder = tmp_path_factory.mktemp("signals")
-    eng = Engine(ATCParams(), backend="cpu")
+    eng = Engine(ATCParams(), backend="cpu", outputs="all")
     bars = {"BTCUSDT": closes_of(1), "ETHUSDT": closes_of(2)}
     for s in bars:
         eng.add_symbol(s)

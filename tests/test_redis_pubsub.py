@@ -43,7 +43,7 @@ def bars_of(table, rows):
 def step_results(n_symbols, n_bars, params=None, seed=1):
     """One StepResult per bar time of a random walk (all symbols each step)."""
     table = random_walk_table(n_symbols, n_bars, seed=seed)
-    engine = Engine(params or ATCParams(), backend="cpu")
+    engine = Engine(params or ATCParams(), backend="cpu", outputs="all")
     for symbol in table.symbol_names:
         engine.add_symbol(symbol)
     return [engine.step(bars_of(table, table.times == t)) for t in np.unique(table.times)]
@@ -142,7 +142,9 @@ def test_subscribers_receive_every_message_in_order(redis_url, results, encoding
 
 
 def test_json_message_is_documented_shape(redis_url):  # noqa: F811
-    engine = Engine(ATCParams(cutout=5), backend="cpu")  # NaN outputs before the cutout
+    engine = Engine(
+        ATCParams(cutout=5), backend="cpu", outputs="all"
+    )  # NaN outputs before the cutout
     engine.add_symbol("SYM000")
     sub = SignalSubscriber(redis_url, symbols=["SYM000"])
     sub.wait_ready()
@@ -187,7 +189,7 @@ def test_slow_and_killed_subscribers_do_not_slow_the_step_loop(redis_url):  # no
     host, port = redis_url.split("//")[1].split("/")[0].split(":")
 
     def engine():
-        eng = Engine(backend="cpu")
+        eng = Engine(backend="cpu", outputs="all")
         for symbol in symbols:
             eng.add_symbol(symbol)
         return eng

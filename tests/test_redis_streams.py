@@ -54,14 +54,14 @@ def bar_fields(bars):
 
 
 def reference(bars, params=None):
-    engine = Engine(params or ATCParams(), backend="cpu")
+    engine = Engine(params or ATCParams(), backend="cpu", outputs="all")
     for symbol in dict.fromkeys(b[0] for b in bars):
         engine.add_symbol(symbol)
     return [msgspec.to_builtins(r) for r in records_from_result(engine.step(bars))]
 
 
 def run(client, engine=None, *, resume=False, **kwargs):
-    engine = engine or Engine(backend="cpu")
+    engine = engine or Engine(backend="cpu", outputs="all")
     runner = RedisStreamRunner(
         engine, client, INPUT, group="g", consumer="c", output_stream=OUTPUT, **kwargs
     )
@@ -109,7 +109,7 @@ def test_bad_entries_are_counted_acknowledged_and_skipped(client, caplog):
     entries += rejected_by_engine + bad[5:]
     entries += bar_fields(good[31:])
     push(client, entries)
-    engine = Engine(backend="cpu")
+    engine = Engine(backend="cpu", outputs="all")
     runner = run(client, engine, batch_size=8)
     assert runner.stats.malformed == {
         MALFORMED_MISSING_FIELD: 4,
@@ -197,7 +197,7 @@ def test_resume_rewinds_to_the_snapshot_and_suppresses_written_outputs(client):
     written further than the snapshot, entries acked further than the snapshot."""
     bars = table_bars(random_walk_table(5, 60, seed=3))
     ids = push(client, bar_fields(bars))
-    engine = Engine(backend="cpu")
+    engine = Engine(backend="cpu", outputs="all")
     runner = RedisStreamRunner(engine, client, INPUT, group="g", output_stream=OUTPUT)
     runner.prepare()
     runner.process(client.xreadgroup("g", "c", {INPUT: ">"}, count=100)[0][1])
@@ -206,7 +206,7 @@ def test_resume_rewinds_to_the_snapshot_and_suppresses_written_outputs(client):
     runner.process(client.xreadgroup("g", "c", {INPUT: ">"}, count=77)[0][1])  # "then crashed"
     assert client.xlen(OUTPUT) == 177
 
-    restored = Engine.restore(blob, backend="cpu")
+    restored = Engine.restore(blob, backend="cpu", outputs="all")
     resumed = run(client, restored, resume=True, batch_size=50)
     assert resumed.output_mark == parse_id(ids[176]) or resumed.output_mark is None
     assert resumed.stats.rows_suppressed == 77 and resumed.stats.skipped_old == 0
@@ -219,7 +219,7 @@ def test_resume_rewinds_to_the_snapshot_and_suppresses_written_outputs(client):
 def test_stale_pending_entries_at_or_before_the_offset_are_acked_at_resume(client):
     bars = table_bars(random_walk_table(2, 30, seed=4))
     ids = push(client, bar_fields(bars))
-    engine = Engine(backend="cpu")
+    engine = Engine(backend="cpu", outputs="all")
     runner = RedisStreamRunner(engine, client, INPUT, group="g", consumer="c")
     runner.prepare()
     entries = client.xreadgroup("g", "c", {INPUT: ">"}, count=20)[0][1]
@@ -260,7 +260,7 @@ def test_dropped_connections_lose_nothing_and_duplicate_nothing(client):
 
     bars = table_bars(random_walk_table(10, 100, seed=6))
     push(client, bar_fields(bars))
-    engine = Engine(backend="cpu")
+    engine = Engine(backend="cpu", outputs="all")
     runner = RedisStreamRunner(
         engine, _url(client), INPUT,
         group="g", consumer="c", output_stream=OUTPUT, batch_size=5,

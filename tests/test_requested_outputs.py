@@ -1,38 +1,163 @@
-"""``Engine.request_outputs``: only the asked-for output groups, the rest NaN (CPU path).
-
-The CUDA side (only those columns copied back from the device) is checked against the
-CPU under the simulator in ``test_cuda_sim.py``.
+"""Requested outputs (``Engine(outputs=...)``): only the asked-for columns, in narrow
+types, bit-identical to the same columns of a full result; every consumer of a result
+(columns, records, pandas, Arrow, JSONL/CSV/Parquet writers, Redis records) handles the
+subset. The CUDA side is checked against the CPU under the simulator in
+``test_cuda_sim.py`` with the same scenario (``output_subsets.py``).
 """
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+from output_subsets import SUBSETS, assert_subset_matches, drive
 
+from atc_stream import schema
 from atc_stream.engine import Engine
-from atc_stream.kernels import batch
+from atc_stream.io.writers import OutputError, open_writer
 from atc_stream.params import ATCParams
-from atc_stream.state import layout as L
 
 T0, BAR = 1_700_000_000_000, 60_000
 
 
-def test_requested_outputs_are_a_nan_masked_copy_of_all_outputs():
-    rng = np.random.default_rng(5)
-    closes = np.round(100 * np.exp(np.cumsum(rng.normal(0, 0.01, (2, 80)), 1)), 2)
-    t = T0 + BAR * np.arange(80, dtype=np.int64)
-    full, subset = Engine(ATCParams(), backend="cpu"), Engine(ATCParams(), backend="cpu")
-    for eng in (full, subset):
-        eng.warmup({"A": (t[:70], closes[0, :70]), "B": (t[:70], closes[1, :70])})
-    subset.request_outputs("layers", "growth")
-    cols = batch.output_columns(["layers", "growth"])
-    assert L.OUT_BAR_INDEX in cols and L.OUT_SIGNAL not in cols
-    for j in range(70, 80):
-        bars = [("A", int(t[j]), float(closes[0, j])), ("B", int(t[j]), float(closes[1, j]))]
-        a, b = full.step(bars).outputs, subset.step(bars).outputs
-        np.testing.assert_array_equal(b[:, cols], a[:, cols])
-        others = np.setdiff1d(np.arange(L.N_OUT), cols)
-        assert np.isnan(b[:, others]).all()
-    assert batch.output_columns(list(batch.OUTPUT_GROUPS)) is None  # everything: no mask
-    with pytest.raises(ValueError, match="outputs must be among"):
-        subset.request_outputs("signals")
+@pytest.fixture(scope="module")
+def full_cpu():
+    return drive("cpu", "all")
+
+
+@pytest.mark.parametrize("outputs", SUBSETS, ids=repr)
+def test_each_subset_equals_the_matching_columns_of_all_outputs(outputs, full_cpu):
+    assert_subset_matches(drive("cpu", outputs), full_cpu, outputs)
+
+
+def test_default_is_signal_and_events_in_narrow_types():
+    eng = Engine(ATCParams(cutout=2), backend="cpu")
+    assert eng.outputs == schema.DEFAULT_OUTPUTS == ("signal", "events")
+    t = T0 + BAR * np.arange(5)
+    res = eng.warmup({"A": (t, [1.0, 2.0, 3.0, 2.5, 2.7])})
+    assert res.column_names == (
+        "symbol", "interval", "params_id", "time", "close", "bar_index", "signal", "ready",
+        "long", "short", "provisional",
+    )  # fmt: skip
+    res = eng.step([("A", int(t[-1]) + BAR, 2.9)])
+    assert res.long_events.dtype == np.bool_ and res.short_events.dtype == np.bool_
+    assert res.bar_index.dtype == np.int64 and res.signal.dtype == np.float64
+    assert res.records()[0].keys() == set(res.column_names)
+    with pytest.raises(schema.OutputNotRequestedError, match="'layers' outputs were not"):
+        res.layer1_signals  # noqa: B018
+    with pytest.raises(AttributeError):  # an AttributeError: hasattr/getattr work
+        res.growth  # noqa: B018
+    assert np.isnan(res.outputs[:, 1:13]).all()  # the row view: unrequested columns NaN
+    eng.request_outputs("layers")
+    assert eng.outputs == ("layers",)
+    eng.request_outputs()
+    assert eng.outputs == schema.ALL_OUTPUTS
+    eng.outputs = ["growth", "signal"]
+    assert eng.outputs == ("signal", "growth")  # canonical order
+    with pytest.raises(ValueError, match="unknown \\['signals'\\]"):
+        eng.outputs = "signals"
+    with pytest.raises(ValueError, match="outputs must be"):
+        Engine(backend="cpu", outputs=["layer"])
+
+
+def test_restore_takes_the_outputs():
+    eng = Engine(ATCParams(cutout=2), backend="cpu", outputs="all")
+    eng.warmup({"A": (T0 + BAR * np.arange(4), [1.0, 2.0, 3.0, 2.5])})
+    blob = eng.snapshot()
+    assert Engine.restore(blob, backend="cpu").outputs == schema.DEFAULT_OUTPUTS
+    assert Engine.restore(blob, backend="cpu", outputs="growth").outputs == ("growth",)
+
+
+def _results(outputs):
+    eng = Engine(ATCParams(cutout=2), backend="cpu", outputs=outputs)
+    t = T0 + BAR * np.arange(12)
+    closes = 100 + np.cumsum(np.sin(np.arange(12)))
+    first = eng.warmup({"A": (t[:8], closes[:8]), "B": (t[:8], closes[:8] * 1.1)})
+    rest = [eng.step([("A", int(t[j]), closes[j]), ("B", int(t[j]), 1.1 * closes[j])])
+            for j in range(8, 12)]  # fmt: skip
+    return [first, *rest]
+
+
+@pytest.mark.parametrize("outputs", [None, ("layers", "growth"), "all"], ids=repr)
+def test_writers_and_frames_take_the_subset(tmp_path, outputs):
+    import pyarrow.parquet as pq
+
+    results = _results(outputs)
+    names = list(schema.columns_for(schema.resolve_outputs(outputs)))
+    full = _results("all")
+    want = {n: np.concatenate([r.columns()[n] for r in full]) for n in names}
+    paths = {fmt: tmp_path / f"out.{fmt}" for fmt in ("jsonl", "csv", "parquet")}
+    for path in paths.values():
+        with open_writer(path, columns=tuple(names)) as writer:
+            for r in results:
+                writer.write(r)
+    lines = [json.loads(x) for x in paths["jsonl"].read_text().splitlines()]
+    assert all(list(row) == names for row in lines)
+    assert [row["bar_index"] for row in lines] == want["bar_index"].tolist()
+    header = paths["csv"].read_text().splitlines()[0]
+    assert header.split(",") == names
+    table = pq.read_table(paths["parquet"])
+    assert table.column_names == names
+    for name in names:
+        got = table.column(name).to_numpy()
+        if name == "time":
+            got = got.astype("datetime64[ms]").astype(np.int64)
+        if want[name].dtype.kind == "f":
+            assert np.array_equal(got, want[name], equal_nan=True), name
+            floats = [np.nan if row[name] is None else row[name] for row in lines]
+            assert np.array_equal(np.array(floats), want[name], equal_nan=True), name
+        else:
+            assert got.tolist() == want[name].tolist(), name
+    frame = results[1].to_pandas()
+    assert list(frame.columns) == names
+    assert results[1].to_arrow().schema == schema.arrow_schema(columns=tuple(names))
+
+
+def test_csv_writer_refuses_results_of_other_columns(tmp_path):
+    results = _results(None)
+    with open_writer(tmp_path / "x.csv") as writer:  # the header of every column
+        with pytest.raises(OutputError, match="same requested outputs"):
+            writer.write(results[1])
+
+
+def test_redis_records_of_a_subset_round_trip():
+    import msgspec
+
+    from atc_stream.adapters.redis_pubsub import SignalBatch, _message_types
+    from atc_stream.messages import SignalRecord, records_from_result
+
+    result = _results(("events",))[2]
+    records = records_from_result(result)
+    data = msgspec.json.encode(records[0])
+    fields = list(json.loads(data))
+    assert fields == [*result.column_names, "v"]
+    record_type, batch_type = _message_types(("events",))
+    decoded = msgspec.json.Decoder(record_type).decode(data)
+    assert decoded.long == bool(result.long_events[0]) and decoded.v == schema.SCHEMA_VERSION
+    assert decoded.key == records[0].key == str(result.keys[0])  # the latest-hash field
+    with pytest.raises(msgspec.ValidationError):  # the full record needs every column
+        msgspec.json.Decoder(SignalRecord).decode(data)
+    assert batch_type.__struct_fields__[-1] == "records"
+    assert _message_types("all") == (SignalRecord, SignalBatch)
+
+
+def test_step_async_on_the_cpu_equals_step():
+    """``step_async``/``step_arrays_async`` on the CPU: the step is applied at once, the
+    result (built once) equals ``step``'s, rejections included."""
+    a, b = Engine(ATCParams(cutout=2), backend="cpu"), Engine(ATCParams(cutout=2), backend="cpu")
+    t = T0 + BAR * np.arange(10)
+    closes = 100 + np.cumsum(np.cos(np.arange(10)))
+    for eng in (a, b):
+        eng.warmup({"A": (t[:6], closes[:6]), "B": (t[:6], closes[:6] + 1)})
+    pending = a.step_async([("A", int(t[6]), closes[6]), ("B", int(t[5]), 3.0)])
+    assert a.stream_state(a.streams[0])["bar_index"] == 7  # applied before .result()
+    want = b.step([("A", int(t[6]), closes[6]), ("B", int(t[5]), 3.0)])
+    got = pending.result()
+    assert got is pending.result() and [r.reason for r in got.rejected] == ["duplicate_bar"]
+    for name, values in want.columns().items():
+        assert np.array_equal(got.columns()[name], values, equal_nan=values.dtype.kind == "f")
+    slots = np.array([a.slot_of(a.streams[1]), a.slot_of(a.streams[0])])
+    got = a.step_arrays_async(slots, t[[6, 7]], closes[[6, 7]]).result()
+    want = b.step_arrays(slots, t[[6, 7]], closes[[6, 7]])
+    assert np.array_equal(got.signal, want.signal, equal_nan=True)

@@ -44,7 +44,7 @@ TIMES = T0 + STEP_MS * np.arange(200, dtype=np.int64)
 
 def stepped_results(params: ATCParams = SHORT, bars=BARS):
     """Every bar of every symbol, one ``step`` per bar time: the StepResults."""
-    eng = Engine(params, backend="cpu")
+    eng = Engine(params, backend="cpu", outputs="all")
     for symbol in bars:
         eng.add_symbol(symbol)
     results = []
@@ -218,7 +218,7 @@ def test_ready_flips_on_the_spec_bar(name):
     ready = compute(closes, params)["ready"]
     assert not ready[:expected].any() and ready[expected:].all(), name
     # the engine: warm up to just before, then step across the flip
-    eng = Engine(params, backend="cpu")
+    eng = Engine(params, backend="cpu", outputs="all")
     times = np.arange(closes.shape[0], dtype=np.int64)
     warm = expected - 2
     eng.warmup({"X": (times[:warm], closes[:warm])})

@@ -58,7 +58,7 @@ def random_walks(seed: int, n_bars: int, symbols=SYMBOLS) -> dict[str, np.ndarra
 def warmed_engine(seed: int = 1, n_bars: int = 200) -> tuple[Engine, dict[str, np.ndarray]]:
     """An engine warmed up on ``n_bars`` bars per symbol, and the continuation closes."""
     closes = random_walks(seed, n_bars + 200)
-    eng = Engine(PARAMS, backend="cpu")
+    eng = Engine(PARAMS, backend="cpu", outputs="all")
     eng.warmup({s: (np.arange(n_bars) * MINUTE, c[:n_bars]) for s, c in closes.items()})
     return eng, {s: c[n_bars:] for s, c in closes.items()}
 
@@ -124,7 +124,7 @@ def assert_same_outputs(r1, r2) -> None:
 def test_round_trip_state_registry_and_next_bars(compression):
     eng, rest = warmed_engine()
     blob = eng.snapshot({"file": 12345, "redis": "1700000000000-3"}, compression=compression)
-    restored = Engine.restore(blob, backend="cpu")
+    restored = Engine.restore(blob, backend="cpu", outputs="all")
     assert_same_state(eng, restored)
     assert restored.source_offsets == {"file": 12345, "redis": "1700000000000-3"}
     assert restored.streams == eng.streams and len(restored.streams) == 2 * len(SYMBOLS)
@@ -161,7 +161,7 @@ def test_header_contents_and_read_header():
     assert h.last_time_by_symbol() == {s: 49 * MINUTE for s in SYMBOLS}
     assert {a.name for a in h.arrays} >= set(STATE_ARRAYS)
     assert abs(h.created_at - time.time()) < 60
-    restored = Engine.restore(blob, backend="cpu")
+    restored = Engine.restore(blob, backend="cpu", outputs="all")
     assert restored.rejections == eng.rejections
 
 
@@ -170,7 +170,7 @@ def test_restore_registry_with_holes_and_new_streams():
     eng, rest = warmed_engine(n_bars=60)
     eng.remove_symbol("ETHUSDT")
     eng.add_stream("NEWCOIN", 1)
-    restored = Engine.restore(eng.snapshot(), backend="cpu")
+    restored = Engine.restore(eng.snapshot(), backend="cpu", outputs="all")
     assert_same_state(eng, restored)
     assert restored.stream_state(StreamKey("NEWCOIN", "1m", 1))["last_time"] is None
     for e in (eng, restored):
@@ -187,7 +187,7 @@ def test_restore_of_a_ring_longer_than_the_parameters_need():
     """A snapshot whose rings outgrew the parameter table (restore reshapes the store)."""
     eng, rest = warmed_engine(n_bars=60)
     eng.store._grow_ring(eng.store.ring_capacity + 17)
-    restored = Engine.restore(eng.snapshot(), backend="cpu")
+    restored = Engine.restore(eng.snapshot(), backend="cpu", outputs="all")
     assert restored.store.ring_capacity == eng.store.ring_capacity
     assert_same_state(eng, restored)
     bars = next_bars(rest, 0, 4, 60 * MINUTE)
@@ -195,8 +195,8 @@ def test_restore_of_a_ring_longer_than_the_parameters_need():
 
 
 def test_restore_of_an_empty_engine():
-    eng = Engine(ATCParams(), backend="cpu")
-    restored = Engine.restore(eng.snapshot(), backend="cpu")
+    eng = Engine(ATCParams(), backend="cpu", outputs="all")
+    restored = Engine.restore(eng.snapshot(), backend="cpu", outputs="all")
     assert_same_state(eng, restored)
     assert restored.streams == []
 
@@ -204,15 +204,15 @@ def test_restore_of_an_empty_engine():
 def _run_with_cuts(closes, batch_sizes, cuts, compression):
     """Feed batches to a never-stopped engine and to one restored at each cut; compare."""
     n0 = 30
-    ref = Engine(PARAMS, backend="cpu")
+    ref = Engine(PARAMS, backend="cpu", outputs="all")
     ref.warmup({s: (np.arange(n0) * MINUTE, c[:n0]) for s, c in closes.items()})
-    eng = Engine.restore(ref.snapshot(compression=compression), backend="cpu")
+    eng = Engine.restore(ref.snapshot(compression=compression), backend="cpu", outputs="all")
     bar = n0
     for i, k in enumerate(batch_sizes):
         if i in cuts:
             blob = eng.snapshot({"bar": bar}, compression=compression)
             del eng
-            eng = Engine.restore(blob, backend="cpu")
+            eng = Engine.restore(blob, backend="cpu", outputs="all")
             assert eng.source_offsets["bar"] == bar
             assert_same_state(ref, eng)
         bars = [
@@ -279,7 +279,7 @@ def test_flipped_payload_byte_is_refused(good_blob):
         with pytest.raises(SnapshotError, match="payload checksum mismatch"):
             decode_snapshot(_flip(good_blob, pos))
         with pytest.raises(SnapshotError, match="payload checksum mismatch"):
-            Engine.restore(_flip(good_blob, pos), backend="cpu")
+            Engine.restore(_flip(good_blob, pos), backend="cpu", outputs="all")
 
 
 def test_flipped_header_byte_is_refused(good_blob):
@@ -388,7 +388,7 @@ def test_other_layout_compression_and_inconsistent_headers_are_refused(good_blob
 
 
 def test_snapshot_argument_errors():
-    eng = Engine(ATCParams(), backend="cpu")
+    eng = Engine(ATCParams(), backend="cpu", outputs="all")
     with pytest.raises(ValueError, match="compression"):
         eng.snapshot(compression="brotli")
     with pytest.raises(ValueError, match="source_offsets"):
@@ -442,7 +442,7 @@ def test_directory_store_falls_back_to_previous_good_snapshot(tmp_path, blobs):
     with pytest.warns(SnapshotWarning) as record:
         assert store.load_latest() == blobs[1]
     assert len(record) == 2 and "truncated" in str(record[1].message)
-    restored = Engine.restore(store.load(ids[1]), backend="cpu")
+    restored = Engine.restore(store.load(ids[1]), backend="cpu", outputs="all")
     assert restored.source_offsets == {"i": 1}
 
 
@@ -549,7 +549,7 @@ def test_snapshotter_every_n_bars(tmp_path):
     assert [o["bar"] for o in store.saved_offsets] == [5, 10, 15, 20]
     final = snap.close({"bar": 20, "final": True})
     assert final == store.list()[-1] and snap.snapshots_written == 5
-    restored = Engine.restore(store.load_latest(), backend="cpu")
+    restored = Engine.restore(store.load_latest(), backend="cpu", outputs="all")
     assert_same_state(eng, restored)
     assert restored.source_offsets == {"bar": 20, "final": True}
     assert snap.close() is None  # idempotent
@@ -576,7 +576,7 @@ def test_snapshotter_does_not_block_the_step_loop(tmp_path):
     store.gate.set()
     assert snap.wait(10) and snap.snapshots_written == 1
     # the snapshot holds the state as of the capture (bar 1), not of later steps
-    first = Engine.restore(store.load(store.list()[0]), backend="cpu")
+    first = Engine.restore(store.load(store.list()[0]), backend="cpu", outputs="all")
     assert first.stream_state(eng.streams[0])["bar_index"] == 101
     assert first.source_offsets == {"bar": 1}
     # the trigger stayed armed: the next call takes the snapshot at once
@@ -584,7 +584,7 @@ def test_snapshotter_does_not_block_the_step_loop(tmp_path):
     assert snap.maybe_snapshot(len(res), {"bar": 31}) is True
     snap.close()
     assert snap.snapshots_written == 3
-    last = Engine.restore(store.load_latest(), backend="cpu")
+    last = Engine.restore(store.load_latest(), backend="cpu", outputs="all")
     assert_same_state(eng, last)
     assert ref_state["bar_index"] == 130
 
@@ -611,7 +611,7 @@ def test_snapshotter_time_trigger_and_failures(tmp_path):
 
 
 def test_snapshotter_arguments(tmp_path):
-    eng = Engine(ATCParams(), backend="cpu")
+    eng = Engine(ATCParams(), backend="cpu", outputs="all")
     store = DirectorySnapshotStore(tmp_path)
     for bad in (dict(every_bars=0), dict(every_seconds=0), dict(compression="lz4")):
         with pytest.raises(ValueError):
@@ -637,8 +637,8 @@ def test_snapshot_of_a_cuda_engine_restores_on_cpu_and_cuda():
         robustness="Narrow", La=0.05, cutout=3,
     )  # fmt: skip
     closes = random_walks(3, 60, SYMBOLS[:2])
-    cpu_ref = Engine([tiny, FAST], backend="cpu")
-    gpu = Engine([tiny, FAST], backend="cuda")
+    cpu_ref = Engine([tiny, FAST], backend="cpu", outputs="all")
+    gpu = Engine([tiny, FAST], backend="cuda", outputs="all")
     assert gpu.backend.name == "cuda"
     history = {s: (np.arange(30) * MINUTE, c[:30]) for s, c in closes.items()}
     cpu_ref.warmup(history)
@@ -650,8 +650,8 @@ def test_snapshot_of_a_cuda_engine_restores_on_cpu_and_cuda():
     cpu_blob = decode_snapshot(cpu_ref.snapshot())
     for name in STATE_ARRAYS:
         assert np.array_equal(from_gpu.arrays[name], cpu_blob.arrays[name], equal_nan=True), name
-    on_cpu = Engine.restore(blob, backend="cpu")
-    on_gpu = Engine.restore(blob, backend="cuda")
+    on_cpu = Engine.restore(blob, backend="cpu", outputs="all")
+    on_gpu = Engine.restore(blob, backend="cuda", outputs="all")
     assert on_gpu.backend.name == "cuda" and on_cpu.source_offsets == {"bar": 31}
     for j in range(31, 35):
         bars = [(s, j * MINUTE, float(c[j])) for s, c in closes.items()]

@@ -33,7 +33,7 @@ def test_redis_round_trip_restores_the_engine(redis_url):  # noqa: F811
     assert store.list() == [] and store.load_latest() is None
     snapshot_id = store.save(eng.snapshot({"redis_stream": "1700000000000-0"}))
     assert store.list() == [snapshot_id]
-    restored = Engine.restore(store.load_latest(), backend="cpu")
+    restored = Engine.restore(store.load_latest(), backend="cpu", outputs="all")
     assert_same_state(eng, restored)
     assert restored.source_offsets == {"redis_stream": "1700000000000-0"}
     bars = next_bars(rest, 0, 2, 80 * MINUTE)
@@ -124,7 +124,7 @@ def test_redis_outage_save_fails_cleanly_then_recovers(private_redis, blobs):  #
     assert snap.snapshots_written == 1 and snap.failures == 1
     final = snap.close({"bar": 2})
     assert store.list()[-1] == final
-    restored = Engine.restore(store.load_latest(), backend="cpu")
+    restored = Engine.restore(store.load_latest(), backend="cpu", outputs="all")
     assert_same_state(eng, restored)
     assert read_header(store.load_latest()).source_offsets == {"bar": 2}
 

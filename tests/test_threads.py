@@ -23,7 +23,7 @@ def _history(n_symbols: int, n_bars: int, seed: int = 7):
 
 def _run(threads: int):
     params = [ATCParams(), ATCParams(ema_len=14, cutout=10)]
-    engine = Engine(params, backend="cpu", capacity=8, threads=threads)
+    engine = Engine(params, backend="cpu", capacity=8, threads=threads, outputs="all")
     history = _history(40, 120)
     warm = engine.warmup(history)
     rng = np.random.default_rng(1)
@@ -72,14 +72,14 @@ def test_available_cpus_respects_the_affinity_mask():
 @pytest.mark.parametrize("bad", [-1, 1.5, "2", True])
 def test_bad_thread_settings_are_rejected_clearly(bad):
     with pytest.raises(ValueError, match="threads"):
-        Engine(backend="cpu", threads=bad)
+        Engine(backend="cpu", threads=bad, outputs="all")
 
 
 def test_tuple_fast_path_matches_the_checked_path():
     """Same outputs whether a batch takes the column fast path or the per-item path."""
     history = _history(20, 60)
-    fast_engine = Engine([ATCParams(), ATCParams(ema_len=14)], backend="cpu")
-    slow_engine = Engine([ATCParams(), ATCParams(ema_len=14)], backend="cpu")
+    fast_engine = Engine([ATCParams(), ATCParams(ema_len=14)], backend="cpu", outputs="all")
+    slow_engine = Engine([ATCParams(), ATCParams(ema_len=14)], backend="cpu", outputs="all")
     fast_engine.warmup(history)
     slow_engine.warmup(history)
     bars = [(s, 60, np.float32(100.5)) if i % 2 else (s, np.int64(60), 99) for i, s in
@@ -100,7 +100,7 @@ def test_tuple_fast_path_matches_the_checked_path():
      ([("S1", 60, 1.0)], "malformed_update"), ("S1x", "bad_time_type")],
 )  # fmt: skip
 def test_items_the_fast_path_must_not_accept_are_checked(item, reason):
-    engine = Engine(backend="cpu")
+    engine = Engine(backend="cpu", outputs="all")
     engine.warmup(_history(2, 60))
     result = engine.step([("S0", 60, 100.0), item])
     assert [r.reason for r in result.rejected] == ([] if reason is None else [reason])

@@ -201,7 +201,7 @@ def test_ticks_through_engine_equal_compute():
     times, symbols, prices, sizes = random_ticks(n=30_000, n_symbols=4, seed=2)
     bars = aggregate_ticks(ticks_from_arrays(times, symbols, prices, sizes), "1m", empty="carry")
     table = bars.to_bar_table()
-    engine = Engine(backend="cpu", interval="1m")
+    engine = Engine(backend="cpu", interval="1m", outputs="all")
     results = []
     summary = BarPlayer(engine, table, warmup_bars=100, on_result=results.append).run()
     assert summary.warmup_bars + summary.step_bars == len(bars)
@@ -230,7 +230,7 @@ def test_bar_directory_and_paced_replay(tmp_path):
     table = load_bars(tmp_path)
     assert table.symbol_names == ["AAA", "BBB"] and len(table) == 80
     assert np.all(np.diff(table.times) >= 0)  # time order across files
-    engine = Engine(backend="cpu", interval="1s")
+    engine = Engine(backend="cpu", interval="1s", outputs="all")
     t = time.perf_counter()
     summary = BarPlayer(engine, table, warmup_bars=10, speed=100.0).run()
     elapsed = time.perf_counter() - t

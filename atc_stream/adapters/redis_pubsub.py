@@ -16,7 +16,8 @@ Channels and keys (``prefix`` defaults to ``"atc"``)
     ``seq`` (1, 2, 3, ...; a gap means steps were dropped).
 ``{prefix}:events``
     one message per record whose bar raised a long or short event (a
-    :class:`SignalRecord` with ``long`` or ``short`` true).
+    :class:`SignalRecord` with ``long`` or ``short`` true); nothing when the engine
+    was not asked for the "events" outputs.
 ``{prefix}:latest`` (a hash)
     field = stream key ``"{symbol}:{interval}:{params_id}"``, value = the encoded
     latest :class:`SignalRecord` of that stream, for late joiners (read it with
@@ -33,7 +34,8 @@ as ``null``) or MessagePack (``encoding="msgpack"``, the same field names)::
                   count: int, records: [SignalRecord, ...]}
 
 The record's fields are the schema's columns (``atc_stream/messages.py``, the JSONL line)
-plus ``v``.
+plus ``v``; an engine asked for fewer outputs (``Engine(outputs=...)``) publishes records
+of only its columns (``schema.columns_for``), read with ``SignalSubscriber(outputs=...)``.
 A reader should accept unknown fields (msgspec does) so that later minor versions
 can add fields without breaking it.
 
@@ -66,7 +68,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ..messages import SignalRecord, records_from_result
+from ..messages import SignalRecord, record_type, records_from_result
 from ..results import StepResult
 from ..schema import SCHEMA_VERSION
 
@@ -93,6 +95,22 @@ class _BatchOut(msgspec.Struct, kw_only=True):
     published_at: int
     count: int
     records: list[msgspec.Raw]
+
+
+def _message_types(outputs: str | Sequence[str]) -> tuple[type, type]:
+    """The record and batch structs of a publisher whose engine returns ``outputs``."""
+    from ..schema import columns_for, resolve_outputs
+
+    record = record_type(columns_for(resolve_outputs(outputs)))
+    if record is SignalRecord:
+        return SignalRecord, SignalBatch
+    batch = msgspec.defstruct(
+        "SignalBatch",
+        [("v", int, SCHEMA_VERSION), ("seq", int), ("published_at", int), ("count", int),
+         ("records", list[record])],
+        kw_only=True, module=__name__,
+    )  # fmt: skip
+    return record, batch
 
 
 def _codec(encoding: str):
@@ -411,7 +429,7 @@ class SignalPublisher:
                 for rec, data in zip(records, encoded, strict=True):
                     publish.append(f"{prefix}:signal:{rec.symbol}")
                     publish.append(data)
-            if self.events:
+            if self.events and "events" in result.groups:  # else no long/short columns
                 for rec, data in zip(records, encoded, strict=True):
                     if (rec.long or rec.short) and (rec.ready or self.events_before_ready):
                         publish.append(self.events_channel)
@@ -459,7 +477,9 @@ class SignalSubscriber:
 
     With no ``symbols``, ``events`` or ``batch`` selected it subscribes to every
     per-symbol channel (pattern ``{prefix}:signal:*``). ``channels``/``patterns`` add
-    raw channel names or glob patterns.
+    raw channel names or glob patterns. ``outputs``: the output groups of the engine
+    whose results are published (``Engine(outputs=...)``; the CLI publishes "all"), so
+    that records of fewer columns decode.
 
     >>> with SignalSubscriber(url, symbols=["BTCUSDT"], events=True) as sub:
     ...     for msg in sub.messages(timeout=5):
@@ -479,6 +499,7 @@ class SignalSubscriber:
         channels: Iterable[str] = (),
         patterns: Iterable[str] = (),
         as_dict: bool = False,
+        outputs: str | Sequence[str] = "all",
     ) -> None:
         codec = _codec(encoding)
         self.prefix = prefix
@@ -486,8 +507,9 @@ class SignalSubscriber:
         self.batch_channel = f"{prefix}:batch"
         self.events_channel = f"{prefix}:events"
         self.latest_key = f"{prefix}:latest"
-        self._record_decoder = codec.Decoder(SignalRecord)
-        self._batch_decoder = codec.Decoder(SignalBatch)
+        record, batch_type = _message_types(outputs)
+        self._record_decoder = codec.Decoder(record)
+        self._batch_decoder = codec.Decoder(batch_type)
         self._client = redis.Redis.from_url(url)
         self._pubsub = self._client.pubsub()
         #: messages that did not decode (skipped, counted; the first one is logged)

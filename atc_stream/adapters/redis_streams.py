@@ -625,15 +625,7 @@ class RedisStreamRunner:
             return result, srcs
         self.stats.rows_suppressed += int((~keep).sum())
         rows = np.flatnonzero(keep)
-        subset = StepResult(
-            keys_by_slot,
-            result.slots[rows],
-            result.times[rows],
-            result.closes[rows],
-            result.outputs[rows],
-            result.rejected,
-            result.provisional,
-        )
+        subset = result.take(rows)
         return subset, [srcs[i] for i in rows.tolist()]
 
     def _write_until_done(self, out: tuple[StepResult, list[bytes]], ids: list[bytes]) -> None:

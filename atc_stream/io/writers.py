@@ -2,7 +2,9 @@
 
 A writer takes ``StepResult`` objects through ``write(result)`` and is closed with
 ``close()`` (also a context manager). Every format carries the columns of the one output
-schema (``atc_stream.schema``), in order: JSONL lines are ``messages.SignalRow`` encoded
+schema (``atc_stream.schema``), in order -- or the subset an engine asked for fewer
+outputs gives (``Engine(outputs=...)``; ``open_writer(columns=...)`` for the CSV header,
+Parquet parts take the results' schema): JSONL lines are ``messages.SignalRow`` encoded
 with msgspec, CSV columns are ``schema.COLUMNS`` (times as integer epoch ms, not-available
 floats empty), Parquet parts follow ``schema.arrow_schema()`` with the parameter sets in
 their metadata.
@@ -151,21 +153,29 @@ class JsonlWriter:
 
 
 class CsvWriter(JsonlWriter):
-    """A header line of ``schema.COLUMNS``, then one row per (stream, bar).
+    """A header line of the columns, then one row per (stream, bar).
 
+    The columns are ``schema.COLUMNS``, or ``columns`` (``schema.columns_for`` of the
+    engine's requested outputs); every result written must carry exactly those.
     Times are integer epoch ms; floats not available yet are empty cells; booleans are
     ``true``/``false``.
     """
 
     format = "csv"
 
-    def __init__(self, path: str | Path | None = None, resume_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path | None = None,
+        resume_bytes: int | None = None,
+        columns: tuple[str, ...] = COLUMNS,
+    ) -> None:
         import pyarrow  # noqa: F401  (fail early with ImportError if the extra is missing)
 
         self._out = _LineFile(path, resume_bytes)
         self.rows_written = 0
+        self.columns = tuple(columns)
         if not resume_bytes:
-            self._out.write((",".join(COLUMNS) + "\n").encode())
+            self._out.write((",".join(self.columns) + "\n").encode())
 
     def write(self, result: StepResult) -> None:
         import numpy as np
@@ -174,15 +184,20 @@ class CsvWriter(JsonlWriter):
 
         if len(result) == 0:
             return
+        if result.column_names != self.columns:
+            raise OutputError(
+                f"a result with columns {list(result.column_names)} cannot go to a CSV file "
+                f"with header {list(self.columns)} (same requested outputs needed)"
+            )
         columns = result.columns()
         arrays = []
-        for name in COLUMNS:
+        for name in self.columns:
             values = columns[name]
             if values.dtype.kind == "f":
                 arrays.append(pa.array(values, mask=np.isnan(values)))
             else:
                 arrays.append(pa.array(values))
-        table = pa.Table.from_arrays(arrays, names=list(COLUMNS))
+        table = pa.Table.from_arrays(arrays, names=list(self.columns))
         buffer = io.BytesIO()
         options = pcsv.WriteOptions(include_header=False, quoting_style="needed")
         pcsv.write_csv(table, buffer, options)
@@ -293,12 +308,15 @@ def open_writer(
     path: str | Path | None,
     metadata: dict | None = None,
     resume_from: dict[str, Any] | None = None,
+    columns: tuple[str, ...] = COLUMNS,
 ) -> JsonlWriter | CsvWriter | ParquetWriter:
     """The writer for ``path`` (format by extension, see ``output_format``).
 
     ``resume_from`` is a ``position()`` recorded by a snapshot: when it names this same
     path and format, the output is cut back to it and appended to; otherwise the output
-    starts fresh (a new file for the rows from the snapshot on).
+    starts fresh (a new file for the rows from the snapshot on). ``columns``: the
+    columns of the results that will be written (``schema.columns_for(engine.outputs)``);
+    the CSV header needs them up front.
     """
     fmt = output_format(path)
     same = (
@@ -312,5 +330,5 @@ def open_writer(
         return ParquetWriter(path, metadata=metadata, resume_parts=parts)
     resume_bytes = int(resume_from["bytes"]) if same else None
     if fmt == "csv":
-        return CsvWriter(path, resume_bytes=resume_bytes)
+        return CsvWriter(path, resume_bytes=resume_bytes, columns=columns)
     return JsonlWriter(path, resume_bytes=resume_bytes)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..state import layout as L
 from ..state.layout import LAST_TIME
 from .cache import cached_jit
 
@@ -32,33 +31,6 @@ REASON_NAMES = {
     DUPLICATE_BAR: "duplicate_bar",
     OUT_OF_ORDER_BAR: "out_of_order_bar",
 }
-
-
-#: output groups a caller can ask ``step``/``preview`` for (``Engine.request_outputs``);
-#: ``bar_index`` is always returned (it marks which rows hold a result)
-OUTPUT_GROUPS = {
-    "signal": (L.OUT_SIGNAL,),
-    "events": (L.OUT_LONG, L.OUT_SHORT),
-    "layers": tuple(range(L.OUT_LAYER1, L.OUT_LAYER1 + L.N_FAMILIES)),
-    "equities": tuple(range(L.OUT_LAYER2, L.OUT_LAYER2 + L.N_FAMILIES)),
-    "growth": (L.OUT_GROWTH,),
-}
-
-
-def output_columns(groups) -> np.ndarray | None:
-    """Sorted output columns for ``groups`` (names of ``OUTPUT_GROUPS``); None: all columns."""
-    if groups is None:
-        return None
-    groups = [groups] if isinstance(groups, str) else list(groups)
-    unknown = [g for g in groups if g not in OUTPUT_GROUPS]
-    if unknown:
-        raise ValueError(f"outputs must be among {sorted(OUTPUT_GROUPS)}, got unknown {unknown!r}")
-    columns = {L.OUT_BAR_INDEX}
-    for g in groups:
-        columns.update(OUTPUT_GROUPS[g])
-    if len(columns) == L.N_OUT:
-        return None
-    return np.array(sorted(columns), np.int64)
 
 
 @cached_jit(njit(cache=True))
@@ -120,6 +92,22 @@ def plan_rounds(counters, in_use, pending_last, pending_count, slots, times, clo
             order[fill[rounds[u]]] = u
             fill[rounds[u]] += 1
     return order, round_starts
+
+
+@cached_jit(njit(cache=True))
+def check_unique_step(counters, in_use, slots, times, closes, reasons):
+    """Validate a step batch known to hold each stream at most once (one round); return
+    the number of accepted updates. Same reasons as ``plan_rounds`` gives such a batch."""
+    n_ok = 0
+    for u in range(slots.shape[0]):
+        slot = slots[u]
+        reason = _check_close_and_slot(slot, closes[u], in_use)
+        if reason == ACCEPTED:
+            reason = _time_reason(times[u], counters[slot, LAST_TIME])
+        reasons[u] = reason
+        if reason == ACCEPTED:
+            n_ok += 1
+    return n_ok
 
 
 @cached_jit(njit(cache=True))

@@ -17,6 +17,7 @@ import types
 import numpy as np
 from numba import njit, prange
 
+from .. import schema
 from ..state.layout import N_OUT
 from . import threads as threading_policy
 from .cache import cached_jit
@@ -190,6 +191,15 @@ class CpuBackend:
             *self._arrays(), slots, times, closes, order, round_starts, out,
         )  # fmt: skip
         return out
+
+    def step_outputs(self, slots, times, closes, order, round_starts, groups) -> dict:
+        """``step``'s outputs as the typed fields of output ``groups``
+        (``schema.kernel_fields``: floats are views of the rows, events bool)."""
+        return schema.kernel_fields(self.step(slots, times, closes, order, round_starts), groups)
+
+    def preview_outputs(self, slots, times, closes, accepted, groups) -> dict:
+        """``preview``'s outputs as the typed fields of output ``groups``."""
+        return schema.kernel_fields(self.preview(slots, times, closes, accepted), groups)
 
     def preview(self, slots, times, closes, accepted) -> np.ndarray:
         out = np.full((slots.shape[0], N_OUT), np.nan)

@@ -53,7 +53,8 @@ neighbouring state), its slot and its position ``u`` in the host's batch
 (``_build_plan``, compiled). The kernel reads the bar time and close from the
 host-order inputs and writes the outputs to the host-order row ``out[u]`` in C
 order, the layout ``StepResult`` reads: the host neither gathers inputs nor
-transposes or scatters outputs (one memcpy of the pinned buffer). While a step's
+transposes or scatters outputs (one copy per requested field out of the pinned
+buffers). While a step's
 slots repeat with every update accepted in one round (the steady one-bar-per-stream
 case), the plan on the device is reused and only times and closes are uploaded.
 Every kernel specialisation is compiled when the backend is built
@@ -85,12 +86,20 @@ every untouched stream is merged into the new layout (the ring re-laid out with 
 store's own ``_grow_ring``) and everything is pushed.
 
 Transfers: step inputs go through pinned staging buffers and async copies on one
-CUDA stream; the host counter update runs while the kernel executes; the outputs
-come back through a pinned buffer. Every step returns its outputs, so a step waits
-for its own results and there is nothing to double-buffer across steps; overlapping
-a warmup's upload with compute (time-chunked double buffering) and CUDA graphs for
-the step's copy/launch/copy sequence were NOT built: numba-cuda 0.30 has no graph
-capture API, and without a GPU their gain could not be measured. The warmup uploads
+CUDA stream; the host counter update runs while the kernel executes. Only the
+requested outputs come back (``step_outputs``, ``Engine(outputs=...)``): a packing
+kernel (``pack_outputs_kernel``) gathers the requested float columns into one block
+and the long/short events into one byte each, two copies; ``bar_index`` is never
+copied (the host counters give it, ``_commit_step``), ``ready`` is computed on the
+host from it. The step's buffers come in two alternating pinned sets
+(``kernels/cuda_io.py``): ``step_outputs_async`` (``Engine.step_async``) returns
+before the device is done, so the host validates, plans and stages step k+1 while
+step k's copies and kernels run. Optionally (``cuda_graph=True``) the steady step's
+copy/launch/copy sequence is one captured CUDA graph (CuPy stream capture; numba-cuda
+0.30 has no graph API), replayed while the slot set, size and outputs repeat. Neither
+gain is measured (no GPU lent); ``benchmarks/bench_cuda.py`` times them on a device.
+Overlapping a warmup's upload with compute (time-chunked double buffering) was not
+built. The warmup uploads
 the histories as the host holds them (one stream per row, a memcpy into pinned
 memory), transposes them on the device (``transpose_kernel``) to the time-major
 layout the time loop reads coalesced, and splits the streams into chunks whose
@@ -113,6 +122,7 @@ import types
 import numpy as np
 from numba import cuda, njit
 
+from .. import schema
 from ..state import layout as L
 from ..state.layout import (
     BAR_INDEX,
@@ -121,12 +131,15 @@ from ..state.layout import (
     N_COUNTER_FIELDS,
     N_OUT,
     N_VALUE_FIELDS,
+    OUT_LONG,
+    OUT_SHORT,
     PARAM_ROW,
     PV_LAM,
 )
 from ..state.store import StateStore
 from . import AUTO_MIN_STREAMS, cpu, cuda_simulated  # noqa: F401 - AUTO_MIN_STREAMS re-exported
 from .compile import compile_core
+from .cuda_io import IoSet, PendingOutputs, Staging, StepGraphs
 
 log = logging.getLogger("atc_stream")
 
@@ -419,12 +432,43 @@ def local_warmup_kernel(ring_columns: int):
 
 
 @_kernel
-def gather_columns_kernel(out, n, columns, compact):
-    """``compact[u, j] = out[u, columns[j]]`` for ``u < n``: the requested outputs only."""
+def pack_outputs_kernel(out, n, spec, k, floats, flags, events):
+    """The requested outputs only, field-major so that each field is one contiguous
+    block on the host: for requested float column ``j < k``, ``floats[n * spec[k + j] +
+    u * spec[2k + j] + spec[3k + j]] = out[u, spec[j]]`` (the field's first packed
+    column, its width, the column within it: field ``f`` of width ``w`` starting at
+    packed column ``c0`` is the C-order ``(n, w)`` block ``floats[n*c0 : n*(c0 + w)]``).
+    With ``events``, ``flags[u]`` = long and ``flags[n + u]`` = short, one byte each
+    (0/1, read on the host as bool). ``bar_index`` is not copied: the host knows it
+    (``_commit_step``)."""
     u = cuda.grid(1)
     if u < n:
-        for j in range(columns.shape[0]):
-            compact[u, j] = out[u, columns[j]]
+        for j in range(k):
+            floats[n * spec[k + j] + u * spec[2 * k + j] + spec[3 * k + j]] = out[u, spec[j]]
+        if events:
+            flags[u] = 1 if out[u, OUT_LONG] == 1.0 else 0
+            flags[n + u] = 1 if out[u, OUT_SHORT] == 1.0 else 0
+
+
+def pack_layout(groups) -> tuple[np.ndarray, list[tuple[str, int, int]]]:
+    """The ``spec`` of ``pack_outputs_kernel`` for output ``groups`` and the host's
+    reading of it: ``(name, first packed column, width)`` per float field."""
+    out_columns, first, width, within, fields = [], [], [], [], []
+    c0 = 0
+    for name in schema.fields_for(groups):
+        columns = schema.FLOAT_FIELD_COLUMNS.get(name)
+        if columns is None:  # bar_index (host), long/short (flags)
+            continue
+        w = len(columns)
+        for c, column in enumerate(columns):
+            out_columns.append(column)
+            first.append(c0)
+            width.append(w)
+            within.append(c)
+        fields.append((name, c0, w))
+        c0 += w
+    spec = np.array(out_columns + first + width + within, np.int64)
+    return spec, fields
 
 
 @_kernel
@@ -516,12 +560,22 @@ def _plan_in_order(slots, order, plan):
 
 
 @njit(cache=True)
-def _commit_step(counters, shadow, slots, times, order, max_bar):
-    """Apply a step's counter changes on the host (as the kernel does on the device)."""
-    for k in range(order.shape[0]):  # plan order: rounds ascending, so times ascending
-        u = order[k]
-        slot = slots[u]
-        bar = counters[slot, BAR_INDEX] + 1
+def _commit_step(counters, shadow, plan, m, times, max_bar, bar_index):
+    """Apply a step's counter changes on the host (as the kernel does on the device).
+
+    Walks the host copy of the device plan (``plan[k]`` slot, ``plan[m + k]`` host
+    position; rounds ascending, so a stream's bars in time order; slots ascending within
+    a round, so the counters are read in memory order: with 100,000 shuffled streams
+    1.3-5x faster than arrival order on the 2-core test VM, ``bench_cuda.py
+    --host-costs``). ``bar_index[u]`` receives the index of the bar
+    update ``u`` applied (the kernel's ``OUT_BAR_INDEX``), so that it is never copied back.
+    """
+    for k in range(m):
+        slot = plan[k]
+        u = plan[m + k]
+        applied = counters[slot, BAR_INDEX]
+        bar_index[u] = applied
+        bar = applied + 1
         counters[slot, BAR_INDEX] = bar
         counters[slot, LAST_TIME] = times[u]
         shadow[slot, 0] = bar
@@ -590,6 +644,11 @@ def growth_table(param_lengths: np.ndarray, param_values: np.ndarray, length: in
     return table
 
 
+def _empty_fields(n: int, groups, bar_index: np.ndarray) -> dict:
+    """Typed fields of ``groups`` for ``n`` rows none of which holds a result."""
+    return schema.kernel_fields(np.full((n, N_OUT), np.nan), groups) | {"bar_index": bar_index}
+
+
 # -- device memory -------------------------------------------------------------------------
 
 
@@ -607,33 +666,6 @@ def _launch_shape(count: int, threads: int = THREADS_PER_BLOCK) -> tuple[int, in
     if cuda_simulated():  # one Python thread per CUDA thread: do not start idle ones
         threads = max(1, min(threads, count))
     return (count + threads - 1) // threads, threads
-
-
-class _Staging:
-    """A pinned host buffer and a device buffer of one dtype, grown by doubling."""
-
-    def __init__(self, backend: CudaBackend, dtype) -> None:
-        self._backend = backend
-        self.dtype = np.dtype(dtype)
-        self.size = 0
-        self.host = None
-        self.device = None
-
-    def reserve(self, size: int) -> None:
-        if size <= self.size:
-            return
-        size = max(size, 2 * self.size, 1024)
-        self.host = cuda.pinned_array(size, self.dtype)
-        self.device = self._backend._device_empty(size, self.dtype)
-        self.size = size
-
-    def upload(self, size: int, stream) -> None:
-        if size:
-            self.device[:size].copy_to_device(self.host[:size], stream=stream)
-
-    def download(self, size: int, stream) -> None:
-        if size:
-            self.device[:size].copy_to_host(self.host[:size], stream=stream)
 
 
 class CudaBackend:
@@ -660,6 +692,7 @@ class CudaBackend:
         warmup_state: str = "global",
         threads_per_block: int = THREADS_PER_BLOCK,
         precompile: bool = True,
+        cuda_graph: bool = False,
     ) -> None:
         if warmup_state not in ("local", "global"):
             raise ValueError(f"warmup_state must be 'local' or 'global', got {warmup_state!r}")
@@ -678,19 +711,22 @@ class CudaBackend:
         self.warmup_state = warmup_state
         self._cupy = _import_cupy()
         self.stream = cuda.stream()
-        self._ints = _Staging(self, np.int64)
-        self._floats = _Staging(self, np.float64)
-        self._out = _Staging(self, np.float64)
-        self._plan = _Staging(self, np.int64)  # step plan: slots, then host positions
-        self._preview_plan = _Staging(self, np.int64)
-        self._times = _Staging(self, np.int64)  # step/preview inputs in host order
-        self._closes = _Staging(self, np.float64)
-        self._history = _Staging(self, np.float64)  # warmup closes before the transpose
+        #: the CUDA graph of the steady step (``cuda_graph=True``; None: off or unavailable)
+        self.graphs: StepGraphs | None = self._make_graphs() if cuda_graph else None
+        self._ints = self._staging(np.int64)
+        self._floats = self._staging(np.float64)
+        self._warm_out = self._staging(np.float64)  # warmup output rows
+        self._plan = self._staging(np.int64)  # step plan: slots, then host positions
+        self._preview_plan = self._staging(np.int64)
+        self._history = self._staging(np.float64)  # warmup closes before the transpose
+        # step/preview inputs and outputs: two sets, used alternately (cuda_io.py)
+        self._io = [IoSet(i, self._device_empty, self._buffers_moved) for i in (0, 1)]
+        self._next_io = 0
         #: the slots of the last fully accepted one-round step, whose plan is on the device
         self._plan_slots: np.ndarray | None = None
         self._where = np.zeros(0, np.int64)
-        self._rows = _Staging(self, np.float64)  # packed rows of host-initialised slots
-        self._row_counters = _Staging(self, np.int64)
+        self._rows = self._staging(np.float64)  # packed rows of host-initialised slots
+        self._row_counters = self._staging(np.int64)
         self._dev: types.SimpleNamespace | None = None
         self._mirror: types.SimpleNamespace | None = None
         self._shadow = np.zeros((0, len(_SHADOW_COLUMNS)), np.int64)
@@ -706,12 +742,11 @@ class CudaBackend:
         #: kernels (CUDA events on the backend's stream) in ``last_kernel_seconds``
         self.time_kernels = False
         self.last_kernel_seconds: float | None = None
-        #: output columns step/preview copy back (sorted; None: all); the others are NaN.
-        #: Set by ``Engine.request_outputs``.
-        self.output_columns: np.ndarray | None = None
-        self._columns_key: bytes | None = None
-        self._columns_device = None
-        self._compact = _Staging(self, np.float64)
+        # requested outputs (``step_outputs``): packed floats and event bytes
+        self._packed_groups: tuple[str, ...] | None = None
+        self._packed_columns = None  # device: ``pack_layout`` spec of those groups
+        self._packed_k = 0
+        self._packed_fields: list[tuple[str, int, int]] = []
         if precompile:
             self.precompile()
 
@@ -733,6 +768,46 @@ class CudaBackend:
             check_no_fma(kernel, name)
 
     # -- device arrays ---------------------------------------------------------------------
+
+    def _staging(self, dtype) -> Staging:
+        return Staging(self._device_empty, dtype, self._buffers_moved)
+
+    def _buffers_moved(self) -> None:
+        """A device buffer was (re)allocated: CUDA graphs that captured it are stale."""
+        if self.graphs is not None:
+            self.graphs.invalidate()
+
+    def _make_graphs(self) -> StepGraphs | None:
+        """CUDA graphs need CuPy's stream capture on a real device; else one warning."""
+        if cuda_simulated() or self._cupy is None:
+            why = "the CUDA simulator" if cuda_simulated() else "CuPy is not installed"
+            log.warning(
+                "cuda_graph=True: CUDA graphs need CuPy on a real device (%s here); "
+                "using ordinary launches",
+                why,
+            )
+            return None
+        try:
+            cupy_stream = self._cupy.cuda.Stream(non_blocking=True)
+            self.stream = cuda.external_stream(cupy_stream.ptr)
+        except Exception as exc:  # an old CuPy, a driver without capture
+            log.warning("cuda_graph=True: no capturable stream (%s); using ordinary launches", exc)
+            return None
+        return StepGraphs(cupy_stream)
+
+    def _take_io(self) -> IoSet:
+        """The next buffer set; the step that last used it is waited for first."""
+        io = self._io[self._next_io]
+        self._next_io ^= 1
+        if io.pending is not None:
+            io.pending.wait()
+        return io
+
+    def _drain(self) -> None:
+        """Wait for every submitted step (their outputs are copied out)."""
+        for io in self._io:
+            if io.pending is not None:
+                io.pending.wait()
 
     def _device_empty(self, shape, dtype, order: str = "C"):
         if self._cupy is not None:
@@ -773,6 +848,8 @@ class CudaBackend:
 
     def close(self) -> None:
         """Free the device state (the host arrays keep whatever was last pulled)."""
+        self._drain()
+        self._buffers_moved()
         self._dev = None
         self._mirror = None
         self._scratch = None
@@ -785,6 +862,8 @@ class CudaBackend:
     def push_state(self) -> None:
         """Upload the store's host arrays (the whole state and the parameter table)."""
         s = self.store
+        self._drain()
+        self._buffers_moved()  # new parameter tables (and maybe state arrays) on the device
         # at least two rows: a one-row F-order array is also C-contiguous, which numba
         # types as layout "C", i.e. a second specialisation of every kernel
         rows = max(s.capacity, 2)
@@ -822,6 +901,7 @@ class CudaBackend:
         """Copy the device state into the store's host arrays (the host mirror)."""
         if self._dev is None:
             return  # nothing on the device yet: the host arrays are the state
+        self._drain()
         self._sync(None)
         m, d = self._mirror, self._dev
         for name in ("ring", "values", "counters"):
@@ -933,7 +1013,9 @@ class CudaBackend:
         if needed > length:
             length = max(needed, 2 * length, GROWTH_TABLE_MIN)
         table = growth_table(s.params.lengths, s.params.values, length)
+        self.stream.synchronize()  # a submitted step may still read the old table
         self._growth_table = cuda.to_device(table, stream=self.stream)
+        self._buffers_moved()
         self._table_rows, self._table_length = rows, length
 
     # -- the backend interface -------------------------------------------------------------
@@ -941,127 +1023,213 @@ class CudaBackend:
     def step(self, slots, times, closes, order, round_starts) -> np.ndarray:
         """Apply planned rounds (``batch.plan_rounds``); row ``u`` of the result is update u.
 
-        Host work: the plan (slots sorted within each round, built in compiled code, and
-        kept on the device while the batch's slots repeat with every update accepted in
-        one round: the steady one-bar-per-stream case), two memcpys of the inputs into
-        pinned buffers, the counter bookkeeping, and one memcpy of the outputs, which the
-        kernel writes in host order (C order, row u): no gather, scatter or transpose.
+        Every output column comes back (rows ``[u, OUT_*]``, rejected rows NaN);
+        ``step_outputs`` copies back only requested ones.
         """
         n, m = slots.shape[0], order.shape[0]
         if m == 0:
             return np.full((n, N_OUT), np.nan)
+        bar_index = np.empty(n, np.int64)
+        return self._submit_step(slots, times, closes, order, round_starts, None, bar_index).wait()
+
+    def step_outputs(self, slots, times, closes, order, round_starts, groups) -> dict:
+        """``step`` returning only the typed fields of output ``groups``
+        (``schema.kernel_fields``); only those are copied back from the device.
+        Fields of rejected rows are unspecified (the engine drops those rows)."""
+        return self.step_outputs_async(slots, times, closes, order, round_starts, groups).wait()
+
+    def step_outputs_async(
+        self, slots, times, closes, order, round_starts, groups
+    ) -> PendingOutputs:
+        """``step_outputs`` without waiting: the state and host counters advance now, the
+        outputs are ``.wait()``-ed for. Two steps may be in flight (``cuda_io.py``)."""
+        n, m = slots.shape[0], order.shape[0]
+        bar_index = np.full(n, -1, np.int64)
+        if m == 0:
+            return PendingOutputs.ready(_empty_fields(n, groups, bar_index))
+        return self._submit_step(slots, times, closes, order, round_starts, groups, bar_index)
+
+    def _submit_step(
+        self, slots, times, closes, order, round_starts, groups, bar_index
+    ) -> PendingOutputs:
+        """Plan, stage, enqueue the copies and kernels (or launch the step's CUDA graph),
+        commit the counters on the host; the outputs (all rows for ``groups`` None) are
+        read when the returned step is waited for.
+
+        Host work: the plan (slots sorted within each round, built in compiled code, and
+        kept on the device while the batch's slots repeat with every update accepted in
+        one round: the steady one-bar-per-stream case), two memcpys of the inputs into
+        the pinned buffers of one of two sets, the counter bookkeeping, and at the wait
+        one copy per requested field (the kernels write host order: no gather, scatter
+        or transpose).
+        """
+        n, m = slots.shape[0], order.shape[0]
         n_rounds = round_starts.shape[0] - 1
-        plan = self._step_plan(slots, order, round_starts)
+        io = self._take_io()
+        plan, reused = self._step_plan(slots, order, round_starts)
         self._sync(self._plan.host, m)
         self._ensure_growth(n_rounds)
-        self._stage_inputs(times, closes)
-        out = self._out.device[: n * N_OUT].reshape((n, N_OUT))
-        times_d, closes_d = self._times.device, self._closes.device
+        k = self._prepare_packing(groups)
+        layout = self._packed_fields
+        io.reserve(n, N_OUT, k)
+        io.stage(times, closes)
+
+        def enqueue() -> None:
+            io.times.upload(n, self.stream)
+            io.closes.upload(n, self.stream)
+            out = io.out.device[: n * N_OUT].reshape((n, N_OUT))
+            for r in range(n_rounds):
+                start, stop = int(round_starts[r]), int(round_starts[r + 1])
+                self._launch(
+                    step_kernel, stop - start, *self._params(), plan, m, start, stop,
+                    io.times.device, io.closes.device, out,
+                )  # fmt: skip
+            self._enqueue_outputs(io, n, out, groups, k)
+
         timer = self._timer_start()
-        for r in range(n_rounds):
-            start, stop = int(round_starts[r]), int(round_starts[r + 1])
-            self._launch(
-                step_kernel, stop - start, *self._params(), plan, m, start, stop,
-                times_d, closes_d, out,
-            )  # fmt: skip
+        graphs = self.graphs
+        steady = graphs is not None and reused and groups is not None and timer is None
+        if not (steady and graphs.run((io.index, n, groups, self.threads_per_block), enqueue)):
+            enqueue()
         timer = self._timer_stop(timer)
-        self._download_outputs(n, out)
         # while the device works: the same counter changes on the host
         self._max_bar = _commit_step(
-            self.store.counters, self._shadow, slots, times, order, self._max_bar
-        )
-        self.stream.synchronize()
-        self._timer_read(timer)
-        return self._host_outputs(n, order)
+            self.store.counters, self._shadow, self._plan.host, m, times, self._max_bar,
+            bar_index,
+        )  # fmt: skip
+        done = cuda.event() if cuda_simulated() else cuda.event(timing=False)
+        done.record(self.stream)
+
+        def read():
+            self._timer_read(timer)
+            if groups is None:
+                return self._host_rows(io, n, order)
+            return self._host_fields(io, n, groups, layout, bar_index)
+
+        pending = PendingOutputs(read, done, io)
+        io.pending = pending
+        return pending
 
     def _step_plan(self, slots, order, round_starts):
-        """The step's device plan (``_build_plan``), reused while the slots repeat."""
+        """The step's device plan (``_build_plan``), reused while the slots repeat;
+        returns ``(plan, reused)``."""
         n, m = slots.shape[0], order.shape[0]
         steady = m == n and round_starts.shape[0] == 2
         cached = self._plan_slots
         if steady and cached is not None and np.array_equal(cached, slots):
-            return self._plan.device
+            return self._plan.device, True
         self._plan_slots = None
         if self._where.shape[0] < self.store.capacity:
             self._where = np.full(self.store.capacity, -1, np.int64)
+        self.stream.synchronize()  # a submitted step may still read the plan (pinned/device)
         self._plan.reserve(2 * m)
-        self.stream.synchronize()  # a pending upload may still read the pinned plan
         _build_plan(slots, order, round_starts, self._plan.host, self._where)
         self._plan.upload(2 * m, self.stream)
         if steady:
             self._plan_slots = slots.copy()
-        return self._plan.device
+        return self._plan.device, False
 
-    def _stage_inputs(self, times, closes) -> None:
-        n = times.shape[0]
-        self._times.reserve(n)
-        self._closes.reserve(n)
-        self._out.reserve(n * N_OUT)
-        self._times.host[:n] = times
-        self._closes.host[:n] = closes
-        self._times.upload(n, self.stream)
-        self._closes.upload(n, self.stream)
+    def _prepare_packing(self, groups) -> int:
+        """The device list of the float columns of ``groups``; returns how many."""
+        if groups is None:
+            return 0
+        if groups != self._packed_groups:
+            spec, self._packed_fields = pack_layout(groups)
+            padded = np.zeros(max(spec.shape[0], 1), np.int64)  # no zero-size arrays
+            padded[: spec.shape[0]] = spec
+            self.stream.synchronize()  # a submitted step may still read the old spec
+            self._packed_columns = cuda.to_device(padded, stream=self.stream)
+            self._packed_k = spec.shape[0] // 4
+            self._packed_groups = groups
+            self._buffers_moved()
+        return self._packed_k
 
-    def _download_outputs(self, n: int, out) -> None:
-        """Start copying the step's outputs back: all columns, or the requested ones."""
-        columns = self.output_columns
-        if columns is None:
-            self._out.download(n * N_OUT, self.stream)
+    def _enqueue_outputs(self, io: IoSet, n: int, out, groups, k: int) -> None:
+        """Enqueue the copy back: every column (``groups`` None), or the ``k`` float
+        columns and the event bytes of ``groups``, packed on the device first."""
+        if groups is None:
+            io.out.download(n * N_OUT, self.stream)
             return
-        key = columns.tobytes()
-        if key != self._columns_key:
-            self._columns_device = cuda.to_device(
-                np.ascontiguousarray(columns, np.int64), stream=self.stream
-            )
-            self._columns_key = key
-        k = columns.shape[0]
-        self._compact.reserve(n * k)
-        compact = self._compact.device[: n * k].reshape((n, k))
-        self._launch(gather_columns_kernel, n, out, n, self._columns_device, compact)
-        self._compact.download(n * k, self.stream)
+        events = "events" in groups
+        floats = io.packed.device[: n * max(k, 1)]
+        flags = io.flags.device[: 2 * n]
+        self._launch(pack_outputs_kernel, n, out, n, self._packed_columns, k, floats, flags, events)
+        io.packed.download(n * k, self.stream)
+        if events:
+            io.flags.download(2 * n, self.stream)
 
-    def _host_outputs(self, n: int, order: np.ndarray) -> np.ndarray:
+    def _host_rows(self, io: IoSet, n: int, order: np.ndarray) -> np.ndarray:
         """A copy of the pinned output rows (the buffer is reused); rejected rows NaN."""
-        columns = self.output_columns
-        if columns is None:
-            result = self._out.host[: n * N_OUT].reshape((n, N_OUT)).copy()
-        else:
-            result = np.full((n, N_OUT), np.nan)
-            k = columns.shape[0]
-            result[:, columns] = self._compact.host[: n * k].reshape((n, k))
+        result = io.out.host[: n * N_OUT].reshape((n, N_OUT)).copy()
         if order.shape[0] != n:
             rejected = np.ones(n, np.bool_)
             rejected[order] = False
             result[rejected] = np.nan
         return result
 
+    @staticmethod
+    def _host_fields(io: IoSet, n: int, groups, layout, bar_index: np.ndarray) -> dict:
+        """The typed fields of ``groups``, copied out of the pinned buffers (reused):
+        one contiguous block per float field (``layout``: ``pack_layout(groups)[1]``)."""
+        fields = {"bar_index": bar_index}
+        packed = io.packed.host
+        for name, c0, width in layout:
+            block = packed[n * c0 : n * (c0 + width)]
+            fields[name] = block.copy() if width == 1 else block.reshape(n, width).copy()
+        if "events" in groups:
+            flags = io.flags.host[: 2 * n].view(np.bool_)
+            fields["long"] = flags[:n].copy()
+            fields["short"] = flags[n:].copy()
+        return fields
+
     def preview(self, slots, times, closes, accepted) -> np.ndarray:
         """Outputs for in-progress bars on scratch copies of the slots; state is untouched."""
         n = slots.shape[0]
         order = np.flatnonzero(accepted)
-        m = order.shape[0]
-        if m == 0:
+        if order.shape[0] == 0:
             return np.full((n, N_OUT), np.nan)
+        io, _ = self._run_preview(slots, times, closes, order, None)
+        return self._host_rows(io, n, order)
+
+    def preview_outputs(self, slots, times, closes, accepted, groups) -> dict:
+        """``preview`` returning only the typed fields of output ``groups``."""
+        n = slots.shape[0]
+        order = np.flatnonzero(accepted)
+        bar_index = np.full(n, -1, np.int64)
+        bar_index[order] = self.store.counters[slots[order], BAR_INDEX]
+        if order.shape[0] == 0:
+            return _empty_fields(n, groups, bar_index)
+        io, _ = self._run_preview(slots, times, closes, order, groups)
+        return self._host_fields(io, n, groups, self._packed_fields, bar_index)
+
+    def _run_preview(self, slots, times, closes, order, groups):
+        n, m = slots.shape[0], order.shape[0]
+        self._drain()
+        io = self._take_io()
         pp = self._preview_plan
-        pp.reserve(2 * m)
         self.stream.synchronize()  # a pending upload may still read the pinned plan
+        pp.reserve(2 * m)
         _plan_in_order(slots, order, pp.host)
         self._sync(pp.host, m)
         self._ensure_growth(1)
         pp.upload(2 * m, self.stream)
-        self._stage_inputs(times, closes)
+        k = self._prepare_packing(groups)
+        io.reserve(n, N_OUT, k)
+        io.stage(times, closes)
+        io.times.upload(n, self.stream)
+        io.closes.upload(n, self.stream)
         scratch = self._scratch_rows(m)
-        out = self._out.device[: n * N_OUT].reshape((n, N_OUT))
+        out = io.out.device[: n * N_OUT].reshape((n, N_OUT))
         timer = self._timer_start()
         self._launch(
-            preview_kernel, m, *self._params(), pp.device, m, self._times.device,
-            self._closes.device, scratch.ring, scratch.values, scratch.counters, out,
+            preview_kernel, m, *self._params(), pp.device, m, io.times.device,
+            io.closes.device, scratch.ring, scratch.values, scratch.counters, out,
         )  # fmt: skip
         timer = self._timer_stop(timer)
-        self._download_outputs(n, out)
+        self._enqueue_outputs(io, n, out, groups, k)
         self.stream.synchronize()
         self._timer_read(timer)
-        return self._host_outputs(n, order)
+        return io, k
 
     def _scratch_rows(self, m: int):
         ring_cols = self.store.ring.shape[1]
@@ -1083,6 +1251,7 @@ class CudaBackend:
         Streams are taken in chunks whose device buffers (histories twice: as uploaded
         and transposed, plus outputs) fit ``warmup_memory_budget`` bytes.
         """
+        self._drain()
         n = slots.shape[0]
         width = times.shape[1] if record_all else 1
         result = np.full((n, max(width, 1), N_OUT), np.nan)
@@ -1114,7 +1283,7 @@ class CudaBackend:
         self._ints.reserve(3 * n)
         self._floats.reserve(longest * n)
         self._history.reserve(longest * n)
-        self._out.reserve(n * rows * N_OUT)
+        self._warm_out.reserve(n * rows * N_OUT)
         _pack_warmup(slots, times, counts, self._ints.host)
         # the histories as they are (one stream per row: a memcpy); the device transposes
         host_history = self._history.host[: n * longest].reshape(n, longest)
@@ -1123,19 +1292,19 @@ class CudaBackend:
         self._history.upload(n * longest, self.stream)
         history = self._history.device[: n * longest].reshape(n, longest)
         closes_tn = self._floats.device[: longest * n].reshape(longest, n)
-        out = self._out.device[: n * rows * N_OUT].reshape((n * rows, N_OUT))
+        out = self._warm_out.device[: n * rows * N_OUT].reshape((n * rows, N_OUT))
         args = (*self._params(), self._ints.device, n, closes_tn, out, bool(record_all))
         timer = self._timer_start()
         self._launch(transpose_kernel, n, history, n, longest, closes_tn)
         self._launch_warmup(n, args)
         timer = self._timer_stop(timer)
-        self._out.download(n * rows * N_OUT, self.stream)
+        self._warm_out.download(n * rows * N_OUT, self.stream)
         self._max_bar = _commit_warmup(
             self.store.counters, self._shadow, self._ints.host, n, self._max_bar
         )
         self.stream.synchronize()
         self._timer_read(timer)
-        result[:, :rows] = self._out.host[: n * rows * N_OUT].reshape((n, rows, N_OUT))
+        result[:, :rows] = self._warm_out.host[: n * rows * N_OUT].reshape((n, rows, N_OUT))
 
     def _launch_warmup(self, n: int, args) -> None:
         ring_cols = self.store.ring.shape[1]
@@ -1182,6 +1351,7 @@ def kernel_signatures(local_ring_columns: int | None = 70) -> dict[str, tuple[ob
     i2c = nt.Array(nt.int64, 2, "C")
     i1 = nt.Array(nt.int64, 1, "C")
     f1 = nt.Array(nt.float64, 1, "C")
+    u1 = nt.Array(nt.uint8, 1, "C")
     i64 = nt.int64
     state = (f2f, f2f, i2f, i2c, f2c, f2c)
     warmup = (*state, i1, i64, f2c, f2c, nt.boolean)
@@ -1190,7 +1360,7 @@ def kernel_signatures(local_ring_columns: int | None = 70) -> dict[str, tuple[ob
         "preview_kernel": (preview_kernel, (*state, i1, i64, i1, f1, f2f, f2f, i2f, f2c)),
         "warmup_kernel": (warmup_kernel, warmup),
         "transpose_kernel": (transpose_kernel, (f2c, i64, i64, f2c)),
-        "gather_columns_kernel": (gather_columns_kernel, (f2c, i64, i1, f2c)),
+        "pack_outputs_kernel": (pack_outputs_kernel, (f2c, i64, i1, i64, f1, u1, nt.boolean)),
         "scatter_rows_kernel": (scatter_rows_kernel, (f2f, i1, f2c)),
         "scatter_rows_kernel(int64)": (scatter_rows_kernel, (i2f, i1, i2c)),
     }

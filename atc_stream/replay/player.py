@@ -107,7 +107,10 @@ class ReplaySummary:
         return total / self.seconds if self.seconds > 0 else float("inf")
 
     def count_events(self, result: StepResult) -> None:
-        """Add ``result``'s long/short events: ready rows only unless ``events_before_ready``."""
+        """Add ``result``'s long/short events: ready rows only unless ``events_before_ready``
+        (none when its engine was not asked for the "events" outputs)."""
+        if "events" not in result.groups:
+            return
         ready = result.ready
         unready = int((result.long_events & ~ready).sum() + (result.short_events & ~ready).sum())
         self.unready_events += unready
