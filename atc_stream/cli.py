@@ -472,8 +472,17 @@ def live(
         durability = Durability(
             redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
             snapshot_every=snapshot_every, resume=resume, events_before_ready=events_before_ready,
+            publish=False,  # the client publishes from its event loop (LoopPublisher)
         )  # fmt: skip
         engine = durability.open_engine(backend, param_sets, interval)  # before connecting
+        publisher = None
+        if redis is not None:
+            from .adapters.redis_loop import LoopPublisher
+
+            publisher = LoopPublisher(
+                redis, prefix=redis_prefix, events_before_ready=events_before_ready
+            )
+            durability.publisher = publisher  # its counters go in the closing summary
     tty = sys.stderr.isatty()
 
     def show_status(stats) -> None:
@@ -483,16 +492,11 @@ def live(
     with open_writer(output) as sink:
         durability.start(engine)
 
-        def on_result(result) -> None:
-            sink.write(result)
-            if durability.publisher is not None:
-                durability.publisher.publish(result)
-
         try:
             client = KlineClient(
-                engine, symbols, config, on_result=on_result,
+                engine, symbols, config, on_result=sink.write,
                 on_preview=sink.write if previews else None,
-                snapshotter=durability.snapshotter,
+                snapshotter=durability.snapshotter, publisher=publisher,
             )  # fmt: skip
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--symbols") from exc

@@ -814,3 +814,6 @@ def test_cli_live_publishes_closed_bars_to_redis(tmp_path, redis_url):  # noqa: 
     closed = [r for r in closed if not r["provisional"]]
     assert len(closed) == 2 + 2 * (250 - start)
     assert published == [dict(r, v=SCHEMA_VERSION) for r in closed]
+    # published from the event loop: every step acknowledged before the summary
+    steps = len({m.data.seq for m in got})
+    assert f"redis publish    {steps} steps delivered, 0 dropped" in result.output

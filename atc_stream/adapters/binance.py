@@ -637,6 +637,8 @@ class KlineClient:
 
     ``on_result(StepResult)`` gets every closed-bar result (the warmup's last bars
     too); ``on_preview(StepResult)`` every preview (``provisional=True``).
+    ``publisher`` (a ``redis_loop.LoopPublisher``) gets every closed-bar result first,
+    from inside the event loop; ``run`` starts and closes it.
     ``snapshotter`` (a ``state.snapshotter.Snapshotter``) is told about applied bars.
     ``clock_ms`` (ms since the epoch) and ``seed`` (jitter) are for tests.
     """
@@ -650,6 +652,7 @@ class KlineClient:
         on_result: Callable[[StepResult], Any] | None = None,
         on_preview: Callable[[StepResult], Any] | None = None,
         snapshotter: Any | None = None,
+        publisher: Any | None = None,
         clock_ms: Callable[[], int] | None = None,
         seed: int | None = None,
     ) -> None:
@@ -670,6 +673,7 @@ class KlineClient:
         self.on_result = on_result
         self.on_preview = on_preview
         self.snapshotter = snapshotter
+        self.publisher = publisher
         self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         self.rng = random.Random(seed)
         self.stats = LiveStats(symbols=len(names))
@@ -719,6 +723,8 @@ class KlineClient:
 
     def _emit(self, result: StepResult) -> None:
         self.stats.rows_out += len(result)
+        if self.publisher is not None:  # first: the signal's latency; the file can wait
+            self.publisher.publish(result)
         if self.on_result is not None:
             self.on_result(result)
 
@@ -775,6 +781,8 @@ class KlineClient:
                 session, self.config, self.interval, self.stats, self.clock_ms, self.rng
             )
             try:
+                if self.publisher is not None:
+                    await self.publisher.start()
                 startup = asyncio.ensure_future(self._startup())
                 stop_wait = asyncio.ensure_future(self._stop.wait())
                 tasks += [startup, stop_wait]
@@ -806,6 +814,8 @@ class KlineClient:
                 await asyncio.gather(*tasks, return_exceptions=True)
                 for st in self._state.values():
                     st.backfill = None
+                if self.publisher is not None:
+                    await self.publisher.aclose()
                 self._update_engine_rejections()
                 self.stats.ended = time.monotonic()
         return self.stats

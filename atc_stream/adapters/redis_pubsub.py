@@ -66,9 +66,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ..messages import SignalRecord, records_from_result
+from ..messages import SignalRecord, encoded_rows, record_json, records_from_result
 from ..results import StepResult
-from ..schema import SCHEMA_VERSION
+from ..schema import COLUMNS, SCHEMA_VERSION
 
 log = logging.getLogger("atc_stream.redis")
 
@@ -165,7 +165,90 @@ PUBLISH_SCRIPT = (
 )
 
 
-class SignalPublisher:
+class SignalMessages:
+    """What goes out for a step: the channels, records, events and latest fields of the
+    module docstring, as packed Redis commands. Shared by the thread publisher
+    (:class:`SignalPublisher`) and the event-loop one (``redis_loop.LoopPublisher``)."""
+
+    def __init__(
+        self,
+        *,
+        prefix: str = "atc",
+        encoding: str = "json",
+        per_symbol: bool = True,
+        batch: bool = True,
+        events: bool = True,
+        events_before_ready: bool = False,
+        latest: bool = True,
+    ) -> None:
+        if not isinstance(prefix, str) or not prefix:
+            raise ValueError(f"prefix must be a non-empty str, got {prefix!r}")
+        self._encoder = _codec(encoding).Encoder()
+        self.prefix = prefix
+        self.encoding = encoding
+        self.per_symbol = per_symbol
+        self.batch = batch
+        self.events = events
+        #: publish events of rows that are not ready yet too (docs/spec.md, "Readiness")
+        self.events_before_ready = events_before_ready
+        self.latest = latest
+        self.batch_channel = f"{prefix}:batch"
+        self.events_channel = f"{prefix}:events"
+        self.latest_key = f"{prefix}:latest"
+
+    def _commands(self, items: Sequence[tuple[int, StepResult]]) -> tuple[list[bytes], int]:
+        """The packed commands that publish ``items`` ((seq, result) pairs), and how many
+        messages (channel messages + latest fields) they carry."""
+        prefix = self.prefix
+        publish: list[bytes | str] = []  # channel, message, channel, message, ...
+        latest: dict[str, bytes] = {}
+        for seq, result in items:
+            encoded = self._encoded_records(result)
+            columns = dict(zip(COLUMNS, result.column_values(), strict=True))
+            symbols = columns["symbol"]
+            if self.per_symbol:
+                for symbol, data in zip(symbols, encoded, strict=True):
+                    publish.append(f"{prefix}:signal:{symbol}")
+                    publish.append(data)
+            if self.events:
+                flags = zip(columns["long"], columns["short"], columns["ready"], strict=True)
+                for (long, short, ready), data in zip(flags, encoded, strict=True):
+                    if (long or short) and (ready or self.events_before_ready):
+                        publish.append(self.events_channel)
+                        publish.append(data)
+            if self.batch:
+                message = _BatchOut(
+                    seq=seq,
+                    published_at=time.time_ns(),
+                    count=len(encoded),
+                    records=[msgspec.Raw(d) for d in encoded],
+                )
+                publish.append(self.batch_channel)
+                publish.append(self._encoder.encode(message))
+            if self.latest:
+                keys = zip(symbols, columns["interval"], columns["params_id"], strict=True)
+                for (symbol, interval, params_id), data in zip(keys, encoded, strict=True):
+                    latest[f"{symbol}:{interval}:{params_id}"] = data
+        commands = []
+        if publish:
+            commands.append(pack_command([b"EVAL", PUBLISH_SCRIPT, b"0", *publish]))
+        if latest:
+            flat = [b"HSET", self.latest_key]
+            for field, data in latest.items():
+                flat.append(field)
+                flat.append(data)
+            commands.append(pack_command(flat))
+        return commands, len(publish) // 2 + len(latest)
+
+    def _encoded_records(self, result: StepResult) -> list[bytes]:
+        """Every row's record, encoded; JSON reuses the rows the file writer encoded."""
+        if self.encoding == "json":
+            return [record_json(row) for row in encoded_rows(result)]
+        encode = self._encoder.encode
+        return [encode(record) for record in records_from_result(result)]
+
+
+class SignalPublisher(SignalMessages):
     """Publishes step results to Redis without ever blocking the caller.
 
     >>> pub = SignalPublisher("redis://127.0.0.1:6379/0")
@@ -199,9 +282,10 @@ class SignalPublisher:
         backoff_max: float = 2.0,
         close_timeout: float = 10.0,
     ) -> None:
-        if not isinstance(prefix, str) or not prefix:
-            raise ValueError(f"prefix must be a non-empty str, got {prefix!r}")
-        codec = _codec(encoding)
+        super().__init__(
+            prefix=prefix, encoding=encoding, per_symbol=per_symbol, batch=batch,
+            events=events, events_before_ready=events_before_ready, latest=latest,
+        )  # fmt: skip
         if not isinstance(queue_size, int) or queue_size < 1:
             raise ValueError(f"queue_size must be an int >= 1, got {queue_size!r}")
         if max_steps_per_send < 1:
@@ -209,19 +293,7 @@ class SignalPublisher:
         if not backoff_initial > 0 or not backoff_max >= backoff_initial:
             raise ValueError("backoff_initial must be > 0 and backoff_max >= backoff_initial")
         self.url = url
-        self.prefix = prefix
-        self.encoding = encoding
-        self.per_symbol = per_symbol
-        self.batch = batch
-        self.events = events
-        #: publish events of rows that are not ready yet too (docs/spec.md, "Readiness")
-        self.events_before_ready = events_before_ready
-        self.latest = latest
-        self.batch_channel = f"{prefix}:batch"
-        self.events_channel = f"{prefix}:events"
-        self.latest_key = f"{prefix}:latest"
         self.close_timeout = close_timeout
-        self._encoder = codec.Encoder()
         self._client = _client(url, socket_timeout)
         self._queue: queue.Queue[tuple[int, StepResult]] = queue.Queue(maxsize=queue_size)
         self._max_steps = max_steps_per_send
@@ -400,46 +472,10 @@ class SignalPublisher:
 
     def _send(self, items: list[tuple[int, StepResult]]) -> int:
         """Encode ``items`` and send them in one round trip; returns messages sent."""
-        encode = self._encoder.encode
-        prefix = self.prefix
-        publish: list[bytes | str] = []  # channel, message, channel, message, ...
-        latest: dict[str, bytes] = {}
-        for seq, result in items:
-            records = records_from_result(result)
-            encoded = [encode(r) for r in records]
-            if self.per_symbol:
-                for rec, data in zip(records, encoded, strict=True):
-                    publish.append(f"{prefix}:signal:{rec.symbol}")
-                    publish.append(data)
-            if self.events:
-                for rec, data in zip(records, encoded, strict=True):
-                    if (rec.long or rec.short) and (rec.ready or self.events_before_ready):
-                        publish.append(self.events_channel)
-                        publish.append(data)
-            if self.batch:
-                message = _BatchOut(
-                    seq=seq,
-                    published_at=time.time_ns(),
-                    count=len(records),
-                    records=[msgspec.Raw(d) for d in encoded],
-                )
-                publish.append(self.batch_channel)
-                publish.append(encode(message))
-            if self.latest:
-                for rec, data in zip(records, encoded, strict=True):
-                    latest[rec.key] = data
-        commands = []
-        if publish:
-            commands.append(pack_command([b"EVAL", PUBLISH_SCRIPT, b"0", *publish]))
-        if latest:
-            flat = [b"HSET", self.latest_key]
-            for field, data in latest.items():
-                flat.append(field)
-                flat.append(data)
-            commands.append(pack_command(flat))
+        commands, messages = self._commands(items)
         if commands:
             send_packed(self._client, commands)
-        return len(publish) // 2 + len(latest)
+        return messages
 
 
 # -- subscriber -------------------------------------------------------------------------
