@@ -168,3 +168,51 @@ def test_bad_url_and_options_are_refused():
         LoopPublisher("redis://127.0.0.1:1/0", prefix="")
     with pytest.raises(ValueError, match="backoff"):
         LoopPublisher("redis://127.0.0.1:1/0", backoff_initial=0)
+
+
+def test_packed_commands_are_the_protocol_of_the_documented_arguments():
+    """``SignalMessages._commands`` writes RESP by hand: parsed back, its commands are the
+    EVAL (per-symbol, events and batch messages, in that order per step) and the HSET of
+    the latest hash that the records say, with the right argument counts."""
+    import msgspec
+
+    from atc_stream.adapters.redis_pubsub import PUBLISH_SCRIPT, SignalMessages
+    from atc_stream.messages import records_from_result
+
+    results = [r for r in step_results(4, 140, seed=11) if len(r)][-40:]
+    items = list(enumerate(results, start=1))
+    packer = SignalMessages(prefix="px")
+    commands, messages = packer._commands(items)
+
+    async def parse():
+        reader = asyncio.StreamReader()
+        reader.feed_data(b"".join(commands))
+        reader.feed_eof()
+        return [await read_reply(reader) for _ in commands]
+
+    eval_args, hset_args = asyncio.run(parse())
+    encode = msgspec.json.encode
+    expected, latest = [b"EVAL", PUBLISH_SCRIPT, b"0"], {}
+    for _, result in items:
+        records = records_from_result(result)
+        for r in records:
+            expected += [f"px:signal:{r.symbol}".encode(), encode(r)]
+        for r in records:
+            if (r.long or r.short) and r.ready:
+                expected += [b"px:events", encode(r)]
+        expected += [b"px:batch", None]  # the batch: checked below (it carries a clock)
+        for r in records:
+            latest[r.key.encode()] = encode(r)
+    batches = [i for i, arg in enumerate(expected) if arg is None]
+    for i in batches:
+        batch = msgspec.json.decode(eval_args[i])
+        expected[i] = eval_args[i]
+        assert batch["count"] == len(batch["records"]) > 0
+    assert [b["seq"] for b in (msgspec.json.decode(eval_args[i]) for i in batches)] == [
+        seq for seq, _ in items
+    ]
+    assert eval_args == expected
+    assert any(arg == b"px:events" for arg in eval_args)
+    assert hset_args[:2] == [b"HSET", b"px:latest"]
+    assert dict(zip(hset_args[2::2], hset_args[3::2], strict=True)) == latest
+    assert messages == (len(expected) - 3) // 2 + len(latest)

@@ -165,6 +165,19 @@ PUBLISH_SCRIPT = (
 )
 
 
+_CRLF = b"\r\n"
+
+
+def _bulk(data: bytes) -> bytes:
+    """One RESP bulk string."""
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+#: ``EVAL <PUBLISH_SCRIPT> 0`` without the argument count that precedes it
+_EVAL_PUBLISH = _bulk(b"EVAL") + _bulk(PUBLISH_SCRIPT) + _bulk(b"0")
+_HSET = _bulk(b"HSET")
+
+
 class SignalMessages:
     """What goes out for a step: the channels, records, events and latest fields of the
     module docstring, as packed Redis commands. Shared by the thread publisher
@@ -195,50 +208,77 @@ class SignalMessages:
         self.batch_channel = f"{prefix}:batch"
         self.events_channel = f"{prefix}:events"
         self.latest_key = f"{prefix}:latest"
+        self._batch_bulk = _bulk(self.batch_channel.encode())
+        self._events_bulk = _bulk(self.events_channel.encode())
+        self._latest_key_bulk = _bulk(self.latest_key.encode())
+        #: RESP bulk strings of each stream's channel and latest-hash field, made once
+        self._channels: dict[str, bytes] = {}
+        self._fields: dict[tuple[str, str, int], bytes] = {}
 
     def _commands(self, items: Sequence[tuple[int, StepResult]]) -> tuple[list[bytes], int]:
         """The packed commands that publish ``items`` ((seq, result) pairs), and how many
-        messages (channel messages + latest fields) they carry."""
-        prefix = self.prefix
-        publish: list[bytes | str] = []  # channel, message, channel, message, ...
-        latest: dict[str, bytes] = {}
+        messages (channel messages + latest fields) they carry.
+
+        The Redis protocol is written directly, each message's bytes placed once, with
+        the channel names and latest-hash fields of each stream encoded once per
+        publisher: on a 200-symbol step this packing is what publishing costs.
+        """
+        publish: list[bytes] = []  # RESP pieces: channel, message, channel, message, ...
+        n_publish = 0
+        latest: dict[bytes, tuple[bytes, bytes]] = {}  # field -> (length header, message)
         for seq, result in items:
             encoded = self._encoded_records(result)
+            heads = [b"$%d\r\n" % len(data) for data in encoded]
             columns = dict(zip(COLUMNS, result.column_values(), strict=True))
             symbols = columns["symbol"]
             if self.per_symbol:
-                for symbol, data in zip(symbols, encoded, strict=True):
-                    publish.append(f"{prefix}:signal:{symbol}")
-                    publish.append(data)
+                channel_of = self._channels.get
+                for symbol, head, data in zip(symbols, heads, encoded, strict=True):
+                    channel = channel_of(symbol) or self._symbol_channel(symbol)
+                    publish += (channel, head, data, _CRLF)
+                n_publish += len(encoded)
             if self.events:
                 flags = zip(columns["long"], columns["short"], columns["ready"], strict=True)
-                for (long, short, ready), data in zip(flags, encoded, strict=True):
+                for (long, short, ready), head, data in zip(flags, heads, encoded, strict=True):
                     if (long or short) and (ready or self.events_before_ready):
-                        publish.append(self.events_channel)
-                        publish.append(data)
+                        publish += (self._events_bulk, head, data, _CRLF)
+                        n_publish += 1
             if self.batch:
-                message = _BatchOut(
-                    seq=seq,
-                    published_at=time.time_ns(),
-                    count=len(encoded),
-                    records=[msgspec.Raw(d) for d in encoded],
+                message = self._encoder.encode(
+                    _BatchOut(
+                        seq=seq,
+                        published_at=time.time_ns(),
+                        count=len(encoded),
+                        records=[msgspec.Raw(d) for d in encoded],
+                    )
                 )
-                publish.append(self.batch_channel)
-                publish.append(self._encoder.encode(message))
+                publish += (self._batch_bulk, b"$%d\r\n" % len(message), message, _CRLF)
+                n_publish += 1
             if self.latest:
+                field_of = self._fields.get
                 keys = zip(symbols, columns["interval"], columns["params_id"], strict=True)
-                for (symbol, interval, params_id), data in zip(keys, encoded, strict=True):
-                    latest[f"{symbol}:{interval}:{params_id}"] = data
+                for key, head, data in zip(keys, heads, encoded, strict=True):
+                    latest[field_of(key) or self._latest_field(key)] = (head, data)
         commands = []
-        if publish:
-            commands.append(pack_command([b"EVAL", PUBLISH_SCRIPT, b"0", *publish]))
+        if n_publish:
+            header = b"*%d\r\n" % (3 + 2 * n_publish) + _EVAL_PUBLISH
+            commands.append(header + b"".join(publish))
         if latest:
-            flat = [b"HSET", self.latest_key]
-            for field, data in latest.items():
-                flat.append(field)
-                flat.append(data)
-            commands.append(pack_command(flat))
-        return commands, len(publish) // 2 + len(latest)
+            parts = [b"*%d\r\n" % (2 + 2 * len(latest)), _HSET, self._latest_key_bulk]
+            for field, (head, data) in latest.items():
+                parts += (field, head, data, _CRLF)
+            commands.append(b"".join(parts))
+        return commands, n_publish + len(latest)
+
+    def _symbol_channel(self, symbol: str) -> bytes:
+        bulk = _bulk(f"{self.prefix}:signal:{symbol}".encode())
+        self._channels[symbol] = bulk
+        return bulk
+
+    def _latest_field(self, key: tuple[str, str, int]) -> bytes:
+        bulk = _bulk("{}:{}:{}".format(*key).encode())
+        self._fields[key] = bulk
+        return bulk
 
     def _encoded_records(self, result: StepResult) -> list[bytes]:
         """Every row's record, encoded; JSON reuses the rows the file writer encoded."""
