@@ -644,6 +644,7 @@ class Engine:
         if progress:
             from tqdm import tqdm
 
+            self._load_kernels_first()
             chunks = tqdm(chunks, desc="warmup", unit="chunk", leave=False)
         for start in chunks:
             results.append(self._warmup_chunk(jobs[start : start + chunk]))
@@ -655,6 +656,16 @@ class Engine:
         return self._result(
             slots[applied], times[applied], closes[applied], outs[applied], rejected
         )
+
+    def _load_kernels_first(self) -> None:
+        """A phase of its own before a progress bar, so its rate and ETA leave compiling
+        (or loading) the kernels out."""
+        if getattr(self.backend, "name", None) != "cpu":
+            return
+        from .kernels.prepare import kernels_loaded, prepare_kernels
+
+        if not kernels_loaded():
+            prepare_kernels(progress=True)
 
     def _parse_history(self, symbol, series, rejected):
         try:

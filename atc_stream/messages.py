@@ -74,6 +74,31 @@ def rows_from_result(result: StepResult) -> list[SignalRow]:
     return _structs(result, SignalRow)
 
 
+_ROW_ENCODER = msgspec.json.Encoder()
+#: What a SignalRecord's JSON adds to its SignalRow's: ``v``, its last field.
+_VERSION_FIELD = b',"v":%d}' % SCHEMA_VERSION
+
+
+def encoded_rows(result: StepResult) -> list[bytes]:
+    """The JSON of every row's :data:`SignalRow`, encoded once per result.
+
+    A live step hands one result to the JSONL writer and the Redis publisher; both use
+    these bytes (the publisher through :func:`record_json`), so no row is built or
+    encoded twice on the latency path.
+    """
+    cached = result._encoded_rows
+    if cached is None:
+        cached = [_ROW_ENCODER.encode(row) for row in rows_from_result(result)]
+        result._encoded_rows = cached
+    return cached
+
+
+def record_json(row_json: bytes) -> bytes:
+    """The JSON of a :class:`SignalRecord` from its row's JSON: the same fields, then ``v``
+    (byte for byte what encoding the record gives)."""
+    return row_json[:-1] + _VERSION_FIELD
+
+
 def _structs(result: StepResult, base: type) -> list:
     if len(result) == 0:
         return []

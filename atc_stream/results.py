@@ -101,6 +101,7 @@ class StepResult:
             ready_from = np.full(slots.shape[0], np.iinfo(np.int64).max, np.int64)
         self.ready_from = ready_from
         self._column_values: list[list[Any]] | None = None
+        self._encoded_rows: list[bytes] | None = None  # JSON rows (messages.encoded_rows)
 
     def __len__(self) -> int:
         return self.slots.shape[0]

@@ -697,6 +697,37 @@ def test_parser_counts_each_hostile_class():
     assert parser.parse(good.replace('"c": "10.5"', '"c": 10.5')).close == 10.5  # numbers too
 
 
+def test_parser_fast_path_agrees_with_the_full_parser():
+    """The typed fast path returns a kline only where the full parser returns the same one;
+    everything else falls through to the full parser, so every reason stays exact."""
+    parser = KlineParser(["BTCUSDT", "ETHUSDT"], "1m", Counter())
+    ex = FakeExchange({"BTCUSDT": np.array([10.0, 11.0]), "ETHUSDT": np.array([5.0, 6.0])}, 1)
+    good = ex.ws_message("BTCUSDT", 0, 10.5, True)
+    variants = [
+        good,
+        ex.ws_message("ETHUSDT", 1, 6.25, False),
+        good.replace('"s": "BTCUSDT"', '"s": "btcusdt"'),  # lower-case symbol: accepted
+        good.replace('"c": "10.5"', '"c": 10.5'),  # a JSON number: full parser only
+        good.replace('"c": "10.5"', '"c": "0"'),
+        good.replace('"c": "10.5"', '"c": "nan"'),
+        good.replace('"c": "10.5"', '"c": "abc"'),
+        good.replace('"i": "1m"', '"i": "5m"'),
+        good.replace('"e": "kline"', '"e": "trade"'),
+        good.replace("btcusdt@kline_1m", "ethusdt@kline_1m"),
+        good.replace('"x": true', '"x": "true"'),
+        good.replace('"T": 1700000099999', '"T": 1700000000000'),
+        good.replace("BTCUSDT", "XRPUSDT"),
+        json.dumps(json.loads(good)["data"]),  # raw-stream format: full parser only
+    ]
+    fast_hits = 0
+    for raw in variants:
+        fast = parser._parse_usual(raw)
+        full = parser._parse(raw)
+        assert fast is None or fast == full, raw
+        fast_hits += fast is not None
+    assert fast_hits == 3  # the three well-formed combined-stream klines
+
+
 def test_cli_live_streams_to_file(tmp_path):
     from typer.testing import CliRunner
 
@@ -887,3 +918,6 @@ def test_cli_live_publishes_closed_bars_to_redis(tmp_path, redis_url):  # noqa: 
     closed = [r for r in closed if not r["provisional"]]
     assert len(closed) == 2 + 2 * (250 - start)
     assert published == [dict(r, v=SCHEMA_VERSION) for r in closed]
+    # published from the event loop: every step acknowledged before the summary
+    steps = len({m.data.seq for m in got})
+    assert f"redis publish    {steps} steps delivered, 0 dropped" in result.output

@@ -72,3 +72,58 @@ def test_live_max_seconds_is_honoured_with_kernels_loaded_first(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     assert elapsed < 2 + 12  # interpreter start, imports and the cached-kernel load
+
+
+WARMUP_WITH_PROGRESS = """
+import numpy as np
+from atc_stream import Engine
+engine = Engine(backend="cpu")
+times = np.arange(200, dtype=np.int64) * 60_000
+history = {f"S{i}": (times, 100 + np.cumsum(np.ones(200))) for i in range(3)}
+engine.warmup(history, progress=True)
+engine.warmup({"T": (times, 100 + np.cumsum(np.ones(200)))}, progress=True)
+"""
+
+
+def test_warmup_progress_shows_the_kernel_phase_before_its_own_bar():
+    """In a new process the kernels are loaded (or compiled) as a phase of their own, so the
+    warmup bar's rate and ETA leave it out; a second warmup has nothing left to load."""
+    done = subprocess.run(
+        [sys.executable, "-c", WARMUP_WITH_PROGRESS], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr
+    err = done.stderr
+    phase = min(i for i in (err.find("loading kernels"), err.find("compiling kernels")) if i >= 0)
+    assert 0 <= phase < err.index("warmup")
+    # the phase ran once: the second warmup found every kernel loaded
+    assert err.count("loading kernels") + err.count("compiling kernels (first run") == 1
+
+
+BIG_STEPS_AFTER_PREPARE = """
+import numpy as np
+from atc_stream import Engine
+from atc_stream.kernels import prepare
+prepare.prepare_kernels()
+before = [len(d.signatures) for d in prepare._dispatchers()]
+engine = Engine(backend="cpu")
+times = np.arange(3, dtype=np.int64) * 60_000
+engine.warmup({f"S{i}": (times, np.full(3, 100.0 + i)) for i in range(4000)})
+slots = np.concatenate([engine.slots_of(f"S{i}") for i in range(4000)])
+engine.step_arrays(slots, np.full(4000, 3 * 60_000), np.full(4000, 101.0))
+engine.preview_arrays(slots, np.full(4000, 4 * 60_000), np.full(4000, 102.0))
+engine.step_arrays(slots[:1], [4 * 60_000], [103.0])
+after = [len(d.signatures) for d in prepare._dispatchers()]
+print(before == after, prepare.kernels_loaded())
+"""
+
+
+def test_prepared_kernels_cover_big_parallel_and_small_serial_calls():
+    """After ``prepare_kernels`` (what ``atc-stream compile``, ``Engine.compile`` and the
+    CLI run first) no call compiles or loads another driver: the parallel step and
+    preview drivers are among those loaded, not left to the first big live step."""
+    done = subprocess.run(
+        [sys.executable, "-c", BIG_STEPS_AFTER_PREPARE], capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True"]

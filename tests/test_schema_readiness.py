@@ -317,3 +317,22 @@ def test_redis_events_channel_publishes_ready_rows_only_by_default(
     assert all(e.long or e.short for e in events)
     assert before_ready or all(e.ready for e in events)
     assert msgspec.json.decode(msgspec.json.encode(events[0]))["v"] == 2
+
+
+def test_records_reuse_the_rows_json_byte_for_byte(stepped):
+    """The publisher derives each record's JSON from the row JSON the file writer made
+    (encoded once per result); it must be exactly what encoding the record gives."""
+    import msgspec
+
+    from atc_stream.messages import encoded_rows, record_json, records_from_result
+
+    _, results = stepped
+    encoder = msgspec.json.Encoder()
+    checked = 0
+    for r in results:
+        rows = encoded_rows(r)
+        assert encoded_rows(r) is rows  # built once per result
+        records = records_from_result(r)
+        assert [record_json(row) for row in rows] == [encoder.encode(x) for x in records]
+        checked += len(rows)
+    assert checked > 0

@@ -130,3 +130,44 @@ def test_parallel_calls_from_two_python_threads_are_safe():
     assert len(results) == 6
     for r in results:
         np.testing.assert_array_equal(r, expected)
+
+
+def test_adaptive_choice_follows_measured_speed_and_keeps_exploring():
+    """Given timings (the choice only reads what it is told), repeated calls go to the
+    faster option, try the other every EXPLORE_EVERY calls, and follow a change of load."""
+    choice = policy.AdaptiveChoice()
+    work, planned = 2_000, 2
+
+    def run(seconds_by_option, calls):
+        picked = []
+        for _ in range(calls):
+            n = choice.threads("step", work, planned)
+            picked.append(n)
+            choice.record("step", work, n, seconds_by_option[n > 1])
+        return picked
+
+    first = run({False: 2e-3, True: 1e-3}, 2)
+    assert first == [2, 1]  # measure both: the policy's choice first, then one thread
+    quiet = run({False: 2e-3, True: 1e-3}, 64)  # parallel twice as fast
+    assert quiet.count(1) == 64 // policy.EXPLORE_EVERY  # serial only to explore
+    busy = run({False: 1e-3, True: 3e-3}, 64)  # another process took the second core
+    assert busy[-32:].count(2) == 32 // policy.EXPLORE_EVERY  # now parallel only to explore
+    # small calls never go parallel and other sizes are measured on their own
+    assert choice.threads("step", 100, 1) == 1
+    assert choice.threads("step", 200_000, 2) == 2  # a new size class: policy first
+    assert choice.threads("preview", work, 2) == 2  # a new kind: policy first
+
+
+@pytest.mark.skipif(policy.available_cpus() < 2, reason="one CPU: nothing to choose")
+def test_automatic_threads_adapt_and_user_threads_do_not():
+    auto = Engine(backend="cpu", capacity=4)
+    fixed = Engine(backend="cpu", capacity=4, threads=2)
+    assert auto.backend.adaptive is not None and fixed.backend.adaptive is None
+    history = _history(1_200, 3)
+    auto.warmup(history)
+    for t in range(3, 8):
+        auto.step([(s, t, 100.0 + t) for s in history])
+    groups = auto.backend.adaptive._groups
+    assert list(groups) == [("step", (1_200).bit_length())]
+    serial, parallel, calls = groups[("step", (1_200).bit_length())]
+    assert calls == 5 and serial is not None and parallel is not None

@@ -68,7 +68,13 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ..messages import SignalRecord, record_type, records_from_result
+from ..messages import (
+    SignalRecord,
+    encoded_rows,
+    record_json,
+    record_type,
+    records_from_result,
+)
 from ..results import StepResult
 from ..schema import SCHEMA_VERSION
 
@@ -183,7 +189,130 @@ PUBLISH_SCRIPT = (
 )
 
 
-class SignalPublisher:
+_CRLF = b"\r\n"
+
+
+def _bulk(data: bytes) -> bytes:
+    """One RESP bulk string."""
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+#: ``EVAL <PUBLISH_SCRIPT> 0`` without the argument count that precedes it
+_EVAL_PUBLISH = _bulk(b"EVAL") + _bulk(PUBLISH_SCRIPT) + _bulk(b"0")
+_HSET = _bulk(b"HSET")
+
+
+class SignalMessages:
+    """What goes out for a step: the channels, records, events and latest fields of the
+    module docstring, as packed Redis commands. Shared by the thread publisher
+    (:class:`SignalPublisher`) and the event-loop one (``redis_loop.LoopPublisher``)."""
+
+    def __init__(
+        self,
+        *,
+        prefix: str = "atc",
+        encoding: str = "json",
+        per_symbol: bool = True,
+        batch: bool = True,
+        events: bool = True,
+        events_before_ready: bool = False,
+        latest: bool = True,
+    ) -> None:
+        if not isinstance(prefix, str) or not prefix:
+            raise ValueError(f"prefix must be a non-empty str, got {prefix!r}")
+        self._encoder = _codec(encoding).Encoder()
+        self.prefix = prefix
+        self.encoding = encoding
+        self.per_symbol = per_symbol
+        self.batch = batch
+        self.events = events
+        #: publish events of rows that are not ready yet too (docs/spec.md, "Readiness")
+        self.events_before_ready = events_before_ready
+        self.latest = latest
+        self.batch_channel = f"{prefix}:batch"
+        self.events_channel = f"{prefix}:events"
+        self.latest_key = f"{prefix}:latest"
+        self._batch_bulk = _bulk(self.batch_channel.encode())
+        self._events_bulk = _bulk(self.events_channel.encode())
+        self._latest_key_bulk = _bulk(self.latest_key.encode())
+        #: RESP bulk strings of each stream's channel and latest-hash field, made once
+        self._channels: dict[str, bytes] = {}
+        self._fields: dict[tuple[str, str, int], bytes] = {}
+
+    def _commands(self, items: Sequence[tuple[int, StepResult]]) -> tuple[list[bytes], int]:
+        """The packed commands that publish ``items`` ((seq, result) pairs), and how many
+        messages (channel messages + latest fields) they carry.
+
+        The Redis protocol is written directly, each message's bytes placed once, with
+        the channel names and latest-hash fields of each stream encoded once per
+        publisher: on a 200-symbol step this packing is what publishing costs.
+        """
+        publish: list[bytes] = []  # RESP pieces: channel, message, channel, message, ...
+        n_publish = 0
+        latest: dict[bytes, tuple[bytes, bytes]] = {}  # field -> (length header, message)
+        for seq, result in items:
+            encoded = self._encoded_records(result)
+            heads = [b"$%d\r\n" % len(data) for data in encoded]
+            columns = dict(zip(result.column_names, result.column_values(), strict=True))
+            symbols = columns["symbol"]
+            if self.per_symbol:
+                channel_of = self._channels.get
+                for symbol, head, data in zip(symbols, heads, encoded, strict=True):
+                    channel = channel_of(symbol) or self._symbol_channel(symbol)
+                    publish += (channel, head, data, _CRLF)
+                n_publish += len(encoded)
+            if self.events and "events" in result.groups:  # else no long/short columns
+                flags = zip(columns["long"], columns["short"], columns["ready"], strict=True)
+                for (long, short, ready), head, data in zip(flags, heads, encoded, strict=True):
+                    if (long or short) and (ready or self.events_before_ready):
+                        publish += (self._events_bulk, head, data, _CRLF)
+                        n_publish += 1
+            if self.batch:
+                message = self._encoder.encode(
+                    _BatchOut(
+                        seq=seq,
+                        published_at=time.time_ns(),
+                        count=len(encoded),
+                        records=[msgspec.Raw(d) for d in encoded],
+                    )
+                )
+                publish += (self._batch_bulk, b"$%d\r\n" % len(message), message, _CRLF)
+                n_publish += 1
+            if self.latest:
+                field_of = self._fields.get
+                keys = zip(symbols, columns["interval"], columns["params_id"], strict=True)
+                for key, head, data in zip(keys, heads, encoded, strict=True):
+                    latest[field_of(key) or self._latest_field(key)] = (head, data)
+        commands = []
+        if n_publish:
+            header = b"*%d\r\n" % (3 + 2 * n_publish) + _EVAL_PUBLISH
+            commands.append(header + b"".join(publish))
+        if latest:
+            parts = [b"*%d\r\n" % (2 + 2 * len(latest)), _HSET, self._latest_key_bulk]
+            for field, (head, data) in latest.items():
+                parts += (field, head, data, _CRLF)
+            commands.append(b"".join(parts))
+        return commands, n_publish + len(latest)
+
+    def _symbol_channel(self, symbol: str) -> bytes:
+        bulk = _bulk(f"{self.prefix}:signal:{symbol}".encode())
+        self._channels[symbol] = bulk
+        return bulk
+
+    def _latest_field(self, key: tuple[str, str, int]) -> bytes:
+        bulk = _bulk("{}:{}:{}".format(*key).encode())
+        self._fields[key] = bulk
+        return bulk
+
+    def _encoded_records(self, result: StepResult) -> list[bytes]:
+        """Every row's record, encoded; JSON reuses the rows the file writer encoded."""
+        if self.encoding == "json":
+            return [record_json(row) for row in encoded_rows(result)]
+        encode = self._encoder.encode
+        return [encode(record) for record in records_from_result(result)]
+
+
+class SignalPublisher(SignalMessages):
     """Publishes step results to Redis without ever blocking the caller.
 
     >>> pub = SignalPublisher("redis://127.0.0.1:6379/0")
@@ -217,9 +346,10 @@ class SignalPublisher:
         backoff_max: float = 2.0,
         close_timeout: float = 10.0,
     ) -> None:
-        if not isinstance(prefix, str) or not prefix:
-            raise ValueError(f"prefix must be a non-empty str, got {prefix!r}")
-        codec = _codec(encoding)
+        super().__init__(
+            prefix=prefix, encoding=encoding, per_symbol=per_symbol, batch=batch,
+            events=events, events_before_ready=events_before_ready, latest=latest,
+        )  # fmt: skip
         if not isinstance(queue_size, int) or queue_size < 1:
             raise ValueError(f"queue_size must be an int >= 1, got {queue_size!r}")
         if max_steps_per_send < 1:
@@ -227,19 +357,7 @@ class SignalPublisher:
         if not backoff_initial > 0 or not backoff_max >= backoff_initial:
             raise ValueError("backoff_initial must be > 0 and backoff_max >= backoff_initial")
         self.url = url
-        self.prefix = prefix
-        self.encoding = encoding
-        self.per_symbol = per_symbol
-        self.batch = batch
-        self.events = events
-        #: publish events of rows that are not ready yet too (docs/spec.md, "Readiness")
-        self.events_before_ready = events_before_ready
-        self.latest = latest
-        self.batch_channel = f"{prefix}:batch"
-        self.events_channel = f"{prefix}:events"
-        self.latest_key = f"{prefix}:latest"
         self.close_timeout = close_timeout
-        self._encoder = codec.Encoder()
         self._client = _client(url, socket_timeout)
         self._queue: queue.Queue[tuple[int, StepResult]] = queue.Queue(maxsize=queue_size)
         self._max_steps = max_steps_per_send
@@ -418,46 +536,10 @@ class SignalPublisher:
 
     def _send(self, items: list[tuple[int, StepResult]]) -> int:
         """Encode ``items`` and send them in one round trip; returns messages sent."""
-        encode = self._encoder.encode
-        prefix = self.prefix
-        publish: list[bytes | str] = []  # channel, message, channel, message, ...
-        latest: dict[str, bytes] = {}
-        for seq, result in items:
-            records = records_from_result(result)
-            encoded = [encode(r) for r in records]
-            if self.per_symbol:
-                for rec, data in zip(records, encoded, strict=True):
-                    publish.append(f"{prefix}:signal:{rec.symbol}")
-                    publish.append(data)
-            if self.events and "events" in result.groups:  # else no long/short columns
-                for rec, data in zip(records, encoded, strict=True):
-                    if (rec.long or rec.short) and (rec.ready or self.events_before_ready):
-                        publish.append(self.events_channel)
-                        publish.append(data)
-            if self.batch:
-                message = _BatchOut(
-                    seq=seq,
-                    published_at=time.time_ns(),
-                    count=len(records),
-                    records=[msgspec.Raw(d) for d in encoded],
-                )
-                publish.append(self.batch_channel)
-                publish.append(encode(message))
-            if self.latest:
-                for rec, data in zip(records, encoded, strict=True):
-                    latest[rec.key] = data
-        commands = []
-        if publish:
-            commands.append(pack_command([b"EVAL", PUBLISH_SCRIPT, b"0", *publish]))
-        if latest:
-            flat = [b"HSET", self.latest_key]
-            for field, data in latest.items():
-                flat.append(field)
-                flat.append(data)
-            commands.append(pack_command(flat))
+        commands, messages = self._commands(items)
         if commands:
             send_packed(self._client, commands)
-        return len(publish) // 2 + len(latest)
+        return messages
 
 
 # -- subscriber -------------------------------------------------------------------------

@@ -121,20 +121,17 @@ class JsonlWriter:
     format = "jsonl"
 
     def __init__(self, path: str | Path | None = None, resume_bytes: int | None = None) -> None:
-        import msgspec
-
-        self._encoder = msgspec.json.Encoder()
         self._out = _LineFile(path, resume_bytes)
         self.rows_written = 0
 
     def write(self, result: StepResult) -> None:
-        from ..messages import rows_from_result
+        from ..messages import encoded_rows
 
-        records = rows_from_result(result)
-        if not records:
+        rows = encoded_rows(result)
+        if not rows:
             return
-        self._out.write(self._encoder.encode_lines(records))
-        self.rows_written += len(records)
+        self._out.write(b"\n".join(rows) + b"\n")
+        self.rows_written += len(rows)
 
     def position(self) -> dict[str, Any] | None:
         self._out.sync()

@@ -77,8 +77,17 @@ def run_live(
     durability = Durability(
         redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
         snapshot_every=snapshot_every, resume=resume, events_before_ready=events_before_ready,
+        publish=False,  # the client publishes from its event loop (LoopPublisher)
     )  # fmt: skip
     engine = durability.open_engine(backend, param_sets, interval)  # before connecting
+    publisher = None
+    if redis is not None:
+        from ..adapters.redis_loop import LoopPublisher
+
+        publisher = LoopPublisher(
+            redis, prefix=redis_prefix, events_before_ready=events_before_ready
+        )
+        durability.publisher = publisher  # its counters go in the closing summary
     resume_from = None
     if durability.restored:
         recorded = engine.source_offsets.get(LIVE_SOURCE)
@@ -96,16 +105,12 @@ def run_live(
             return {LIVE_SOURCE: {"input": f"{config.ws_url} {engine.interval}",
                                   "output": sink.position()}}  # fmt: skip
 
-        def on_result(result) -> None:
-            sink.write(result)
-            if durability.publisher is not None:
-                durability.publisher.publish(result)
-
         try:
             client = KlineClient(
-                engine, symbols, config, on_result=on_result,
+                engine, symbols, config, on_result=sink.write,
                 on_preview=sink.write if previews else None,
                 snapshotter=durability.snapshotter, source_offsets=offsets,
+                publisher=publisher,
             )  # fmt: skip
         except ValueError as exc:
             raise OptionError(str(exc), param_hint="--symbols") from None

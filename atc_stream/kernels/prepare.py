@@ -5,11 +5,15 @@ the serial and the parallel drivers, so each dispatcher gets exactly the argumen
 types real calls use and is compiled or loaded from the keyed on-disk cache
 (``kernels/cache.py``) now rather than inside a live event loop or a timed bar.
 It reports what it did: ``Engine.compile()``, ``atc-stream compile`` and the CLI
-commands that connect to a feed call it first.
+commands call it first, and ``Engine.warmup(progress=True)`` runs it as a phase of its
+own, so a progress bar's bars/s and ETA never include compilation. With ``progress``
+the phase is a tqdm bar of its own ("compiling kernels (first run only)" or "loading
+kernels").
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,19 +57,37 @@ def _pool_threads() -> int:
     return max(2, min(available_cpus(), config.NUMBA_NUM_THREADS))
 
 
-def _exercise(threads: int) -> None:
+#: kernel calls one ``_exercise`` makes (the progress bar's unit)
+_CALLS_PER_EXERCISE = 4
+
+
+def _exercise(threads: int, tick: Callable[[], object]) -> None:
     from ..engine import Engine
 
     engine = Engine(backend="cpu", capacity=2, threads=threads)
     times = np.arange(3, dtype=np.int64)
     engine.warmup({"A": (times, np.array([1.0, 2.0, 3.0])), "B": (times, np.ones(3))})
-    engine.step_arrays(engine.slots_of("A"), [3], [4.0])
-    engine.preview_arrays(engine.slots_of("A"), [4], [5.0])
+    tick()
+    # two streams per call: with one, every call runs (and loads) only the serial driver
+    both = np.concatenate([engine.slots_of("A"), engine.slots_of("B")])
+    engine.step_arrays(both, [3, 3], [4.0, 2.0])
+    tick()
+    engine.preview_arrays(both, [4, 4], [5.0, 3.0])
+    tick()
     engine.stream_state(engine.streams[0])
+    tick()
 
 
-def prepare_kernels(report: Callable[[str], None] | None = None) -> PrepareReport:
-    """Compile or load every CPU kernel; ``report`` gets a line before a first-run compile.
+def kernels_loaded() -> bool:
+    """True when this process already holds every CPU kernel (compiled or loaded)."""
+    return all(d.signatures for d in _dispatchers())
+
+
+def prepare_kernels(
+    report: Callable[[str], None] | None = None, *, progress: bool = False
+) -> PrepareReport:
+    """Compile or load every CPU kernel; ``report`` gets a line before a first-run compile,
+    and ``progress`` shows the phase as a tqdm bar of its own.
 
     Later processes load from the cache in well under a second; a first run (or one
     after an upgrade or an edited kernel source) compiles, which takes 10-60 s.
@@ -78,12 +100,23 @@ def prepare_kernels(report: Callable[[str], None] | None = None) -> PrepareRepor
         directory = None
     started = time.perf_counter()
     misses_before = _cache_misses()
-    if report is not None and not cache.is_populated():
+    first_run = not cache.is_populated()
+    if report is not None and first_run:
         report(f"{FIRST_RUN_MESSAGE}; cached in {directory} ...")
-    _exercise(threads=1)
-    _exercise(threads=_pool_threads())
+    with _phase_bar(progress, FIRST_RUN_MESSAGE if first_run else "loading kernels") as bar:
+        _exercise(threads=1, tick=bar.update)
+        _exercise(threads=_pool_threads(), tick=bar.update)
     compiled = _cache_misses() > misses_before or directory is None
     return PrepareReport(compiled, time.perf_counter() - started, directory)
+
+
+def _phase_bar(progress: bool, description: str):
+    from tqdm import tqdm
+
+    return tqdm(
+        total=2 * _CALLS_PER_EXERCISE, desc=description, unit="kernel",
+        leave=False, disable=not progress, bar_format="{desc}: {n_fmt}/{total_fmt} {bar} {elapsed}",
+    )  # fmt: skip
 
 
 def prepare_for_cli(engine, err: Callable[[str], None]) -> None:
@@ -94,7 +127,7 @@ def prepare_for_cli(engine, err: Callable[[str], None]) -> None:
     """
     if getattr(engine.backend, "name", None) != "cpu":
         return
-    result = prepare_kernels(lambda line: err(f"atc-stream: {line}"))
+    result = prepare_kernels(lambda line: err(f"atc-stream: {line}"), progress=sys.stderr.isatty())
     if result.compiled:
         err(f"atc-stream: {result.summary()}")
 

@@ -11,6 +11,15 @@ CPU quota, not ``os.cpu_count()``).
 
 The thread count is chosen per call; ``threads=N`` (Engine, ``compute``, ``--threads``)
 fixes it instead, ``threads=1`` meaning the serial drivers.
+
+Free CPUs are not the whole story: another busy process on a 2-vCPU machine makes a
+parallel call wait for the core it shares (measured: 1,000 symbols back to back took
+1.36 ms on two threads and 1.05 ms on one while another process spun). So where the
+policy would go parallel, repeated calls (``step``, ``preview``) let
+:class:`AdaptiveChoice` pick between that and one thread by what each has measured
+lately, for calls of about the same size, trying the other one every
+``EXPLORE_EVERY`` calls so a change of load is noticed. Results do not depend on the
+choice (see above); only the time does.
 """
 
 from __future__ import annotations
@@ -99,6 +108,51 @@ def choose_threads(work: int, parallel_units: int, threads: int | None = None) -
         return max(1, min(threads, config.NUMBA_NUM_THREADS, max(parallel_units, 1)))
     by_work = work // MIN_WORK_PER_THREAD
     return max(1, min(by_work, parallel_units, available_cpus()))
+
+
+#: One call in this many runs the option that measured slower, to notice load changes.
+EXPLORE_EVERY = 16
+#: Weight of the newest timing in each option's moving average (per stream-bar).
+EWMA_WEIGHT = 0.25
+
+
+class AdaptiveChoice:
+    """Serial or parallel for repeated calls, by the recent time per stream-bar of each.
+
+    Calls are grouped by kind and size (work rounded to a power of two); within a group
+    the first call runs the policy's thread count, the second one thread, and after
+    that the faster of the two, except every ``EXPLORE_EVERY``-th call, which runs the
+    other to keep its timing current.
+    """
+
+    def __init__(self) -> None:
+        #: (kind, size class) -> [serial s/stream-bar, parallel s/stream-bar, calls]
+        self._groups: dict[tuple[str, int], list] = {}
+
+    def threads(self, kind: str, work: int, planned: int) -> int:
+        """Threads for this call: ``planned`` (the policy's choice) or 1."""
+        if planned <= 1:
+            return 1
+        group = self._groups.setdefault((kind, work.bit_length()), [None, None, 0])
+        group[2] += 1
+        serial, parallel, calls = group
+        if parallel is None:
+            return planned
+        if serial is None:
+            return 1
+        parallel_wins = parallel <= serial
+        explore = calls % EXPLORE_EVERY == 0
+        return planned if parallel_wins != explore else 1
+
+    def record(self, kind: str, work: int, threads: int, seconds: float) -> None:
+        """Fold one measured call into its group's average for its option."""
+        group = self._groups.get((kind, work.bit_length()))
+        if group is None or work <= 0:
+            return
+        option = 0 if threads <= 1 else 1
+        per_bar = seconds / work
+        old = group[option]
+        group[option] = per_bar if old is None else old + EWMA_WEIGHT * (per_bar - old)
 
 
 #: numba threading layer used unless ``NUMBA_THREADING_LAYER`` says otherwise. On the

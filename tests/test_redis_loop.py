@@ -1,0 +1,218 @@
+"""The event-loop publisher (``atc-stream live``'s): same messages as the thread publisher,
+outages survived and counted, against a real redis-server (no mocks)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+from redis_fixtures import free_port, private_redis, redis_server, redis_url  # noqa: F401
+from test_redis_pubsub import Collector, step_results
+
+from atc_stream.adapters.redis_loop import LoopPublisher, ReplyError, read_reply
+from atc_stream.adapters.redis_pubsub import SignalPublisher, SignalSubscriber
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
+
+
+async def _publish_all(publisher: LoopPublisher, results, pause: float = 0.0) -> None:
+    await publisher.start()
+    for result in results:
+        assert publisher.publish(result)
+        await asyncio.sleep(pause)  # the loop runs between steps, as in live
+    assert await publisher.aclose(10)
+
+
+def _channel_messages(url: str, publish) -> list:
+    sub = SignalSubscriber(url, all_symbols=True, batch=True, events=True)
+    sub.wait_ready()
+    collector = Collector(sub)
+    collector.start()
+    publish()
+    messages = collector.drain(quiet=0.5)
+    sub.close()
+    return [(m.channel, m.data) for m in messages]
+
+
+def test_same_messages_and_latest_as_the_thread_publisher(redis_url):  # noqa: F811
+    """Every channel's messages (per symbol, batch, events) and the latest hash, as the
+    thread publisher sends them; only the batch's ``published_at`` stamp differs."""
+    results = step_results(5, 120, seed=7)
+    client = __import__("redis").Redis.from_url(redis_url)
+
+    def by_thread():
+        with SignalPublisher(redis_url) as publisher:
+            for r in results:
+                publisher.publish(r)
+
+    def by_loop():
+        publisher = LoopPublisher(redis_url)
+        asyncio.run(_publish_all(publisher, results))
+        assert publisher.stats()["delivered"] == len(results)
+        assert publisher.dropped == 0 and publisher.errors == 0
+
+    thread_messages = _channel_messages(redis_url, by_thread)
+    thread_latest = client.hgetall("atc:latest")
+    client.delete("atc:latest")
+    loop_messages = _channel_messages(redis_url, by_loop)
+    loop_latest = client.hgetall("atc:latest")
+    client.close()
+
+    def comparable(messages):
+        return [
+            (c, data.records if hasattr(data, "records") else data, getattr(data, "seq", None))
+            for c, data in messages
+        ]
+
+    assert len(loop_messages) > len(results)  # per-symbol, batch and event messages
+    assert any(c == "atc:events" for c, _ in loop_messages)
+    assert comparable(loop_messages) == comparable(thread_messages)
+    assert loop_latest == thread_latest and len(loop_latest) == 5
+
+
+def test_outage_is_survived_and_counted(private_redis):  # noqa: F811
+    results = step_results(6, 45, seed=3)
+    before, during, after = results[:15], results[15:30], results[30:]
+    publisher = LoopPublisher(private_redis.url, backoff_initial=0.02, backoff_max=0.2)
+
+    async def run():
+        await publisher.start()
+        for r in before:
+            publisher.publish(r)
+        while publisher.delivered < len(before):
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(private_redis.stop)
+        for r in during:
+            publisher.publish(r)
+            await asyncio.sleep(0.01)
+        assert not publisher.connected
+        await asyncio.to_thread(private_redis.start)  # same port
+        deadline = time.monotonic() + 10
+        while not publisher.connected and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert publisher.connected and publisher.reconnects == 1
+        sub = SignalSubscriber(private_redis.url, batch=True)
+        sub.wait_ready()
+        for r in after:
+            assert publisher.publish(r)
+        assert await publisher.aclose(10)
+        got = list(sub.messages(timeout=1.0))
+        sub.close()
+        return got
+
+    got = asyncio.run(run())
+    stats = publisher.stats()
+    assert stats["delivered"] == len(before) + len(after)
+    assert stats["dropped"] == len(during) and stats["dropped_rows"] == 6 * len(during)
+    assert stats["errors"] >= 1 and stats["queued"] == 0
+    # delivery resumed after the restart, and the batch seq shows the gap
+    assert [m.data.seq for m in got] == list(range(31, 46))
+
+
+def test_unreachable_redis_at_start_drops_counts_and_warns_once(caplog):
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    results = step_results(3, 10, seed=5)
+    publisher = LoopPublisher(url, backoff_initial=0.02, backoff_max=0.05)
+
+    async def run():
+        await publisher.start()  # no exception: live keeps running without Redis
+        for r in results:
+            assert not publisher.publish(r)
+            await asyncio.sleep(0.01)
+        return await publisher.aclose(1)
+
+    with caplog.at_level(logging.WARNING, logger="atc_stream.redis"):
+        assert asyncio.run(run())
+    assert publisher.dropped == len(results) and publisher.dropped_rows == 3 * len(results)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len([w for w in warnings if "redis publish failed" in w.getMessage()]) == 1
+    assert len([w for w in warnings if "dropping signal messages" in w.getMessage()]) == 1
+
+
+def test_close_outside_the_loop_counts_unacknowledged_steps(redis_url):  # noqa: F811
+    results = step_results(2, 5, seed=2)
+    publisher = LoopPublisher(redis_url)
+
+    async def run():  # the loop ends before any reply is read
+        await publisher.start()
+        for r in results:
+            publisher.publish(r)
+
+    asyncio.run(run())
+    assert not publisher.close()
+    assert publisher.dropped == len(results) and publisher.delivered == 0
+    with pytest.raises(RuntimeError, match="after close"):
+        publisher.publish(results[0])
+
+
+def test_reply_reader_parses_every_resp2_kind():
+    data = b"+OK\r\n:42\r\n$3\r\nabc\r\n$-1\r\n*2\r\n:1\r\n$1\r\nx\r\n-ERR bad\r\n"
+
+    async def all_replies():
+        reader = asyncio.StreamReader()
+        reader.feed_data(data)
+        reader.feed_eof()
+        return [await read_reply(reader) for _ in range(6)]
+
+    replies = asyncio.run(all_replies())
+    assert replies[:5] == [b"OK", 42, b"abc", None, [1, b"x"]]
+    assert isinstance(replies[5], ReplyError) and "ERR bad" in str(replies[5])
+
+
+def test_bad_url_and_options_are_refused():
+    with pytest.raises(ValueError, match="scheme"):
+        LoopPublisher("http://127.0.0.1:6379")
+    with pytest.raises(ValueError, match="prefix"):
+        LoopPublisher("redis://127.0.0.1:1/0", prefix="")
+    with pytest.raises(ValueError, match="backoff"):
+        LoopPublisher("redis://127.0.0.1:1/0", backoff_initial=0)
+
+
+def test_packed_commands_are_the_protocol_of_the_documented_arguments():
+    """``SignalMessages._commands`` writes RESP by hand: parsed back, its commands are the
+    EVAL (per-symbol, events and batch messages, in that order per step) and the HSET of
+    the latest hash that the records say, with the right argument counts."""
+    import msgspec
+
+    from atc_stream.adapters.redis_pubsub import PUBLISH_SCRIPT, SignalMessages
+    from atc_stream.messages import records_from_result
+
+    results = [r for r in step_results(4, 140, seed=11) if len(r)][-40:]
+    items = list(enumerate(results, start=1))
+    packer = SignalMessages(prefix="px")
+    commands, messages = packer._commands(items)
+
+    async def parse():
+        reader = asyncio.StreamReader()
+        reader.feed_data(b"".join(commands))
+        reader.feed_eof()
+        return [await read_reply(reader) for _ in commands]
+
+    eval_args, hset_args = asyncio.run(parse())
+    encode = msgspec.json.encode
+    expected, latest = [b"EVAL", PUBLISH_SCRIPT, b"0"], {}
+    for _, result in items:
+        records = records_from_result(result)
+        for r in records:
+            expected += [f"px:signal:{r.symbol}".encode(), encode(r)]
+        for r in records:
+            if (r.long or r.short) and r.ready:
+                expected += [b"px:events", encode(r)]
+        expected += [b"px:batch", None]  # the batch: checked below (it carries a clock)
+        for r in records:
+            latest[r.key.encode()] = encode(r)
+    batches = [i for i, arg in enumerate(expected) if arg is None]
+    for i in batches:
+        batch = msgspec.json.decode(eval_args[i])
+        expected[i] = eval_args[i]
+        assert batch["count"] == len(batch["records"]) > 0
+    assert [b["seq"] for b in (msgspec.json.decode(eval_args[i]) for i in batches)] == [
+        seq for seq, _ in items
+    ]
+    assert eval_args == expected
+    assert any(arg == b"px:events" for arg in eval_args)
+    assert hset_args[:2] == [b"HSET", b"px:latest"]
+    assert dict(zip(hset_args[2::2], hset_args[3::2], strict=True)) == latest
+    assert messages == (len(expected) - 3) // 2 + len(latest)
