@@ -161,7 +161,7 @@ def test_iso_times_are_parsed_strictly_and_bad_ones_counted(client):
     malformed = [{"symbol": "SYM000", "time": t, "close": "1.0"} for t in bad_times]
     malformed.append({"symbol": "SYM000", "time": 1_700_000_000_000, "close": "1_0"})
     push(client, entries[:40] + malformed + entries[40:])
-    engine = Engine(backend="cpu")
+    engine = Engine(backend="cpu", outputs="all")
     runner = run(client, engine, batch_size=16)
     assert runner.stats.malformed == {MALFORMED_TIME: len(bad_times), MALFORMED_CLOSE: 1}
     assert [o["record"] for o in read_outputs(client, OUTPUT)] == reference(bars)
@@ -179,7 +179,7 @@ def test_integer_times_in_a_unit(client, unit):
         entries.append({"symbol": s, "time": value, "close": repr(c)})
     entries.append({"symbol": "SYM000", "time": 12345, "close": "1.0"})  # fits no unit
     push(client, entries)
-    engine = Engine(backend="cpu")
+    engine = Engine(backend="cpu", outputs="all")
     runner = run(client, engine, time_unit=unit, batch_size=9)
     assert [o["record"] for o in read_outputs(client, OUTPUT)] == reference(bars)
     # 12345 s/us/ns is a time in 1970, before the bars: the engine refuses it as out of

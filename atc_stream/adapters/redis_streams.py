@@ -690,10 +690,9 @@ def read_outputs(
     client: redis.Redis, output_stream: str, *, count: int = 10_000
 ) -> list[dict[str, Any]]:
     """Every entry of an output stream as ``{"id", "src", "key", "time", "record"}``
-    (``record``: the decoded SignalRecord as a dict), oldest first."""
-    from .redis_pubsub import SignalRecord
-
-    decoder = msgspec.json.Decoder(SignalRecord)
+    (``record``: the decoded SignalRecord as a dict, with the columns the engine was
+    asked for), oldest first."""
+    decoder = msgspec.json.Decoder()
     out = []
     start = "-"
     while True:
@@ -707,7 +706,7 @@ def read_outputs(
                     "src": fields[b"src"].decode(),
                     "key": fields[b"key"].decode(),
                     "time": int(fields[b"time"]),
-                    "record": msgspec.to_builtins(decoder.decode(fields[b"data"])),
+                    "record": decoder.decode(fields[b"data"]),
                 }
             )
         start = "(" + chunk[-1][0].decode()
