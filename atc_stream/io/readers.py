@@ -34,8 +34,10 @@ from ..inputs import EPOCH_BANDS, UNIT_TO_MS
 
 #: Cells longer than this are rejected (``oversized_field``); no valid cell comes close.
 MAX_FIELD_CHARS = 1024
-#: Bytes per CSV read block: a field longer than this makes the file unreadable.
-BLOCK_BYTES = 16 << 20
+#: Bytes per CSV read block: pyarrow's streaming reader reads up to 32 blocks ahead on
+#: its I/O thread, so this bounds the reader's memory (32 MiB ahead; 16 MiB blocks held
+#: 512 MiB); a field longer than this makes the file unreadable.
+BLOCK_BYTES = 1 << 20
 BAR_SUFFIXES = (".csv", ".parquet")
 _INT_PATTERN = r"^[+-]?[0-9]+$"
 _FLOAT_PATTERN = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
@@ -225,7 +227,7 @@ def iter_bar_batches(
     """``BarBatch``es of a CSV/Parquet file or a directory's files (by name), streamed.
 
     Memory: one record batch (a CSV read block of ``BLOCK_BYTES``, or 65,536 Parquet
-    rows) and its parsed columns. Bad rows go to ``bad``; symbol codes come from
+    rows) and its parsed columns, plus pyarrow's read-ahead (32 CSV blocks). Bad rows go to ``bad``; symbol codes come from
     ``symbols`` (pass the same one to read a file again with the same codes). Raises
     ``InputError`` for damage that makes a file unreadable.
     """
