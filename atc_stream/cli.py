@@ -254,6 +254,8 @@ def replay(
     from .replay.run import replay as run_replay
     from .runner import Durability
 
+    if (bars is None) == (ticks is None):  # before any snapshot store is opened
+        raise typer.BadParameter("give either a bar file BARS or --ticks FILE (exactly one)")
     try:
         with _user_errors():
             durability = Durability(

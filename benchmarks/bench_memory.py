@@ -1,11 +1,14 @@
 """Peak memory of ``atc-stream replay`` with snapshots: bounded by streams, not rows.
 
 Replays 200 symbols x N one-minute bars (N = 10,000 and 40,000 by default) from CSV and
-from Parquet, with ``--snapshot-dir`` and ``--snapshot-every 500000``, each in a fresh
-process, and prints its peak RSS (``wait4`` rusage), the snapshot size and the time.
-Targets (issue 10): peak RSS <= 800 MB for both sizes, the two within 10 %, snapshots
-under 1 MB. Also times the bar reader (``io.readers.read_bars``) against the old loader
-(Python ``csv`` module into lists, kept here for the comparison only).
+from Parquet (time-major rows), and from a CSV with one block of rows per symbol (not in
+time order: the external sort of ``replay/stream.py``), with ``--warmup 1000``,
+``--snapshot-dir`` and ``--snapshot-every 500000``, each in a fresh process, and prints
+its peak RSS (``wait4`` rusage), the snapshot size and the time. Targets (issue 10):
+peak RSS <= 800 MB for both sizes, the two within 10 %, snapshots under 1 MB. Also
+times the bar reader -- streamed (``io.readers.iter_bar_batches``, each of replay's two
+passes) and materialised (``read_bars``) -- against the old loader (Python ``csv``
+module into lists, kept here for the comparison only).
 
     python benchmarks/bench_memory.py [--bars 10000 40000] [--symbols 200]
 """
@@ -24,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 
-def make_bars(directory: Path, n_symbols: int, n_bars: int) -> tuple[Path, Path]:
+def make_bars(directory: Path, n_symbols: int, n_bars: int) -> tuple[Path, Path, Path]:
     import pyarrow as pa
     import pyarrow.csv as pcsv
     import pyarrow.parquet as pq
@@ -37,9 +40,12 @@ def make_bars(directory: Path, n_symbols: int, n_bars: int) -> tuple[Path, Path]
     table = pa.table({"symbol": symbols, "time": times, "close": np.round(walk, 2).ravel()})
     csv_path = directory / f"bars_{n_symbols}x{n_bars}.csv"
     parquet_path = directory / f"bars_{n_symbols}x{n_bars}.parquet"
+    blocks_path = directory / f"blocks_{n_symbols}x{n_bars}.csv"
     pcsv.write_csv(table, csv_path)
     pq.write_table(table, parquet_path)
-    return csv_path, parquet_path
+    by_symbol = np.argsort(np.arange(n_bars * n_symbols) % n_symbols, kind="stable")
+    pcsv.write_csv(table.take(by_symbol), blocks_path)
+    return csv_path, parquet_path, blocks_path
 
 
 def replay_peak(path: Path, work: Path) -> tuple[float, float, int]:
@@ -79,35 +85,41 @@ def main() -> None:
     parser.add_argument("--bars", type=int, nargs="+", default=[10_000, 40_000])
     parser.add_argument("--symbols", type=int, default=200)
     args = parser.parse_args()
-    from atc_stream.io.readers import read_bars
+    from atc_stream.io.readers import iter_bar_batches, read_bars
 
     print(f"load average: {os.getloadavg()} ({os.cpu_count()} CPUs, machine shared)")
     loads, replays = [], []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for n_bars in args.bars:
-            csv_path, parquet_path = make_bars(work, args.symbols, n_bars)
+            csv_path, parquet_path, blocks_path = make_bars(work, args.symbols, n_bars)
             n_rows = args.symbols * n_bars
             t = time.perf_counter()
+            for _ in iter_bar_batches(csv_path):
+                pass
+            streamed = time.perf_counter() - t
+            t = time.perf_counter()
             read_bars(csv_path)
-            new_seconds = time.perf_counter() - t
+            materialised = time.perf_counter() - t
             t = time.perf_counter()
             old_loader(csv_path)
             old_seconds = time.perf_counter() - t
-            loads.append((f"CSV {args.symbols}x{n_bars}", n_rows, new_seconds, old_seconds))
-            for path in (csv_path, parquet_path):
+            label = f"CSV {args.symbols}x{n_bars}"
+            loads.append((label, n_rows, streamed, materialised, old_seconds))
+            for path, kind in ((csv_path, "csv"), (parquet_path, "parquet"),
+                               (blocks_path, "csv, blocks")):  # fmt: skip
                 peak, seconds, snap = replay_peak(path, work)
-                replays.append((f"{path.suffix[1:]} {args.symbols}x{n_bars}", peak, seconds, snap))
+                replays.append((f"{kind} {args.symbols}x{n_bars}", peak, seconds, snap))
     print("\nloader: workload | path | time | rows/s | ratio vs old csv-module loader")
-    for label, n_rows, new, old in loads:
-        print(
-            f"  {label:<16} | io.readers  | {new:6.2f} s | {n_rows / new:>11,.0f} | "
-            f"{old / new:.2f}x"
-        )
-        print(f"  {label:<16} | old loader  | {old:6.2f} s | {n_rows / old:>11,.0f} | 1.00x")
+    for label, n_rows, streamed, materialised, old in loads:
+        for path, seconds in (("streamed", streamed), ("read_bars", materialised), ("old", old)):
+            print(
+                f"  {label:<16} | {path:<10} | {seconds:6.2f} s | {n_rows / seconds:>11,.0f} | "
+                f"{old / seconds:.2f}x"
+            )
     print("\nreplay with snapshots: workload | peak RSS | time | snapshot size")
     for label, peak, seconds, snap in replays:
-        print(f"  {label:<18} | {peak:7,.0f} MB | {seconds:6.1f} s | {snap:,} B")
+        print(f"  {label:<20} | {peak:7,.0f} MB | {seconds:6.1f} s | {snap:,} B")
     peaks = [r[1] for r in replays]
     print(
         f"\npeak RSS max {max(peaks):,.0f} MB (target <= 800), spread "

@@ -1,4 +1,4 @@
-"""Bar file readers: CSV (pyarrow streaming reader) and Parquet (pyarrow.dataset), strict.
+"""Bar file readers: CSV (pyarrow streaming reader) and Parquet (row group by row group).
 
 ``read_bars(path, ...)`` reads a CSV or Parquet file, or a directory of them, in record
 batches (memory bounded by the batch plus the compact result: 8 B time + 8 B close +
@@ -226,10 +226,11 @@ def iter_bar_batches(
 ):
     """``BarBatch``es of a CSV/Parquet file or a directory's files (by name), streamed.
 
-    Memory: one record batch (a CSV read block of ``BLOCK_BYTES``, or 65,536 Parquet
-    rows) and its parsed columns, plus pyarrow's read-ahead (32 CSV blocks). Bad rows go to ``bad``; symbol codes come from
-    ``symbols`` (pass the same one to read a file again with the same codes). Raises
-    ``InputError`` for damage that makes a file unreadable.
+    Memory: one record batch (a CSV read block of ``BLOCK_BYTES``, or one Parquet
+    rows) and its parsed columns, plus pyarrow's read-ahead (32 CSV blocks). Bad rows
+    go to ``bad``; symbol codes come from ``symbols`` (pass the same one to read a file
+    again with the same codes). Raises ``InputError`` for damage that makes a file
+    unreadable.
     """
     if time_unit != "auto" and time_unit not in UNIT_TO_MS:
         raise InputError(f"time unit must be auto, s, ms, us or ns, got {time_unit!r}")
@@ -449,13 +450,15 @@ def _csv_batches(path: Path, columns, bad: BadRows):
 
 
 def _parquet_batches(path: Path, columns):
+    """(record batch, line_of(rows in batch)) of a Parquet file, one row group decoded at
+    a time (``pyarrow.dataset``'s scanner reads ahead: 5x the memory here)."""
     import pyarrow as pa
-    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
 
     symbol_column, time_column, close_column = columns
     try:
-        dataset = ds.dataset(path, format="parquet")
-        names = dataset.schema.names
+        parquet = pq.ParquetFile(path)
+        names = parquet.schema_arrow.names
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(f"{path}: cannot read Parquet: {_first_line(exc)}") from None
     missing = [c for c in (time_column, close_column) if c not in names]
@@ -467,7 +470,7 @@ def _parquet_batches(path: Path, columns):
     wanted = [c for c in columns if c in names]
     rows_before = 0
     try:
-        for batch in dataset.to_batches(columns=wanted, batch_size=1 << 16):
+        for batch in parquet.iter_batches(batch_size=1 << 16, columns=wanted):
             base = rows_before
 
             def line_of(i, base=base):
@@ -479,6 +482,8 @@ def _parquet_batches(path: Path, columns):
         raise InputError(
             f"{path}: unreadable after row {rows_before}: {_first_line(exc)}"
         ) from None
+    finally:
+        parquet.close()
 
 
 def _first_line(exc: BaseException) -> str:
