@@ -226,11 +226,11 @@ def iter_bar_batches(
 ):
     """``BarBatch``es of a CSV/Parquet file or a directory's files (by name), streamed.
 
-    Memory: one record batch (a CSV read block of ``BLOCK_BYTES``, or one Parquet
-    rows) and its parsed columns, plus pyarrow's read-ahead (32 CSV blocks). Bad rows
-    go to ``bad``; symbol codes come from ``symbols`` (pass the same one to read a file
-    again with the same codes). Raises ``InputError`` for damage that makes a file
-    unreadable.
+    Memory: one record batch (a CSV read block of ``BLOCK_BYTES``, or 65,536 rows of
+    one decoded Parquet row group) and its parsed columns, plus pyarrow's read-ahead (32
+    CSV blocks). Bad rows go to ``bad``; symbol codes come from ``symbols`` (pass the
+    same one to read a file again with the same codes). Raises ``InputError`` for damage
+    that makes a file unreadable.
     """
     if time_unit != "auto" and time_unit not in UNIT_TO_MS:
         raise InputError(f"time unit must be auto, s, ms, us or ns, got {time_unit!r}")
