@@ -21,7 +21,7 @@ go through a **bounded external sort**: chunks of ``chunk_rows`` rows are sorted
 time (stable) and spilled to temporary Arrow IPC files (28 B per row on disk, in the
 system temporary directory or ``spill_dir``, deleted afterwards), then k-way merged,
 ``merge_rows`` rows of each run in memory at a time. Memory: one record batch plus
-about 40 B x ``chunk_rows`` (64 MB at the default 1,500,000) while sorting, then
+about 80 B x ``chunk_rows`` (120 MB at the default 1,500,000) while sorting, then
 28 B x ``merge_rows`` x runs while merging (0.9 MB per run of 1.5 M rows; about 150
 MB for a 8 GB file of 250 M rows) -- independent of the row count, except that the
 rows of one bar time within one run are held together. A file that is small enough
