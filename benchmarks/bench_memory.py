@@ -69,9 +69,10 @@ def replay_peak(path: Path, work: Path, pythonpath: str | None = None) -> tuple[
     env = dict(os.environ)
     if pythonpath:  # another checkout's atc_stream (before/after comparisons)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [pythonpath, env.get("PYTHONPATH")]))
-    proc = subprocess.run(
-        [sys.executable, "-c", _PEAK_OF, *args], capture_output=True, text=True, env=env
-    )
+    proc = subprocess.run(  # cwd: not this checkout, which ``-m`` would put first
+        [sys.executable, "-c", _PEAK_OF, *args], capture_output=True, text=True, env=env,
+        cwd=work,
+    )  # fmt: skip
     seconds = time.perf_counter() - started
     peak_kib, status = (int(x) for x in proc.stdout.split())
     if status != 0:
