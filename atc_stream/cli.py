@@ -192,38 +192,6 @@ def _run_job(job, **options) -> None:
         raise typer.Exit(status)
 
 
-def _replay_table(
-    table, *, params, output, warmup, speed, progress, backend, interval, durability=None,
-    source=None,
-):  # fmt: skip
-    """Replay ``table`` into ``output`` (resuming from a snapshot with ``--resume``).
-
-    ``params``/``interval`` None: the snapshot's on resume, else the defaults.
-    """
-    from .io.writers import open_writer, output_format
-    from .runner import Durability, play_durably
-    from .schema import params_metadata
-
-    output_format(output)  # refuse an unknown extension before any work
-    if durability is None:
-        durability = Durability(redis=None, snapshot_dir=None, snapshot_every=None, resume=False)
-    source = source or {"name": "file", "input": None}
-    engine = durability.open_engine(backend, params, interval)
-    resume_from = None
-    if durability.restored:
-        resume_from = (engine.source_offsets.get(source["name"]) or {}).get("output")
-    metadata = params_metadata(engine.param_sets, engine.interval)
-    with open_writer(output, metadata=metadata, resume_from=resume_from) as writer:
-        summary = play_durably(
-            engine, table, warmup=warmup, speed=speed, progress=progress, writer=writer,
-            durability=durability, source=source,
-        )  # fmt: skip
-    _err(f"atc-stream: replay done ({engine.backend.name} backend)")
-    for line in summary.lines():
-        _err("  " + line)
-    return engine, summary
-
-
 @app.command()
 def replay(
     bars: Annotated[
@@ -291,97 +259,30 @@ def replay(
 ) -> None:
     """Feed bars (or ticks aggregated to bars) through the engine; one signal row per
     (stream, bar)."""
+    from .replay.run import ReplayOptionError
+    from .replay.run import replay as run_replay
     from .runner import Durability
 
-    if (bars is None) == (ticks is None):
+    if (bars is None) == (ticks is None):  # before any snapshot store is opened
         raise typer.BadParameter("give either a bar file BARS or --ticks FILE (exactly one)")
-    with _user_errors():
-        durability = Durability(
-            redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
-            snapshot_every=snapshot_every, resume=resume, events_before_ready=events_before_ready,
-        )  # fmt: skip
-        columns = {"symbol": symbol_column, "time": time_column, "close": close_column}
-        if ticks is not None:
-            table, source_input = _tick_table(
-                ticks, interval=interval or "1m", empty=empty, time_column=time_column,
-                symbol_column=symbol_column, price_column=price_column,
-                size_column=size_column, symbol=symbol,
-            )  # fmt: skip
-            columns = {**columns, "close": price_column, "size": size_column}
-        else:
-            table, interval = _bar_table(
-                bars, symbol_column=symbol_column, time_column=time_column,
-                close_column=close_column, symbol=symbol, time_unit=time_unit.value,
-                interval=interval, strict=strict, resume=resume,
-            )  # fmt: skip
-            source_input = str(bars.resolve())
-        _replay_table(
-            table,
-            params=load_param_sets(params) if params is not None else None,
-            output=output,
-            warmup=warmup,
-            speed=speed,
-            progress=progress,
-            backend=backend,
-            interval=interval,
-            durability=durability,
-            source={"name": "file", "input": source_input, "columns": columns},
-        )
-
-
-def _bar_table(path: Path, *, interval, strict, resume, **options):
-    """Bars of ``path`` (bad rows reported on stderr) and the interval to label them with.
-
-    The interval is ``interval`` when given (refused when the bars' spacing says
-    otherwise), else inferred from the spacing (on ``--resume``: the snapshot's).
-    """
-    from .intervals import interval_ms, is_calendar, validate_interval
-    from .io.readers import InputError, infer_interval, read_bars
-
     try:
-        table = read_bars(path, **options)
-        if interval is not None:
-            validate_interval(interval)
-    except InputError as exc:
-        raise RunError(str(exc)) from None
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--interval") from None
-    for line in table.bad_rows.lines():
-        _err(f"atc-stream: {line}")
-    if strict and table.bad_rows.total:
-        raise RunError(f"{table.bad_rows.total} rejected rows in {path} (--strict)")
-    inferred = infer_interval(table)
-    if interval is None:
-        if resume:
-            return table, None
-        if inferred is None:
-            _err("atc-stream: note: cannot infer the interval (no symbol has two bars); 1m")
-        return table, inferred or "1m"
-    if inferred is not None and not is_calendar(interval):
-        if interval_ms(interval) != interval_ms(inferred):
-            raise RunError(
-                f"--interval {interval} does not match the bars, which are {inferred} apart "
-                f"(most common spacing in {path.name}); give --interval {inferred}"
-            )
-    return table, interval
-
-
-def _tick_table(path: Path, *, interval: str, empty: str, symbol: str | None, **columns):
-    """Ticks → a BarTable of ``interval`` bars, and the input's name for snapshots."""
-    from .replay.ticks import aggregate_ticks, load_ticks
-
-    try:
-        ticks = load_ticks(path, symbol=symbol, **columns)
-        tick_bars = aggregate_ticks(ticks, interval, empty=empty)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    bad = ", ".join(f"{k}={v}" for k, v in sorted(ticks.rejected.items()) if v)
-    _err(
-        f"atc-stream: {len(ticks)} ticks -> {len(tick_bars)} {interval} bars of "
-        f"{len(ticks.names)} symbols (empty intervals: {empty})"
-        + (f"; dropped ticks: {bad}" if bad else "")
-    )
-    return tick_bars.to_bar_table(), f"{path.resolve()} (ticks, {interval}, empty={empty})"
+        with _user_errors():
+            durability = Durability(
+                redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
+                snapshot_every=snapshot_every, resume=resume,
+                events_before_ready=events_before_ready,
+            )  # fmt: skip
+            run_replay(
+                bars=bars, ticks=ticks,
+                columns={"symbol": symbol_column, "time": time_column, "close": close_column},
+                tick_columns={"price": price_column, "size": size_column}, empty=empty,
+                symbol=symbol, time_unit=time_unit.value, strict=strict,
+                params=load_param_sets(params) if params is not None else None,
+                output=output, warmup=warmup, speed=speed, progress=progress, backend=backend,
+                interval=interval, durability=durability, err=_err,
+            )  # fmt: skip
+    except ReplayOptionError as exc:
+        raise typer.BadParameter(str(exc), param_hint=exc.param_hint) from None
 
 
 @app.command()

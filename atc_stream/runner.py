@@ -248,20 +248,9 @@ def last_times_by_symbol(engine, names: np.ndarray) -> np.ndarray:
     return out
 
 
-def skip_applied_rows(table, engine):
-    """The rows of ``table`` after each symbol's last applied bar time, and how many were
-    skipped."""
-    from .replay.player import BarTable
-
-    names, codes = np.unique(table.symbols.astype(str), return_inverse=True)
-    after = table.times > last_times_by_symbol(engine, names)[codes]
-    kept = BarTable(table.symbols[after], table.times[after], table.closes[after])
-    return kept, int((~after).sum())
-
-
 def play_durably(
     engine,
-    table,
+    bars,
     *,
     warmup: int,
     speed: float | None,
@@ -271,7 +260,8 @@ def play_durably(
     source: dict[str, Any],
     on_result: Callable | None = None,
 ):
-    """Play ``table`` through ``engine``; snapshots record each symbol's last bar time (in
+    """Play ``bars`` (a ``BarTable`` or a ``replay.stream.BarFileSource``) through
+    ``engine``; snapshots record each symbol's last bar time (in
     the state) and the writer's durable position (in ``source_offsets[source['name']]``).
 
     After a restore, rows at or before their symbol's last applied time are skipped and
@@ -297,14 +287,11 @@ def play_durably(
                 f"atc-stream: note: the snapshot was taken on {recorded.get('input')!r}; "
                 f"continuing on {source['input']!r} after each symbol's last applied time"
             )
-        table, skipped = skip_applied_rows(table, engine)
         warmup = 0
-        _err(f"atc-stream: resuming: {skipped} rows at or before their symbol's last "
-             f"applied bar skipped, {len(table)} to play")  # fmt: skip
     rows_before = int(recorded.get("rows", 0)) if recorded else 0
     durability.start(engine)
     player = BarPlayer(
-        engine, table, warmup_bars=warmup, speed=speed, progress=progress,
+        engine, bars, warmup_bars=warmup, speed=speed, progress=progress,
         events_before_ready=durability.events_before_ready,
     )  # fmt: skip
     snapshotter = durability.snapshotter
@@ -331,9 +318,16 @@ def play_durably(
 
     player.on_result = emit
     durability.final_offsets = offsets
+    applied_until = None
+    if durability.restored:  # rows at or before each symbol's last applied bar: skipped
+        names = np.array(player.source.symbol_names, dtype=object)
+        applied_until = last_times_by_symbol(engine, names)
     with durability:
         try:
-            summary = player.run()
+            summary = player.run(applied_until)
         except StopRun:
             summary = player.summary
+    if durability.restored:
+        _err(f"atc-stream: resuming: {player.source.skipped} rows at or before their "
+             f"symbol's last applied bar skipped, {summary.step_bars} played")  # fmt: skip
     return summary

@@ -1,13 +1,16 @@
 """Peak memory of ``atc-stream replay`` with snapshots: bounded by streams, not rows.
 
 Replays 200 symbols x N one-minute bars (N = 10,000 and 40,000 by default) from CSV and
-from Parquet, with ``--snapshot-dir`` and ``--snapshot-every 500000``, each in a fresh
-process, and prints its peak RSS (``wait4`` rusage), the snapshot size and the time.
-Targets (issue 10): peak RSS <= 800 MB for both sizes, the two within 10 %, snapshots
-under 1 MB. Also times the bar reader (``io.readers.read_bars``) against the old loader
-(Python ``csv`` module into lists, kept here for the comparison only).
+from Parquet (time-major rows), and from a CSV with one block of rows per symbol (not in
+time order: the external sort of ``replay/stream.py``), with ``--warmup 1000``,
+``--snapshot-dir`` and ``--snapshot-every 500000``, each in a fresh process, and prints
+its peak RSS (``wait4`` rusage), the snapshot size and the time. Targets (issue 10):
+peak RSS <= 800 MB for both sizes, the two within 10 %, snapshots under 1 MB. Also
+times the bar reader -- streamed (``io.readers.iter_bar_batches``, each of replay's two
+passes) and materialised (``read_bars``) -- against the old loader (Python ``csv``
+module into lists, kept here for the comparison only).
 
-    python benchmarks/bench_memory.py [--bars 10000 40000] [--symbols 200]
+    python benchmarks/bench_memory.py [--bars 10000 40000] [--symbols 200] [--pythonpath DIR]
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 
-def make_bars(directory: Path, n_symbols: int, n_bars: int) -> tuple[Path, Path]:
+def make_bars(directory: Path, n_symbols: int, n_bars: int) -> tuple[Path, Path, Path]:
     import pyarrow as pa
     import pyarrow.csv as pcsv
     import pyarrow.parquet as pq
@@ -37,12 +40,25 @@ def make_bars(directory: Path, n_symbols: int, n_bars: int) -> tuple[Path, Path]
     table = pa.table({"symbol": symbols, "time": times, "close": np.round(walk, 2).ravel()})
     csv_path = directory / f"bars_{n_symbols}x{n_bars}.csv"
     parquet_path = directory / f"bars_{n_symbols}x{n_bars}.parquet"
+    blocks_path = directory / f"blocks_{n_symbols}x{n_bars}.csv"
     pcsv.write_csv(table, csv_path)
     pq.write_table(table, parquet_path)
-    return csv_path, parquet_path
+    by_symbol = np.argsort(np.arange(n_bars * n_symbols) % n_symbols, kind="stable")
+    pcsv.write_csv(table.take(by_symbol), blocks_path)
+    return csv_path, parquet_path, blocks_path
 
 
-def replay_peak(path: Path, work: Path) -> tuple[float, float, int]:
+#: Runs a command and prints its peak RSS (KiB) and exit status. Measuring through this
+#: small process matters: Linux starts a child's ``ru_maxrss`` at the RSS of the process
+#: that forked it (the hiwater mark of the image replaced at exec), and this benchmark
+#: holds the generated tables and the old loader's lists (3 GB at 8 M rows).
+_PEAK_OF = (
+    "import os, subprocess, sys; p = subprocess.Popen(sys.argv[1:]); "
+    "_, status, usage = os.wait4(p.pid, 0); print(usage.ru_maxrss, status)"
+)
+
+
+def replay_peak(path: Path, work: Path, pythonpath: str | None = None) -> tuple[float, float, int]:
     """(peak RSS MB, seconds, snapshot bytes) of one replay in a fresh process."""
     snaps = work / f"snaps_{path.suffix[1:]}_{path.stem}"
     out = work / f"out_{path.stem}_{path.suffix[1:]}.parquet"
@@ -50,15 +66,19 @@ def replay_peak(path: Path, work: Path) -> tuple[float, float, int]:
     args += ["--backend", "cpu", "--warmup", "1000", "-o", str(out)]
     args += ["--snapshot-dir", str(snaps), "--snapshot-every", "500000"]
     started = time.perf_counter()
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
+    env = dict(os.environ)
+    if pythonpath:  # another checkout's atc_stream (before/after comparisons)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [pythonpath, env.get("PYTHONPATH")]))
+    proc = subprocess.run(  # cwd: not this checkout, which ``-m`` would put first
+        [sys.executable, "-c", _PEAK_OF, *args], capture_output=True, text=True, env=env,
+        cwd=work,
+    )  # fmt: skip
     seconds = time.perf_counter() - started
-    err = proc.stderr.read().decode()
-    proc.stderr.close()
+    peak_kib, status = (int(x) for x in proc.stdout.split())
     if status != 0:
-        raise SystemExit(f"replay of {path} failed ({status}):\n{err}")
+        raise SystemExit(f"replay of {path} failed ({status}):\n{proc.stderr}")
     sizes = [p.stat().st_size for p in snaps.glob("*.atcsnap")]
-    return usage.ru_maxrss / 1024, seconds, max(sizes)
+    return peak_kib / 1024, seconds, max(sizes)
 
 
 def old_loader(path: Path) -> int:
@@ -78,41 +98,57 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bars", type=int, nargs="+", default=[10_000, 40_000])
     parser.add_argument("--symbols", type=int, default=200)
+    parser.add_argument(
+        "--pythonpath",
+        help="replay with the atc_stream package of this directory (e.g. an older checkout)",
+    )
     args = parser.parse_args()
-    from atc_stream.io.readers import read_bars
+    from atc_stream.io.readers import iter_bar_batches, read_bars
 
     print(f"load average: {os.getloadavg()} ({os.cpu_count()} CPUs, machine shared)")
     loads, replays = [], []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for n_bars in args.bars:
-            csv_path, parquet_path = make_bars(work, args.symbols, n_bars)
+            csv_path, parquet_path, blocks_path = make_bars(work, args.symbols, n_bars)
             n_rows = args.symbols * n_bars
             t = time.perf_counter()
+            for _ in iter_bar_batches(csv_path):
+                pass
+            streamed = time.perf_counter() - t
+            t = time.perf_counter()
             read_bars(csv_path)
-            new_seconds = time.perf_counter() - t
+            materialised = time.perf_counter() - t
             t = time.perf_counter()
             old_loader(csv_path)
             old_seconds = time.perf_counter() - t
-            loads.append((f"CSV {args.symbols}x{n_bars}", n_rows, new_seconds, old_seconds))
-            for path in (csv_path, parquet_path):
-                peak, seconds, snap = replay_peak(path, work)
-                replays.append((f"{path.suffix[1:]} {args.symbols}x{n_bars}", peak, seconds, snap))
+            label = f"CSV {args.symbols}x{n_bars}"
+            loads.append((label, n_rows, streamed, materialised, old_seconds))
+            for path, kind in ((csv_path, "csv"), (parquet_path, "parquet"),
+                               (blocks_path, "csv, blocks")):  # fmt: skip
+                peak, seconds, snap = replay_peak(path, work, args.pythonpath)
+                replays.append((f"{kind} {args.symbols}x{n_bars}", peak, seconds, snap))
     print("\nloader: workload | path | time | rows/s | ratio vs old csv-module loader")
-    for label, n_rows, new, old in loads:
-        print(
-            f"  {label:<16} | io.readers  | {new:6.2f} s | {n_rows / new:>11,.0f} | "
-            f"{old / new:.2f}x"
-        )
-        print(f"  {label:<16} | old loader  | {old:6.2f} s | {n_rows / old:>11,.0f} | 1.00x")
+    for label, n_rows, streamed, materialised, old in loads:
+        for path, seconds in (("streamed", streamed), ("read_bars", materialised), ("old", old)):
+            print(
+                f"  {label:<16} | {path:<10} | {seconds:6.2f} s | {n_rows / seconds:>11,.0f} | "
+                f"{old / seconds:.2f}x"
+            )
     print("\nreplay with snapshots: workload | peak RSS | time | snapshot size")
     for label, peak, seconds, snap in replays:
-        print(f"  {label:<18} | {peak:7,.0f} MB | {seconds:6.1f} s | {snap:,} B")
+        print(f"  {label:<20} | {peak:7,.0f} MB | {seconds:6.1f} s | {snap:,} B")
     peaks = [r[1] for r in replays]
+    by_kind: dict[str, list[float]] = {}
+    for label, peak, _, _ in replays:  # one kind of file, every size
+        by_kind.setdefault(label.rsplit(" ", 1)[0], []).append(peak)
+    spreads = ", ".join(
+        f"{kind} {100 * (max(p) / min(p) - 1):.1f} %" for kind, p in by_kind.items()
+    )
     print(
-        f"\npeak RSS max {max(peaks):,.0f} MB (target <= 800), spread "
-        f"{100 * (max(peaks) / min(peaks) - 1):.1f} % (target <= 10 %), largest snapshot "
-        f"{max(r[3] for r in replays):,} B (target < 1 MB)"
+        f"\npeak RSS max {max(peaks):,.0f} MB (target <= 800); spread over the sizes: "
+        f"{spreads} (target <= 10 %); largest snapshot {max(r[3] for r in replays):,} B "
+        "(target < 1 MB)"
     )
 
 

@@ -201,6 +201,14 @@ def test_cli_replay_ticks_with_nanosecond_times(tmp_path, capsys):
     assert [r["time"] for r in rows] == [T0 + M * i for i in range(30)]
     assert [r["close"] for r in rows] == [13.0 + i % 7 for i in range(30)]
     assert "dropped ticks: bad_time=1" in err
+    assert f"ticks.csv:{len(lines)}: bad_time: 'soon'" in err  # file:line of the row
+    code, err = run_main([*args, "--strict"], capsys)  # any rejected row: exit 2
+    assert code == 2 and "1 rejected rows" in err and "(--strict)" in err, err
+    seconds = write(tmp_path, f"time,symbol,price,size\n{T0 // 1000},A,5,1\n", "s.csv")
+    code, err = run_main(["replay", "--ticks", str(seconds), "--no-progress", "--time-unit",
+                          "s", "--backend", "cpu", "-o", str(out)], capsys)  # fmt: skip
+    assert code == 0, err
+    assert [json.loads(x)["time"] for x in out.read_text().splitlines()] == [T0]
     bad = write(tmp_path, f'time,symbol,price,size\n{T0},A,1,1\n{T0},"B,1,1\n', "bad.csv")
     code, err = run_main(["replay", "--ticks", str(bad), "--no-progress"], capsys)
     assert code == 2 and err.strip().count("\n") == 0 and "unterminated quote" in err, err

@@ -1,4 +1,4 @@
-"""Bar file readers: CSV (pyarrow streaming reader) and Parquet (pyarrow.dataset), strict.
+"""Bar file readers: CSV (pyarrow streaming reader) and Parquet (row group by row group).
 
 ``read_bars(path, ...)`` reads a CSV or Parquet file, or a directory of them, in record
 batches (memory bounded by the batch plus the compact result: 8 B time + 8 B close +
@@ -34,8 +34,10 @@ from ..inputs import EPOCH_BANDS, UNIT_TO_MS
 
 #: Cells longer than this are rejected (``oversized_field``); no valid cell comes close.
 MAX_FIELD_CHARS = 1024
-#: Bytes per CSV read block: a field longer than this makes the file unreadable.
-BLOCK_BYTES = 16 << 20
+#: Bytes per CSV read block: pyarrow's streaming reader reads up to 32 blocks ahead on
+#: its I/O thread, so this bounds the reader's memory (32 MiB ahead; 16 MiB blocks held
+#: 512 MiB); a field longer than this makes the file unreadable.
+BLOCK_BYTES = 1 << 20
 BAR_SUFFIXES = (".csv", ".parquet")
 _INT_PATTERN = r"^[+-]?[0-9]+$"
 _FLOAT_PATTERN = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
@@ -158,36 +160,97 @@ def parse_closes(text):
     return pc.cast(cleaned, "float64").to_numpy(zero_copy_only=False), ok_np
 
 
-class _Accumulator:
-    """Collects parsed batches as compact arrays (symbol codes, times, closes)."""
+class SymbolCodes:
+    """Symbol names and their int32 codes, in first-seen order (shared by a file's batches)."""
 
     def __init__(self) -> None:
         self.codes: dict[str, int] = {}
-        self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
-    def add(self, symbols: list[str] | np.ndarray, times: np.ndarray, closes: np.ndarray):
+    def encode(self, symbols) -> np.ndarray:
+        """int32 codes of ``symbols`` (new names get the next codes)."""
         uniq, inverse = np.unique(
             np.asarray(symbols, dtype=object).astype(str), return_inverse=True
         )
         mapping = np.array(
             [self.codes.setdefault(s, len(self.codes)) for s in uniq.tolist()], np.int32
         )
-        self.parts.append((mapping[inverse], times, closes))
+        return mapping[inverse].astype(np.int32, copy=False)
 
-    def table(self):
-        from ..replay.player import BarTable
-
-        if not self.parts:
-            return BarTable(np.empty(0, object), np.empty(0, np.int64), np.empty(0))
+    @property
+    def names(self) -> np.ndarray:
+        """Object array: ``names[code]``."""
         names = np.empty(len(self.codes), dtype=object)
         for name, code in self.codes.items():
             names[code] = name
-        codes = np.concatenate([p[0] for p in self.parts])
-        return BarTable(
-            names[codes],
-            np.concatenate([p[1] for p in self.parts]),
-            np.concatenate([p[2] for p in self.parts]),
+        return names
+
+
+@dataclass
+class BarBatch:
+    """Good rows of one record batch, in file order: symbol ``codes`` (``SymbolCodes``),
+    epoch-ms ``times``, ``closes`` and the ``lines`` they came from (CSV line numbers;
+    1-based row numbers for Parquet)."""
+
+    codes: np.ndarray  # int32
+    times: np.ndarray  # int64
+    closes: np.ndarray  # float64
+    lines: np.ndarray  # int64
+
+    def __len__(self) -> int:
+        return self.times.shape[0]
+
+
+def bar_files(path: str | Path) -> list[Path]:
+    """The bar files of ``path``: itself, or a directory's .csv/.parquet files by name."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"bar file {str(path)!r} does not exist")
+    if not path.is_dir():
+        return [path]
+    files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in BAR_SUFFIXES)
+    if not files:
+        raise InputError(f"bar directory {str(path)!r} has no .csv or .parquet files")
+    return files
+
+
+def iter_bar_batches(
+    path: str | Path,
+    *,
+    symbol_column: str = "symbol",
+    time_column: str = "time",
+    close_column: str = "close",
+    symbol: str | None = None,
+    time_unit: str = "auto",
+    bad: BadRows | None = None,
+    symbols: SymbolCodes | None = None,
+):
+    """``BarBatch``es of a CSV/Parquet file or a directory's files (by name), streamed.
+
+    Memory: one record batch (a CSV read block of ``BLOCK_BYTES``, or 65,536 rows of
+    one decoded Parquet row group) and its parsed columns, plus pyarrow's read-ahead (32
+    CSV blocks). Bad rows go to ``bad``; symbol codes come from ``symbols`` (pass the
+    same one to read a file again with the same codes). Raises ``InputError`` for damage
+    that makes a file unreadable.
+    """
+    if time_unit != "auto" and time_unit not in UNIT_TO_MS:
+        raise InputError(f"time unit must be auto, s, ms, us or ns, got {time_unit!r}")
+    path = Path(path)
+    bad = bad if bad is not None else BadRows()
+    symbols = symbols if symbols is not None else SymbolCodes()
+    columns = (symbol_column, time_column, close_column)
+    for f in bar_files(path):
+        batches = (
+            _parquet_batches(f, columns)
+            if f.suffix == ".parquet"
+            else _csv_batches(f, columns, bad)
         )
+        default_symbol = symbol if (symbol and not path.is_dir()) else f.stem
+        for batch, line_of in batches:
+            parsed = _parse_batch(
+                f, batch, columns, default_symbol, time_unit, symbols, bad, line_of
+            )
+            if parsed is not None:
+                yield parsed
 
 
 def read_bars(
@@ -202,46 +265,36 @@ def read_bars(
 ):
     """A ``BarTable`` of a CSV/Parquet file or a directory of them; bad rows go to ``bad``.
 
-    A file's rows keep file order; a directory's files (by name) are merged in time order
-    (stable). ``BarPlayer`` plays rows in time order either way. Raises ``InputError``
-    for damage that makes a file unreadable.
+    Materialises every row (20 B each, plus the symbol objects); ``replay`` streams
+    instead (``replay.stream``). A file's rows keep file order; a directory's files (by
+    name) are merged in time order (stable). Raises ``InputError`` for damage that makes
+    a file unreadable.
     """
-    if time_unit != "auto" and time_unit not in UNIT_TO_MS:
-        raise InputError(f"time unit must be auto, s, ms, us or ns, got {time_unit!r}")
-    path = Path(path)
+    from ..replay.player import BarTable
+
     bad = bad if bad is not None else BadRows()
-    if not path.exists():
-        raise InputError(f"bar file {str(path)!r} does not exist")
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in BAR_SUFFIXES)
-        if not files:
-            raise InputError(f"bar directory {str(path)!r} has no .csv or .parquet files")
-    else:
-        files = [path]
-    acc = _Accumulator()
-    columns = (symbol_column, time_column, close_column)
-    for f in files:
-        batches = (
-            _parquet_batches(f, columns)
-            if f.suffix == ".parquet"
-            else _csv_batches(f, columns, bad)
+    symbols = SymbolCodes()
+    parts = list(
+        iter_bar_batches(
+            path, symbol_column=symbol_column, time_column=time_column,
+            close_column=close_column, symbol=symbol, time_unit=time_unit, bad=bad,
+            symbols=symbols,
         )
-        default_symbol = symbol if (symbol and not path.is_dir()) else f.stem
-        for batch, line_of in batches:
-            _parse_batch(f, batch, columns, default_symbol, time_unit, acc, bad, line_of)
-    table = acc.table()
-    if len(files) > 1:  # files of a directory: put their rows in time order (stable)
-        order = np.argsort(table.times, kind="stable")
-        table.symbols, table.times, table.closes = (
-            table.symbols[order],
-            table.times[order],
-            table.closes[order],
-        )
+    )  # fmt: skip
+    codes = np.concatenate([p.codes for p in parts]) if parts else np.empty(0, np.int32)
+    times = np.concatenate([p.times for p in parts]) if parts else np.empty(0, np.int64)
+    closes = np.concatenate([p.closes for p in parts]) if parts else np.empty(0)
+    if len(bar_files(path)) > 1:  # files of a directory: put their rows in time order
+        order = np.argsort(times, kind="stable")
+        codes, times, closes = codes[order], times[order], closes[order]
+    table = BarTable(symbols.names[codes], times, closes)
     table.bad_rows = bad
     return table
 
 
-def _parse_batch(path, batch, columns, default_symbol, time_unit, acc, bad, line_of) -> None:
+def _parse_batch(
+    path, batch, columns, default_symbol, time_unit, symbols, bad, line_of
+) -> BarBatch | None:
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -249,7 +302,7 @@ def _parse_batch(path, batch, columns, default_symbol, time_unit, acc, bad, line
     names = batch.schema.names
     n = batch.num_rows
     if n == 0:
-        return
+        return None
     times_text = _as_text(batch.column(names.index(time_column)))
     closes_text = _as_text(batch.column(names.index(close_column)))
     if symbol_column in names:
@@ -266,7 +319,7 @@ def _parse_batch(path, batch, columns, default_symbol, time_unit, acc, bad, line
         long = long.to_numpy(zero_copy_only=False) & keep
         for i in np.flatnonzero(long):
             size = len(text[i].as_py())
-            bad.add(f"{path.name}:{line_of(i)}", "oversized_field", f"{name}: {size} chars")
+            bad.add(_where(path, line_of(i)), "oversized_field", f"{name}: {size} chars")
         keep &= ~long
     symbols_text = pc.utf8_trim_whitespace(symbols_text)
     symbol_ok = ~_empty(symbols_text)
@@ -279,13 +332,20 @@ def _parse_batch(path, batch, columns, default_symbol, time_unit, acc, bad, line
     ):
         hit = mask & keep
         for i in np.flatnonzero(hit):
-            bad.add(f"{path.name}:{line_of(i)}", reason, repr(text[i].as_py()))
+            bad.add(_where(path, line_of(i)), reason, repr(text[i].as_py()))
         keep &= ~hit
-    if keep.all():
-        acc.add(symbols_text.to_numpy(zero_copy_only=False), times, closes)
-    elif keep.any():
-        idx = np.flatnonzero(keep)
-        acc.add(symbols_text.to_numpy(zero_copy_only=False)[idx], times[idx], closes[idx])
+    idx = np.flatnonzero(keep)
+    if idx.size == 0:
+        return None
+    names = symbols_text.to_numpy(zero_copy_only=False)
+    if idx.size < n:
+        names, times, closes = names[idx], times[idx], closes[idx]
+    return BarBatch(symbols.encode(names), times, closes, np.asarray(line_of(idx), np.int64))
+
+
+def _where(path: Path, line) -> str:
+    """``file:line`` of a CSV row, ``file:row N`` of a Parquet row."""
+    return f"{path.name}:{'row ' if path.suffix == '.parquet' else ''}{int(line)}"
 
 
 def _empty(text) -> np.ndarray:
@@ -378,10 +438,10 @@ def _csv_batches(path: Path, columns, bad: BadRows):
         base = rows_before
 
         def line_of(i, base=base, skipped=skipped):
-            row = base + int(i)
+            row = base + np.asarray(i, np.int64)
             # data row ``row`` sits on line row + 2 plus the invalid lines before it
             shift = np.searchsorted(skipped - 2 - np.arange(skipped.size), row, side="right")
-            return row + 2 + int(shift)
+            return row + 2 + shift
 
         yield batch, line_of
         rows_before += batch.num_rows
@@ -390,13 +450,15 @@ def _csv_batches(path: Path, columns, bad: BadRows):
 
 
 def _parquet_batches(path: Path, columns):
+    """(record batch, line_of(rows in batch)) of a Parquet file, one row group decoded at
+    a time (``pyarrow.dataset``'s scanner reads ahead: 5x the memory here)."""
     import pyarrow as pa
-    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
 
     symbol_column, time_column, close_column = columns
     try:
-        dataset = ds.dataset(path, format="parquet")
-        names = dataset.schema.names
+        parquet = pq.ParquetFile(path)
+        names = parquet.schema_arrow.names
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(f"{path}: cannot read Parquet: {_first_line(exc)}") from None
     missing = [c for c in (time_column, close_column) if c not in names]
@@ -408,11 +470,11 @@ def _parquet_batches(path: Path, columns):
     wanted = [c for c in columns if c in names]
     rows_before = 0
     try:
-        for batch in dataset.to_batches(columns=wanted, batch_size=1 << 16):
+        for batch in parquet.iter_batches(batch_size=1 << 16, columns=wanted):
             base = rows_before
 
             def line_of(i, base=base):
-                return f"row {base + int(i) + 1}"
+                return base + np.asarray(i, np.int64) + 1
 
             yield batch, line_of
             rows_before += batch.num_rows
@@ -420,6 +482,8 @@ def _parquet_batches(path: Path, columns):
         raise InputError(
             f"{path}: unreadable after row {rows_before}: {_first_line(exc)}"
         ) from None
+    finally:
+        parquet.close()
 
 
 def _first_line(exc: BaseException) -> str:
@@ -433,8 +497,15 @@ def infer_interval(table) -> str | None:
     if len(table) < 2:
         return None
     _, codes = np.unique(table.symbols.astype(str), return_inverse=True)
-    order = np.lexsort((table.times, codes))
-    times, codes = table.times[order], codes[order]
+    return infer_interval_of(codes, table.times)
+
+
+def infer_interval_of(codes: np.ndarray, times: np.ndarray) -> str | None:
+    """``infer_interval`` of bars given as symbol codes and times (any order)."""
+    if times.shape[0] < 2:
+        return None
+    order = np.lexsort((times, codes))
+    times, codes = times[order], codes[order]
     gaps = np.diff(times)[(np.diff(codes) == 0)]
     gaps = gaps[gaps > 0]
     if gaps.size == 0:

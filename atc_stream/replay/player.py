@@ -1,12 +1,13 @@
-"""Feed bar files through the engine: load (CSV/Parquet), warm up, then play bar by bar.
+"""Feed bars through the engine: warm up, then play bar time by bar time.
 
-``load_bars`` reads one or many symbols' bars into a ``BarTable`` (columns named by
-arguments, with sensible defaults); ``BarPlayer`` replays a table through an
-``Engine``: the first ``warmup_bars`` bars of each symbol in one batched warmup, then
-every bar time as one ``step`` batch (all symbols with a bar at that time), as
-fast as possible or at ``speed`` x real time, writing results to a sink. Rows are
-replayed in time order (stable for equal times), so a file need not be sorted; a
-second bar with the same time for a symbol is rejected as a duplicate.
+``BarPlayer`` replays a bar source through an ``Engine``: the first ``warmup_bars``
+bars of each symbol in one batched warmup, then every bar time as one ``step`` batch
+(all symbols with a bar at that time, in file order), as fast as possible or at
+``speed`` x real time, handing results to a callback. Sources: a ``BarTable`` in
+memory (``TableBars``; the demo data, ticks aggregated to bars) or a file streamed in
+bounded memory (``replay.stream.BarFileSource``). Rows are played in time order
+(stable for equal times), so a file need not be sorted; a second bar with the same
+time for a symbol is rejected as a duplicate.
 """
 
 from __future__ import annotations
@@ -136,13 +137,58 @@ class ReplaySummary:
         ]
 
 
+class TableBars:
+    """A ``BarTable`` (every row in memory) as a bar source for ``BarPlayer``."""
+
+    def __init__(self, table: BarTable) -> None:
+        names, codes = np.unique(table.symbols.astype(str), return_inverse=True)
+        self.table = table
+        self.symbol_names: list[str] = names.tolist()
+        self.rows = len(table)
+        self.skipped = 0
+        self._codes = codes.astype(np.int32)
+        self._warm = np.zeros(len(table), bool)
+
+    def warmup_history(self, n: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Each symbol's first ``n`` bars (by time, then file order), by name."""
+        table = self.table
+        self._warm = _rank_within_symbol(table.symbols, table.times) < n
+        rows = np.flatnonzero(self._warm)
+        rows = rows[np.lexsort((table.times[rows], self._codes[rows]))]
+        codes = self._codes[rows]
+        firsts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+        return {
+            self.symbol_names[self._codes[group[0]]]: (table.times[group], table.closes[group])
+            for group in np.split(rows, firsts[1:])
+            if group.size
+        }
+
+    def blocks(self, *, exclude_warm: bool, applied_until: np.ndarray | None = None):
+        """One block: the rows in time order (stable), without the warmup bars
+        (``exclude_warm``) and the rows at or before ``applied_until[code]``."""
+        from .stream import Block
+
+        table = self.table
+        keep = ~self._warm if exclude_warm else np.ones(len(table), bool)
+        self.skipped = 0
+        if applied_until is not None:
+            applied = table.times <= applied_until[self._codes]
+            self.skipped = int((applied & keep).sum())
+            keep &= ~applied
+        rows = np.flatnonzero(keep)
+        rows = rows[np.argsort(table.times[rows], kind="stable")]
+        if rows.size:
+            yield Block(self._codes[rows], table.times[rows], table.closes[rows], rows)
+
+
 class BarPlayer:
-    """Replays a ``BarTable`` through an engine, one bar time per ``step`` batch."""
+    """Replays a bar source (a ``BarTable`` or a ``replay.stream.BarFileSource``) through
+    an engine, one bar time per ``step`` batch."""
 
     def __init__(
         self,
         engine: Engine,
-        table: BarTable,
+        bars,
         *,
         warmup_bars: int = 0,
         speed: float | None = None,
@@ -155,93 +201,74 @@ class BarPlayer:
         if speed is not None and not speed > 0:
             raise ValueError(f"speed must be > 0 (x real time), got {speed}")
         self.engine = engine
-        self.table = table
+        self.source = TableBars(bars) if isinstance(bars, BarTable) else bars
         self.warmup_bars = warmup_bars
         self.speed = speed
         self.on_result = on_result
         self.progress = progress
         self.summary = ReplaySummary(events_before_ready=events_before_ready)
 
-    def run(self, start_row: int = 0) -> ReplaySummary:
-        """Play the table from ``start_row`` (rows before it are taken as already applied)."""
+    def run(self, applied_until: np.ndarray | None = None) -> ReplaySummary:
+        """Play the source; with ``applied_until`` (per symbol of ``source.symbol_names``,
+        e.g. ``runner.last_times_by_symbol``) rows at or before it are taken as already
+        applied and skipped (``source.skipped`` counts them)."""
         started = time.perf_counter()
         rejected_before = Counter(self.engine.rejections)
-        table = self.table
-        symbols = table.symbol_names
+        symbols = self.source.symbol_names
         for symbol in symbols:  # one stream per parameter set; existing streams stay
             self.engine.add_symbol(symbol)
         self.summary.symbols = len(symbols)
-        step_rows = np.arange(start_row, len(table))
-        if self.warmup_bars and start_row == 0:
-            step_rows = self._warmup()
-        self._play(step_rows)
+        warm = bool(self.warmup_bars)
+        if warm:
+            self._warmup()
+        self._play(self.source.blocks(exclude_warm=warm, applied_until=applied_until))
         self.summary.seconds = time.perf_counter() - started
         self.summary.rejected = Counter(self.engine.rejections) - rejected_before
         return self.summary
 
-    def _warmup(self) -> np.ndarray:
-        """Warm up on each symbol's first ``warmup_bars`` rows; return the remaining rows."""
-        table = self.table
-        warm = _rank_within_symbol(table.symbols, table.times) < self.warmup_bars
-        rows = np.flatnonzero(warm)
-        rows = rows[np.lexsort((table.times[rows], table.symbols[rows].astype(str)))]
-        symbols = table.symbols[rows].astype(str)
-        firsts = np.flatnonzero(np.r_[True, symbols[1:] != symbols[:-1]])
-        history = {}
-        for group in np.split(rows, firsts[1:]):
-            history[str(table.symbols[group[0]])] = (table.times[group], table.closes[group])
+    def _warmup(self) -> None:
+        """Warm up on each symbol's first ``warmup_bars`` bars in one batched pass."""
+        history = self.source.warmup_history(self.warmup_bars)
         result = self.engine.warmup(history, progress=self.progress)
-        self.summary.warmup_bars = int(warm.sum())
+        self.summary.warmup_bars = sum(len(times) for times, _ in history.values())
         self._emit(result)
-        return np.flatnonzero(~warm)
 
-    def _play(self, rows: np.ndarray) -> None:
-        table = self.table
-        if rows.size == 0:
-            return
-        # one batch per bar time, in time order (stable: file order within a time)
-        rows = rows[np.argsort(table.times[rows], kind="stable")]
-        times = table.times[rows]
-        boundaries = np.flatnonzero(np.diff(times)) + 1
-        groups = np.split(rows, boundaries)
+    def _play(self, blocks) -> None:
         bar = None
         if self.progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=rows.size, desc="replay", unit="bar", leave=False)
+            total = self.source.rows - self.summary.warmup_bars
+            bar = tqdm(total=total, desc="replay", unit="bar", leave=False)
         self._clock_origin = None
-        slot_table, row_codes = self._slot_table()
-        for group in groups:
-            bar_time = int(table.times[group[0]])
-            if self.speed is not None:
-                self._pace(bar_time)
-            fan = slot_table.shape[1]
-            result = self.engine.step_arrays(
-                slot_table[row_codes[group]].ravel(),
-                np.repeat(table.times[group], fan),
-                np.repeat(table.closes[group], fan),
-                inputs=np.repeat(group, fan),
-            )
-            if self.speed is not None and self._clock_origin is None:
-                # the clock starts once the first bar is applied, so the one-off kernel
-                # compilation does not make every later bar overdue
-                self._clock_origin = (bar_time, time.perf_counter())
-            self.summary.step_bars += group.size
-            self._emit(result)
-            if bar is not None:
-                bar.update(group.size)
+        slots = [self.engine.slots_of(name) for name in self.source.symbol_names]
+        # slot_table[code]: the slots a bar of symbol ``code`` fans out to (one per
+        # parameter set: rectangular, so each batch is built with array indexing alone)
+        slot_table = np.stack(slots) if slots else np.zeros((0, 1), np.int64)
+        fan = slot_table.shape[1]
+        for block in blocks:  # time-ordered; whole bar times
+            boundaries = np.flatnonzero(np.diff(block.times)) + 1
+            for start, end in zip(np.r_[0, boundaries], np.r_[boundaries, len(block)],
+                                  strict=True):  # fmt: skip
+                bar_time = int(block.times[start])
+                if self.speed is not None:
+                    self._pace(bar_time)
+                result = self.engine.step_arrays(
+                    slot_table[block.codes[start:end]].ravel(),
+                    np.repeat(block.times[start:end], fan),
+                    np.repeat(block.closes[start:end], fan),
+                    inputs=np.repeat(block.rows[start:end], fan),
+                )
+                if self.speed is not None and self._clock_origin is None:
+                    # the clock starts once the first bar is applied, so the one-off kernel
+                    # compilation does not make every later bar overdue
+                    self._clock_origin = (bar_time, time.perf_counter())
+                self.summary.step_bars += end - start
+                self._emit(result)
+                if bar is not None:
+                    bar.update(end - start)
         if bar is not None:
             bar.close()
-
-    def _slot_table(self) -> tuple[np.ndarray, np.ndarray]:
-        """``slot_table[code]``: the slots a bar of symbol ``code`` fans out to; codes per row.
-
-        Every symbol of the table has one stream per parameter set (``run`` adds them), so
-        the table is rectangular and each batch is built with array indexing alone.
-        """
-        names, row_codes = np.unique(self.table.symbols.astype(str), return_inverse=True)
-        slot_table = np.stack([self.engine.slots_of(str(name)) for name in names])
-        return slot_table, row_codes
 
     def _pace(self, bar_time: int) -> None:
         """Sleep so bar times advance at ``speed`` x real time (bar times in ms)."""
