@@ -27,7 +27,9 @@ from __future__ import annotations
 import functools
 import math
 import os
+import statistics
 import threading
+from collections import deque
 from pathlib import Path
 
 #: Stream-bars of work each thread must get before a call goes parallel. A
@@ -112,47 +114,46 @@ def choose_threads(work: int, parallel_units: int, threads: int | None = None) -
 
 #: One call in this many runs the option that measured slower, to notice load changes.
 EXPLORE_EVERY = 16
-#: Weight of the newest timing in each option's moving average (per stream-bar).
-EWMA_WEIGHT = 0.25
+#: Timings kept per option; the choice compares their medians, so one call that waited
+#: for a busy core does not flip it.
+SAMPLES = 5
 
 
 class AdaptiveChoice:
     """Serial or parallel for repeated calls, by the recent time per stream-bar of each.
 
-    Calls are grouped by kind and size (work rounded to a power of two); within a group
-    the first call runs the policy's thread count, the second one thread, and after
-    that the faster of the two, except every ``EXPLORE_EVERY``-th call, which runs the
-    other to keep its timing current.
+    Calls are grouped by kind and size (work rounded to a power of two). Within a group
+    the options alternate until each has ``SAMPLES`` timings (the policy's choice
+    first); after that the option with the lower median runs, except every
+    ``EXPLORE_EVERY``-th call, which runs the other to keep its timings current.
     """
 
     def __init__(self) -> None:
-        #: (kind, size class) -> [serial s/stream-bar, parallel s/stream-bar, calls]
+        #: (kind, size class) -> [serial timings, parallel timings, calls]
         self._groups: dict[tuple[str, int], list] = {}
 
     def threads(self, kind: str, work: int, planned: int) -> int:
         """Threads for this call: ``planned`` (the policy's choice) or 1."""
         if planned <= 1:
             return 1
-        group = self._groups.setdefault((kind, work.bit_length()), [None, None, 0])
+        group = self._groups.get((kind, work.bit_length()))
+        if group is None:
+            group = self._groups[(kind, work.bit_length())] = [
+                deque(maxlen=SAMPLES), deque(maxlen=SAMPLES), 0,
+            ]  # fmt: skip
         group[2] += 1
         serial, parallel, calls = group
-        if parallel is None:
-            return planned
-        if serial is None:
-            return 1
-        parallel_wins = parallel <= serial
+        if len(parallel) < SAMPLES or len(serial) < SAMPLES:
+            return planned if len(parallel) <= len(serial) else 1
+        parallel_wins = statistics.median(parallel) <= statistics.median(serial)
         explore = calls % EXPLORE_EVERY == 0
         return planned if parallel_wins != explore else 1
 
     def record(self, kind: str, work: int, threads: int, seconds: float) -> None:
-        """Fold one measured call into its group's average for its option."""
+        """Keep one measured call's time per stream-bar among its option's timings."""
         group = self._groups.get((kind, work.bit_length()))
-        if group is None or work <= 0:
-            return
-        option = 0 if threads <= 1 else 1
-        per_bar = seconds / work
-        old = group[option]
-        group[option] = per_bar if old is None else old + EWMA_WEIGHT * (per_bar - old)
+        if group is not None and work > 0:
+            group[0 if threads <= 1 else 1].append(seconds / work)
 
 
 #: numba threading layer used unless ``NUMBA_THREADING_LAYER`` says otherwise. On the
