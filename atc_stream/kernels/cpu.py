@@ -12,7 +12,6 @@ cached on disk under a key covering every kernel source (``kernels/cache.py``).
 
 from __future__ import annotations
 
-import time
 import types
 
 import numpy as np
@@ -175,8 +174,6 @@ class CpuBackend:
     def __init__(self, store, threads: int | None = None) -> None:
         self.store = store
         self.threads = threading_policy.resolve_threads(threads)
-        #: serial vs parallel by measurement for repeated calls (automatic threads only)
-        self.adaptive = threading_policy.AdaptiveChoice() if self.threads is None else None
 
     def _arrays(self):
         s = self.store
@@ -185,23 +182,12 @@ class CpuBackend:
     def _threads(self, work: int, units: int) -> int:
         return threading_policy.choose_threads(work, units, self.threads)
 
-    def _run_repeated(self, kind: str, drivers, work: int, units: int, *args) -> None:
-        """Run a call that repeats (step, preview): serial or parallel as measured."""
-        planned = self._threads(work, units)
-        if self.adaptive is None or planned <= 1:
-            threading_policy.run(*drivers, planned, *args)
-            return
-        n_threads = self.adaptive.threads(kind, work, planned)
-        started = time.perf_counter()
-        threading_policy.run(*drivers, n_threads, *args)
-        self.adaptive.record(kind, work, n_threads, time.perf_counter() - started)
-
     def step(self, slots, times, closes, order, round_starts) -> np.ndarray:
         out = np.full((slots.shape[0], N_OUT), np.nan)  # rows of rejected updates stay NaN
         n_rounds = max(round_starts.shape[0] - 1, 1)
         widest = order.shape[0] if n_rounds == 1 else int(np.diff(round_starts).max())
-        self._run_repeated(
-            "step", (step_serial, step_parallel), order.shape[0] // n_rounds, widest,
+        threading_policy.run(
+            step_serial, step_parallel, self._threads(order.shape[0] // n_rounds, widest),
             *self._arrays(), slots, times, closes, order, round_starts, out,
         )  # fmt: skip
         return out
@@ -217,8 +203,8 @@ class CpuBackend:
 
     def preview(self, slots, times, closes, accepted) -> np.ndarray:
         out = np.full((slots.shape[0], N_OUT), np.nan)
-        self._run_repeated(
-            "preview", (preview_serial, preview_parallel), slots.shape[0], slots.shape[0],
+        threading_policy.run(
+            preview_serial, preview_parallel, self._threads(slots.shape[0], slots.shape[0]),
             *self._arrays(), slots, times, closes, accepted, out,
         )  # fmt: skip
         return out

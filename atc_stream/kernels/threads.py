@@ -11,15 +11,6 @@ CPU quota, not ``os.cpu_count()``).
 
 The thread count is chosen per call; ``threads=N`` (Engine, ``compute``, ``--threads``)
 fixes it instead, ``threads=1`` meaning the serial drivers.
-
-Free CPUs are not the whole story: another busy process on a 2-vCPU machine makes a
-parallel call wait for the core it shares (measured: 1,000 symbols back to back took
-1.36 ms on two threads and 1.05 ms on one while another process spun). So where the
-policy would go parallel, repeated calls (``step``, ``preview``) let
-:class:`AdaptiveChoice` pick between that and one thread by what each has measured
-lately, for calls of about the same size, trying the other one every
-``EXPLORE_EVERY`` calls so a change of load is noticed. Results do not depend on the
-choice (see above); only the time does.
 """
 
 from __future__ import annotations
@@ -27,9 +18,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-import statistics
 import threading
-from collections import deque
 from pathlib import Path
 
 #: Stream-bars of work each thread must get before a call goes parallel. A
@@ -110,50 +99,6 @@ def choose_threads(work: int, parallel_units: int, threads: int | None = None) -
         return max(1, min(threads, config.NUMBA_NUM_THREADS, max(parallel_units, 1)))
     by_work = work // MIN_WORK_PER_THREAD
     return max(1, min(by_work, parallel_units, available_cpus()))
-
-
-#: One call in this many runs the option that measured slower, to notice load changes.
-EXPLORE_EVERY = 16
-#: Timings kept per option; the choice compares their medians, so one call that waited
-#: for a busy core does not flip it.
-SAMPLES = 5
-
-
-class AdaptiveChoice:
-    """Serial or parallel for repeated calls, by the recent time per stream-bar of each.
-
-    Calls are grouped by kind and size (work rounded to a power of two). Within a group
-    the options alternate until each has ``SAMPLES`` timings (the policy's choice
-    first); after that the option with the lower median runs, except every
-    ``EXPLORE_EVERY``-th call, which runs the other to keep its timings current.
-    """
-
-    def __init__(self) -> None:
-        #: (kind, size class) -> [serial timings, parallel timings, calls]
-        self._groups: dict[tuple[str, int], list] = {}
-
-    def threads(self, kind: str, work: int, planned: int) -> int:
-        """Threads for this call: ``planned`` (the policy's choice) or 1."""
-        if planned <= 1:
-            return 1
-        group = self._groups.get((kind, work.bit_length()))
-        if group is None:
-            group = self._groups[(kind, work.bit_length())] = [
-                deque(maxlen=SAMPLES), deque(maxlen=SAMPLES), 0,
-            ]  # fmt: skip
-        group[2] += 1
-        serial, parallel, calls = group
-        if len(parallel) < SAMPLES or len(serial) < SAMPLES:
-            return planned if len(parallel) <= len(serial) else 1
-        parallel_wins = statistics.median(parallel) <= statistics.median(serial)
-        explore = calls % EXPLORE_EVERY == 0
-        return planned if parallel_wins != explore else 1
-
-    def record(self, kind: str, work: int, threads: int, seconds: float) -> None:
-        """Keep one measured call's time per stream-bar among its option's timings."""
-        group = self._groups.get((kind, work.bit_length()))
-        if group is not None and work > 0:
-            group[0 if threads <= 1 else 1].append(seconds / work)
 
 
 #: numba threading layer used unless ``NUMBA_THREADING_LAYER`` says otherwise. On the
