@@ -79,15 +79,7 @@ class LoopPublisher(SignalMessages):
         self._settled = asyncio.Event()
         self._closed = False
         self._drop_logged = False
-        self._seq = 0
         self.connected = False
-        self.enqueued = 0
-        self.delivered = 0
-        self.dropped = 0
-        self.dropped_rows = 0
-        self.messages = 0
-        self.errors = 0
-        self.reconnects = 0
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -134,16 +126,7 @@ class LoopPublisher(SignalMessages):
         return flushed
 
     def stats(self) -> dict[str, int]:
-        return {
-            "enqueued": self.enqueued,
-            "delivered": self.delivered,
-            "dropped": self.dropped,
-            "dropped_rows": self.dropped_rows,
-            "messages": self.messages,
-            "errors": self.errors,
-            "reconnects": self.reconnects,
-            "queued": len(self._in_flight),
-        }
+        return self._counts(len(self._in_flight))
 
     # -- publishing --------------------------------------------------------------------
 

@@ -204,8 +204,9 @@ _HSET = _bulk(b"HSET")
 
 class SignalMessages:
     """What goes out for a step: the channels, records, events and latest fields of the
-    module docstring, as packed Redis commands. Shared by the thread publisher
-    (:class:`SignalPublisher`) and the event-loop one (``redis_loop.LoopPublisher``)."""
+    module docstring, as packed Redis commands, and the delivery counters (``stats()``).
+    Shared by the thread publisher (:class:`SignalPublisher`) and the event-loop one
+    (``redis_loop.LoopPublisher``)."""
 
     def __init__(
         self,
@@ -238,6 +239,21 @@ class SignalMessages:
         #: RESP bulk strings of each stream's channel and latest-hash field, made once
         self._channels: dict[str, bytes] = {}
         self._fields: dict[tuple[str, str, int], bytes] = {}
+        # delivery counters (``stats()``), kept by the publisher that sends these
+        self._seq = 0
+        self.enqueued = 0
+        self.delivered = 0
+        self.dropped = 0
+        self.dropped_rows = 0
+        self.messages = 0
+        self.errors = 0
+        self.reconnects = 0
+
+    def _counts(self, queued: int) -> dict[str, int]:
+        """The delivery counters; ``queued``: steps given but not delivered or dropped."""
+        names = ("enqueued", "delivered", "dropped", "dropped_rows", "messages", "errors")
+        return {**{n: getattr(self, n) for n in names}, "reconnects": self.reconnects,
+                "queued": queued}  # fmt: skip
 
     def _commands(self, items: Sequence[tuple[int, StepResult]]) -> tuple[list[bytes], int]:
         """The packed commands that publish ``items`` ((seq, result) pairs), and how many
@@ -368,14 +384,6 @@ class SignalPublisher(SignalMessages):
         self._abandon = threading.Event()
         self._closed = False
         self._drop_logged = False
-        self._seq = 0
-        self.enqueued = 0
-        self.delivered = 0
-        self.dropped = 0
-        self.dropped_rows = 0
-        self.messages = 0
-        self.errors = 0
-        self.reconnects = 0
         self.connected = True
         self._thread = threading.Thread(target=self._run, name="atc-redis-publisher", daemon=True)
         self._thread.start()
@@ -439,16 +447,7 @@ class SignalPublisher(SignalMessages):
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            return {
-                "enqueued": self.enqueued,
-                "delivered": self.delivered,
-                "dropped": self.dropped,
-                "dropped_rows": self.dropped_rows,
-                "messages": self.messages,
-                "errors": self.errors,
-                "reconnects": self.reconnects,
-                "queued": self._queue.qsize(),
-            }
+            return self._counts(self._queue.qsize())
 
     def __enter__(self) -> SignalPublisher:
         return self

@@ -373,6 +373,47 @@ def _as_text(column):
     return column
 
 
+class InvalidRows:
+    """The ``invalid_row_handler`` of a CSV read: collects the rows with the wrong number
+    of cells (``invalid``: line, detail) and those that look like the start of an
+    unterminated quote (``unterminated``: line); every such row is skipped."""
+
+    def __init__(self, noun: str = "columns") -> None:
+        self.noun = noun
+        self.invalid: list[tuple[int, str]] = []
+        self.unterminated: list[int] = []
+
+    def __call__(self, row) -> str:
+        text = row.text or ""
+        line = row.number or -1
+        if "\n" in text or "\r" in text or text.count('"') % 2:
+            self.unterminated.append(line)
+        self.invalid.append((line, f"{row.actual_columns} {self.noun}, expected "
+                                   f"{row.expected_columns}"))  # fmt: skip
+        return "skip"
+
+
+def csv_text_options(columns, on_invalid, *, threads: bool = False, only=False) -> dict:
+    """pyarrow CSV options of the bar and tick readers: every cell of ``columns`` as text
+    (parsed strictly afterwards; ``only``: no other column read), empty lines kept so
+    line numbers stay true, rows with the wrong number of cells to ``on_invalid``."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    return {
+        "read_options": pcsv.ReadOptions(use_threads=threads, block_size=BLOCK_BYTES),
+        "parse_options": pcsv.ParseOptions(
+            ignore_empty_lines=False, invalid_row_handler=on_invalid
+        ),
+        "convert_options": pcsv.ConvertOptions(
+            column_types={name: pa.string() for name in columns},
+            strings_can_be_null=False,
+            quoted_strings_can_be_null=False,
+            **({"include_columns": list(columns)} if only else {}),
+        ),
+    }
+
+
 def _csv_batches(path: Path, columns, bad: BadRows):
     """(record batch, line_of(row in batch)) of a CSV file, streamed; rows with the wrong
     number of columns go to ``bad``."""
@@ -380,33 +421,11 @@ def _csv_batches(path: Path, columns, bad: BadRows):
     import pyarrow.csv as pcsv
 
     symbol_column, time_column, close_column = columns
-    skipped_lines: list[int] = []
-    unterminated: list[int] = []
-    invalid: list[tuple[int, str]] = []
+    rejected = InvalidRows("columns")
+    unterminated, invalid = rejected.unterminated, rejected.invalid
     reported = 0
-
-    def on_invalid(row) -> str:
-        text = row.text or ""
-        if "\n" in text or "\r" in text or text.count('"') % 2:
-            unterminated.append(row.number or -1)
-        skipped_lines.append(row.number or -1)
-        detail = f"{row.actual_columns} columns, expected {row.expected_columns}"
-        invalid.append((row.number or -1, detail))
-        return "skip"
-
     try:
-        reader = pcsv.open_csv(
-            path,
-            read_options=pcsv.ReadOptions(use_threads=False, block_size=BLOCK_BYTES),
-            parse_options=pcsv.ParseOptions(
-                ignore_empty_lines=False, invalid_row_handler=on_invalid
-            ),
-            convert_options=pcsv.ConvertOptions(
-                column_types={c: pa.string() for c in columns},
-                strings_can_be_null=False,
-                quoted_strings_can_be_null=False,
-            ),
-        )
+        reader = pcsv.open_csv(path, **csv_text_options(columns, rejected))
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: cannot read CSV: {_first_line(exc)}") from None
     names = reader.schema.names
@@ -434,7 +453,7 @@ def _csv_batches(path: Path, columns, bad: BadRows):
         for line, detail in invalid[reported:]:
             bad.add(f"{path.name}:{line}", "wrong_columns", detail)
         reported = len(invalid)
-        skipped = np.array(sorted(x for x in skipped_lines if x > 0), np.int64)
+        skipped = np.array(sorted(x for x, _ in invalid if x > 0), np.int64)
         base = rows_before
 
         def line_of(i, base=base, skipped=skipped):

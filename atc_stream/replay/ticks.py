@@ -47,11 +47,12 @@ import numpy as np
 from ..inputs import EPOCH_BANDS, UNIT_TO_MS
 from ..intervals import interval_ms as _interval_ms
 from ..io.readers import (
-    BLOCK_BYTES,
     MAX_FIELD_CHARS,
     REPORT_FIRST,
     BadRows,
     InputError,
+    InvalidRows,
+    csv_text_options,
     parse_closes,
 )
 from ..timetext import ISO_REGEX, iso_parts, text_to_ms
@@ -320,34 +321,14 @@ def _read_csv_text(path: Path, columns: list[str], *, threads: bool):
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
-    unterminated: list[int] = []
-    invalid: list[tuple[int, str]] = []
-
-    def on_invalid(row) -> str:
-        text = row.text or ""
-        if "\n" in text or "\r" in text or text.count('"') % 2:
-            unterminated.append(row.number or -1)
-        invalid.append((row.number or -1, f"{row.actual_columns} cells, expected "
-                                          f"{row.expected_columns}"))  # fmt: skip
-        return "skip"
-
+    rejected = InvalidRows("cells")
     try:
         table = pcsv.read_csv(
-            path,
-            read_options=pcsv.ReadOptions(use_threads=threads, block_size=BLOCK_BYTES),
-            parse_options=pcsv.ParseOptions(
-                ignore_empty_lines=False, invalid_row_handler=on_invalid
-            ),
-            convert_options=pcsv.ConvertOptions(
-                include_columns=columns,
-                column_types={name: pa.string() for name in columns},
-                strings_can_be_null=False,
-                quoted_strings_can_be_null=False,
-            ),
+            path, **csv_text_options(columns, rejected, threads=threads, only=True)
         )
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: cannot read CSV: {_first_line(exc)}") from None
-    return table, sorted(invalid), sorted(unterminated)
+    return table, sorted(rejected.invalid), sorted(rejected.unterminated)
 
 
 def _parquet_columns(path: Path, roles: dict):
