@@ -110,12 +110,28 @@ def prepare_kernels(
     return PrepareReport(compiled, time.perf_counter() - started, directory)
 
 
+class _NoBar:
+    """Stands in for the phase bar when no progress is shown (tqdm is then not imported:
+    ``Engine.compile()`` runs where only numpy and numba are installed)."""
+
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def update(self) -> None:
+        pass
+
+
 def _phase_bar(progress: bool, description: str):
+    if not progress:
+        return _NoBar()
     from tqdm import tqdm
 
     return tqdm(
         total=2 * _CALLS_PER_EXERCISE, desc=description, unit="kernel",
-        leave=False, disable=not progress, bar_format="{desc}: {n_fmt}/{total_fmt} {bar} {elapsed}",
+        leave=False, bar_format="{desc}: {n_fmt}/{total_fmt} {bar} {elapsed}",
     )  # fmt: skip
 
 
