@@ -75,7 +75,7 @@ from ..messages import (
     record_type,
     records_from_result,
 )
-from ..results import StepResult
+from ..results import StepResult, StreamKey
 from ..schema import SCHEMA_VERSION
 
 log = logging.getLogger("atc_stream.redis")
@@ -141,6 +141,11 @@ def _client(url: str, socket_timeout: float) -> redis.Redis:
     )
 
 
+def _bulk(data: bytes) -> bytes:
+    """One RESP bulk string."""
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
 def pack_command(args: Sequence[bytes | str | int]) -> bytes:
     """One command in the Redis protocol (RESP). Much cheaper than redis-py's generic
     packing for commands with thousands of arguments."""
@@ -150,7 +155,7 @@ def pack_command(args: Sequence[bytes | str | int]) -> bytes:
             arg = arg.encode()
         elif isinstance(arg, int):
             arg = b"%d" % arg
-        parts.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
+        parts.append(_bulk(arg))
     return b"".join(parts)
 
 
@@ -190,11 +195,6 @@ PUBLISH_SCRIPT = (
 
 
 _CRLF = b"\r\n"
-
-
-def _bulk(data: bytes) -> bytes:
-    """One RESP bulk string."""
-    return b"$%d\r\n%s\r\n" % (len(data), data)
 
 
 #: ``EVAL <PUBLISH_SCRIPT> 0`` without the argument count that precedes it
@@ -311,12 +311,12 @@ class SignalMessages:
         return commands, n_publish + len(latest)
 
     def _symbol_channel(self, symbol: str) -> bytes:
-        bulk = _bulk(f"{self.prefix}:signal:{symbol}".encode())
+        bulk = _bulk(signal_channel(self.prefix, symbol).encode())
         self._channels[symbol] = bulk
         return bulk
 
     def _latest_field(self, key: tuple[str, str, int]) -> bytes:
-        bulk = _bulk("{}:{}:{}".format(*key).encode())
+        bulk = _bulk(str(StreamKey(*key)).encode())  # the stream key, as SignalRecord.key
         self._fields[key] = bulk
         return bulk
 
