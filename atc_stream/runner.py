@@ -163,6 +163,20 @@ class Durability:
                 self.redis, prefix=self.redis_prefix, events_before_ready=self.events_before_ready
             )
 
+    def open_output(self, engine, output, source_name: str):
+        """The writer of ``output`` (Parquet parts carry the parameter sets): after a
+        restore, cut back to the position the snapshot recorded for ``source_name`` and
+        appended to; else new."""
+        from .io.writers import open_writer
+        from .schema import params_metadata
+
+        recorded = engine.source_offsets.get(source_name) if self.restored else None
+        return open_writer(
+            output,
+            metadata=params_metadata(engine.param_sets, engine.interval),
+            resume_from=(recorded or {}).get("output"),
+        )
+
     def on_stop(self, callback) -> None:
         self._on_stop.append(callback)
 

@@ -53,10 +53,9 @@ def run_live(
 
     from ..adapters.binance import KlineClient, LiveConfig
     from ..intervals import validate_interval
-    from ..io.writers import open_writer, output_format
+    from ..io.writers import output_format
     from ..params import load_param_sets
     from ..runner import Durability
-    from ..schema import params_metadata
 
     logging.basicConfig(level=logging.WARNING, format="atc-stream: %(levelname)s %(message)s")
     previews = previews and not str(output).endswith(".parquet")  # Parquet: no provisional flag
@@ -88,15 +87,11 @@ def run_live(
             redis, prefix=redis_prefix, events_before_ready=events_before_ready
         )
         durability.publisher = publisher  # its counters go in the closing summary
-    resume_from = None
-    if durability.restored:
-        recorded = engine.source_offsets.get(LIVE_SOURCE)
-        if recorded is None:  # e.g. warmed up by `replay`, now going live: allowed
-            err(f"atc-stream: note: the snapshot holds no live output position (taken by "
-                f"another command); {output} gets the rows from the snapshot on")  # fmt: skip
-        resume_from = (recorded or {}).get("output")
-    metadata = params_metadata(engine.param_sets, engine.interval)
-    with open_writer(output, metadata=metadata, resume_from=resume_from) as sink:
+    if durability.restored and engine.source_offsets.get(LIVE_SOURCE) is None:
+        # e.g. warmed up by `replay`, now going live: allowed
+        err(f"atc-stream: note: the snapshot holds no live output position (taken by "
+            f"another command); {output} gets the rows from the snapshot on")  # fmt: skip
+    with durability.open_output(engine, output, LIVE_SOURCE) as sink:
         durability.start(engine)
 
         def offsets() -> dict[str, Any]:

@@ -98,20 +98,15 @@ def replay_source(
 ):
     """Replay ``bars`` (a ``BarTable`` or ``BarFileSource``) into ``output`` (resuming from
     a snapshot with ``--resume``); returns ``(engine, summary)``."""
-    from ..io.writers import open_writer, output_format
+    from ..io.writers import output_format
     from ..runner import play_durably
-    from ..schema import params_metadata
 
     output_format(output)  # refuse an unknown extension before any work
     if durability is None:
         durability = Durability(redis=None, snapshot_dir=None, snapshot_every=None, resume=False)
     source = source or {"name": "file", "input": None}
     engine = durability.open_engine(backend, params, interval)
-    resume_from = None
-    if durability.restored:
-        resume_from = (engine.source_offsets.get(source["name"]) or {}).get("output")
-    metadata = params_metadata(engine.param_sets, engine.interval)
-    with open_writer(output, metadata=metadata, resume_from=resume_from) as writer:
+    with durability.open_output(engine, output, source["name"]) as writer:
         summary = play_durably(
             engine, bars, warmup=warmup, speed=speed, progress=progress, writer=writer,
             durability=durability, source=source,
