@@ -15,7 +15,9 @@ and a redis-py subscriber on ``atc:batch``, in a process of its own (so it does 
 share a GIL with the exchange), stamps every record on arrival. Latency of a kline =
 arrival of its signal record − send time of that kline (same host, same clock); the
 table also gives the whole bar's latency (last record of a bar − first kline of it
-sent), which includes the exchange writing N messages. *Time to live* = process start
+sent), which includes the exchange writing N messages, the median number of batch
+messages a bar arrives in, and the CPU time per live bar of each process sharing the
+machine's cores (Linux): the client, this exchange, redis-server and the subscriber. *Time to live* = process start
 → the first bar from which every kline's signal arrives within 100 ms. Steady
 p50/p99 are over the klines of the bars after that. Targets at 200 symbols with 300
 bars of history and a warm cache: live within 10 s; p50 <= 2 ms, p99 <= 5 ms.
@@ -49,6 +51,7 @@ INTERVAL, IMS = "1s", 1_000
 test_binance_live.INTERVAL, test_binance_live.IMS = INTERVAL, IMS
 
 STREAMS_PER_CONNECTION = 200
+MEASURE_FROM_BAR = 5  # CPU per bar is measured from this many live bars on, to the end
 LIVE_WITHIN = 0.100  # seconds: a bar is "live" when its signals arrive this soon
 
 
@@ -114,7 +117,18 @@ def _start_subscriber(url: str, tmp: Path) -> tuple[subprocess.Popen, Path, Path
     return proc, out, stop
 
 
-def run_one(n_symbols: int, args, redis_url: str, tmp: Path) -> dict:
+def cpu_seconds(pid: int) -> float:
+    """CPU time of every thread of ``pid`` so far (Linux ``schedstat``; NaN elsewhere)."""
+    total = 0
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            total += int((task / "schedstat").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+    return total / 1e9
+
+
+def run_one(n_symbols: int, args, redis_url: str, redis_pid: int, tmp: Path) -> dict:
     symbols = [f"S{i:04d}USDT" for i in range(n_symbols)]
     total = args.history + args.bars
     closes = make_bars(symbols, total + 1, seed=n_symbols)
@@ -136,8 +150,21 @@ def run_one(n_symbols: int, args, redis_url: str, tmp: Path) -> dict:
         # the run ends when the exchange has sent its last bar (plus a second to apply
         # it): --max-bars would also count the bars backfilled over REST at start-up
         live = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+        # CPU per live bar of each process on the two cores: the exchange (this one),
+        # the client, redis-server and the subscriber
+        pids = {"client": live.pid, "exchange": os.getpid(), "redis": redis_pid,
+                "subscriber": reader.pid}  # fmt: skip
+        cpu_from = None
         while not ex.done and live.poll() is None:
+            if cpu_from is None and ex.cursor >= args.history + MEASURE_FROM_BAR:
+                cpu_from = ex.cursor, {k: cpu_seconds(p) for k, p in pids.items()}
             time.sleep(0.1)
+        if cpu_from is not None:
+            bars_measured = ex.cursor - cpu_from[0]
+            cpu_per_bar = {k: (cpu_seconds(p) - cpu_from[1][k]) / max(bars_measured, 1)
+                           for k, p in pids.items()}  # fmt: skip
+        else:
+            cpu_per_bar = {}
         time.sleep(1.0)
         live.send_signal(signal.SIGTERM)
         _, stderr = live.communicate(timeout=120)
@@ -151,8 +178,10 @@ def run_one(n_symbols: int, args, redis_url: str, tmp: Path) -> dict:
     if not sent_at:  # the client never connected its websocket: say why
         print(f"{n_symbols} symbols: no bar was sent; atc-stream said:\n{done.stderr[-1500:]}")
     arrival: dict[tuple[str, int], float] = {}
+    messages_of_bar: dict[int, set] = {}  # bar -> arrival stamps (one per batch message)
     for arrived, symbol, t in json.loads(arrivals_file.read_text()):
         arrival.setdefault((symbol, t), arrived)  # the first message carrying the record
+        messages_of_bar.setdefault(t, set()).add(arrived)
     latency = {k: arrival[k] - sent for k, sent in sent_at.items() if k in arrival}
     by_bar: dict[int, list] = {}
     for (_symbol, t), lat in latency.items():
@@ -182,6 +211,9 @@ def run_one(n_symbols: int, args, redis_url: str, tmp: Path) -> dict:
         "p99": float(np.percentile(steady, 99)) if steady else None,
         "bar p50": float(np.percentile(whole_bar, 50)) if whole_bar else None,
         "first bar late by": max(by_bar[bars[0]]) if bars else None,
+        "messages per bar": float(np.median([len(messages_of_bar[t]) for t in steady_bars]))
+        if steady_bars else None,
+        "cpu per bar": cpu_per_bar,
     }
 
 
@@ -196,11 +228,15 @@ def main(argv=None) -> int:
     print(compiled.stderr.strip())
     print(f"1-min load average before: {os.getloadavg()[0]:.2f}\n")
     print("| symbols | history | time to live | first bar late by | kline p50 | kline p99 "
-          "| whole bar p50 | klines received |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+          "| whole bar p50 | klines received | batch messages per bar "
+          "| CPU ms per bar: client / exchange / redis / subscriber |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     with RedisServer() as server, tempfile.TemporaryDirectory() as tmp:
         for n in args.symbols:
-            r = run_one(n, args, server.url, Path(tmp))
+            r = run_one(n, args, server.url, server.proc.pid, Path(tmp))
+            cpu = r["cpu per bar"]
+            cpu_text = " / ".join(f"{cpu[k] * 1e3:.1f}" for k in
+                                  ("client", "exchange", "redis", "subscriber")) if cpu else "-"
 
             def s(x, unit="s", scale=1.0):
                 return "never" if x is None else f"{x * scale:.2f} {unit}"
@@ -208,7 +244,8 @@ def main(argv=None) -> int:
             print(f"| {n:,} | {args.history} | {s(r['time to live'])} | "
                   f"{s(r['first bar late by'], 'ms', 1e3)} | {s(r['p50'], 'ms')} | "
                   f"{s(r['p99'], 'ms')} | {s(r['bar p50'], 'ms')} | "
-                  f"{r['klines received']}/{r['klines sent']} |")  # fmt: skip
+                  f"{r['klines received']}/{r['klines sent']} | "
+                  f"{s(r['messages per bar'], '')} | {cpu_text} |")  # fmt: skip
     print(f"\n1-min load average after: {os.getloadavg()[0]:.2f}")
     return 0
 
