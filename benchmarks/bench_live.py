@@ -17,10 +17,11 @@ arrival of its signal record − send time of that kline (same host, same clock)
 table also gives the whole bar's latency (last record of a bar − first kline of it
 sent), which includes the exchange writing N messages, the median number of batch
 messages a bar arrives in, and the CPU time per live bar of each process sharing the
-machine's cores (Linux): the client, this exchange, redis-server and the subscriber. *Time to live* = process start
-→ the first bar from which every kline's signal arrives within 100 ms. Steady
-p50/p99 are over the klines of the bars after that. Targets at 200 symbols with 300
-bars of history and a warm cache: live within 10 s; p50 <= 2 ms, p99 <= 5 ms.
+machine's cores (Linux): the client, this exchange, redis-server and the subscriber.
+*Time to live* = process start → the first bar from which every kline's signal
+arrives within 100 ms. Steady p50/p99 are over the klines of the bars after that.
+Targets at 200 symbols with 300 bars of history and a warm cache: live within 10 s;
+p50 <= 2 ms, p99 <= 5 ms.
 """
 
 from __future__ import annotations
@@ -212,7 +213,8 @@ def run_one(n_symbols: int, args, redis_url: str, redis_pid: int, tmp: Path) -> 
         "bar p50": float(np.percentile(whole_bar, 50)) if whole_bar else None,
         "first bar late by": max(by_bar[bars[0]]) if bars else None,
         "messages per bar": float(np.median([len(messages_of_bar[t]) for t in steady_bars]))
-        if steady_bars else None,
+        if steady_bars
+        else None,
         "cpu per bar": cpu_per_bar,
     }
 
@@ -235,8 +237,13 @@ def main(argv=None) -> int:
         for n in args.symbols:
             r = run_one(n, args, server.url, server.proc.pid, Path(tmp))
             cpu = r["cpu per bar"]
-            cpu_text = " / ".join(f"{cpu[k] * 1e3:.1f}" for k in
-                                  ("client", "exchange", "redis", "subscriber")) if cpu else "-"
+            cpu_text = (
+                " / ".join(
+                    f"{cpu[k] * 1e3:.1f}" for k in ("client", "exchange", "redis", "subscriber")
+                )
+                if cpu
+                else "-"
+            )
 
             def s(x, unit="s", scale=1.0):
                 return "never" if x is None else f"{x * scale:.2f} {unit}"
