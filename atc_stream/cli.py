@@ -335,6 +335,14 @@ def live(
         float, typer.Option(help="Reconnect after SECONDS without a message.")
     ] = 60.0,
     rest_rate: Annotated[float, typer.Option(help="REST requests per second at most.")] = 10.0,
+    ws_compression: Annotated[
+        bool,
+        typer.Option(
+            "--ws-compression/--no-ws-compression",
+            help="Offer permessage-deflate on the websocket: less traffic, ~7 us more CPU "
+            "per kline.",
+        ),
+    ] = False,
     status_every: Annotated[
         float, typer.Option(help="Status line on stderr every SECONDS (0: none).")
     ] = 1.0,
@@ -360,10 +368,10 @@ def live(
         run_live, symbols=symbols, interval=interval, history=history, ws_url=ws_url,
         rest_url=rest_url, output=output, previews=previews, max_seconds=max_seconds,
         max_bars=max_bars, max_streams_per_connection=max_streams_per_connection,
-        idle_timeout=idle_timeout, rest_rate=rest_rate, status_every=status_every,
-        params=params, backend=backend, redis=redis, redis_prefix=redis_prefix,
-        snapshot_dir=snapshot_dir, snapshot_every=snapshot_every, resume=resume,
-        events_before_ready=events_before_ready,
+        idle_timeout=idle_timeout, rest_rate=rest_rate, ws_compression=ws_compression,
+        status_every=status_every, params=params, backend=backend, redis=redis,
+        redis_prefix=redis_prefix, snapshot_dir=snapshot_dir, snapshot_every=snapshot_every,
+        resume=resume, events_before_ready=events_before_ready,
     )  # fmt: skip
 
 

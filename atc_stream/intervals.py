@@ -9,6 +9,7 @@ Times are integer milliseconds since the Unix epoch. Pure Python, no dependencie
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import re
 
 _UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
@@ -16,7 +17,15 @@ _PATTERN = re.compile(r"^([1-9][0-9]*)(ms|s|m|h|d|w|M)$")
 
 
 def _split(interval: str) -> tuple[int, str]:
-    match = _PATTERN.match(interval) if isinstance(interval, str) else None
+    if not isinstance(interval, str):
+        raise ValueError(f"interval must look like 1s, 1m, 15m, 4h, 1d, 1w or 1M, got {interval!r}")
+    return _split_label(interval)
+
+
+@functools.lru_cache(maxsize=256)
+def _split_label(interval: str) -> tuple[int, str]:
+    # cached: the live client asks for every kline it checks (a regex match each time)
+    match = _PATTERN.match(interval)
     if match is None:
         raise ValueError(f"interval must look like 1s, 1m, 15m, 4h, 1d, 1w or 1M, got {interval!r}")
     return int(match.group(1)), match.group(2)

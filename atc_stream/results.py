@@ -230,9 +230,13 @@ class StepResult:
         lists = []
         for name, values in columns.items():
             if schema.COLUMN_TYPES[name] == "float":
-                boxed = values.astype(object)
-                boxed[np.isnan(values)] = None
-                lists.append(boxed.tolist())
+                missing = np.isnan(values)
+                if missing.any():  # rare once streams are warm: skip the boxing otherwise
+                    boxed = values.astype(object)
+                    boxed[missing] = None
+                    lists.append(boxed.tolist())
+                else:
+                    lists.append(values.tolist())
             else:
                 lists.append(values.tolist())
         self._column_values = lists

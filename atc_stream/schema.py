@@ -18,6 +18,7 @@ only needed by :func:`arrow_schema` (msgspec structs live in ``atc_stream.messag
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -116,6 +117,12 @@ def resolve_outputs(outputs: str | Sequence[str] | None) -> tuple[str, ...]:
 
 def columns_for(groups: Sequence[str]) -> tuple[str, ...]:
     """The schema columns (in :data:`COLUMNS` order) of rows carrying output ``groups``."""
+    return _columns_for(tuple(groups))
+
+
+@functools.lru_cache(maxsize=64)
+def _columns_for(groups: tuple[str, ...]) -> tuple[str, ...]:
+    # cached: every step result asks, and there are only a few group sets
     wanted = set(KEY_COLUMNS).union(*(OUTPUT_GROUPS[g] for g in groups))
     return tuple(name for name in COLUMNS if name in wanted)
 
@@ -150,6 +157,11 @@ FLOAT_FIELD_COLUMNS: dict[str, tuple[int, ...]] = {
 
 def fields_for(groups: Sequence[str]) -> tuple[str, ...]:
     """The typed kernel fields that output ``groups`` need, ``bar_index`` first."""
+    return _fields_for(tuple(groups))
+
+
+@functools.lru_cache(maxsize=64)
+def _fields_for(groups: tuple[str, ...]) -> tuple[str, ...]:
     return ("bar_index", *(f for g in groups for f in GROUP_FIELDS[g]))
 
 

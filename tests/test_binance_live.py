@@ -100,6 +100,7 @@ class FakeExchange:
         self._all_ws: list = []
         self.ws_connections = 0
         self.paths: list[str] = []
+        self.extensions: list[str | None] = []  # negotiated Sec-WebSocket-Extensions
         self.rest_requests: list[dict] = []
         self.rest_answers = Counter()
         self.done = False
@@ -182,6 +183,7 @@ class FakeExchange:
     async def _handler(self, ws) -> None:
         query = parse_qs(urlparse(ws.request.path).query)
         self.paths.append(ws.request.path)
+        self.extensions.append(ws.response.headers.get("Sec-WebSocket-Extensions"))
         streams = query.get("streams", [""])[0].split("/")
         symbols = {s.split("@")[0].upper() for s in streams if s}
         conn = {"ws": ws, "symbols": symbols, "queue": asyncio.Queue()}
@@ -399,6 +401,7 @@ def test_warmup_stream_previews_equal_compute():
     assert stats.connections == 2 and len(ex.paths) == 2
     assert sorted(p.count("@kline_1m") for p in ex.paths) == [1, 2]
     assert all(p.startswith("/stream?streams=") for p in ex.paths)
+    assert ex.extensions == [None, None]  # no permessage-deflate unless asked
     assert stats.warmup_bars == len(SYMBOLS) * history
     assert stats.bars == len(SYMBOLS) * (320 - start)
     assert stats.closed_klines == stats.bars and stats.backfilled_bars == 0
@@ -746,9 +749,11 @@ def test_cli_live_streams_to_file(tmp_path):
                 "--ws-url", ex.ws_url, "--rest-url", ex.rest_url, "--output", str(out),
                 "--max-bars", str(2 * (260 - start)), "--max-seconds", "60",
                 "--backend", "cpu", "--no-previews", "--status-every", "0.2",
+                "--ws-compression",
             ],
         )  # fmt: skip
     assert result.exit_code == 0, result.output
+    assert ex.extensions[0].startswith("permessage-deflate")  # asked for, and agreed
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert all(not r["provisional"] for r in rows)
     assert len(rows) == 2 + 2 * (260 - start)  # warmup rows + every streamed bar

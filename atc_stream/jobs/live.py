@@ -37,6 +37,7 @@ def run_live(
     max_streams_per_connection: int,
     idle_timeout: float,
     rest_rate: float,
+    ws_compression: bool,
     status_every: float,
     params: Path | None,
     backend: str,
@@ -64,7 +65,7 @@ def run_live(
         config = LiveConfig(
             history=history, max_streams_per_connection=max_streams_per_connection,
             previews=previews, idle_timeout=idle_timeout, rest_rate=rest_rate,
-            **{k: v for k, v in urls.items() if v is not None},
+            ws_compression=ws_compression, **{k: v for k, v in urls.items() if v is not None},
         )  # fmt: skip
         if max_seconds is not None and not max_seconds > 0:
             raise ValueError(f"--max-seconds must be > 0, got {max_seconds}")
