@@ -95,7 +95,7 @@ sub.wait_ready()
 print("ready", flush=True)
 arrivals = []
 while not stop.exists():
-    raw = sub.get_raw(timeout=0.5)  # returns at once on a message; the timeout only paces the stop check
+    raw = sub.get_raw(timeout=0.5)  # returns on a message; the timeout paces the stop check
     if raw is not None:
         arrived = time.time()
         arrivals.append((arrived, raw))
