@@ -17,18 +17,17 @@ _PATTERN = re.compile(r"^([1-9][0-9]*)(ms|s|m|h|d|w|M)$")
 
 
 def _split(interval: str) -> tuple[int, str]:
-    if not isinstance(interval, str):
+    parts = _split_label(interval) if isinstance(interval, str) else None
+    if parts is None:
         raise ValueError(f"interval must look like 1s, 1m, 15m, 4h, 1d, 1w or 1M, got {interval!r}")
-    return _split_label(interval)
+    return parts
 
 
 @functools.lru_cache(maxsize=256)
-def _split_label(interval: str) -> tuple[int, str]:
+def _split_label(interval: str) -> tuple[int, str] | None:
     # cached: the live client asks for every kline it checks (a regex match each time)
     match = _PATTERN.match(interval)
-    if match is None:
-        raise ValueError(f"interval must look like 1s, 1m, 15m, 4h, 1d, 1w or 1M, got {interval!r}")
-    return int(match.group(1)), match.group(2)
+    return None if match is None else (int(match.group(1)), match.group(2))
 
 
 def validate_interval(interval: str) -> str:

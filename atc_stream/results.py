@@ -232,13 +232,9 @@ class StepResult:
             if schema.COLUMN_TYPES[name] == "float":
                 missing = np.isnan(values)
                 if missing.any():  # rare once streams are warm: skip the boxing otherwise
-                    boxed = values.astype(object)
-                    boxed[missing] = None
-                    lists.append(boxed.tolist())
-                else:
-                    lists.append(values.tolist())
-            else:
-                lists.append(values.tolist())
+                    values = values.astype(object)
+                    values[missing] = None
+            lists.append(values.tolist())
         self._column_values = lists
         return lists
 
