@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from websockets.frames import Frame, Opcode
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -57,11 +58,18 @@ LIVE_WITHIN = 0.100  # seconds: a bar is "live" when its signals arrive this soo
 
 
 class WallClockExchange(FakeExchange):
-    """Sends each bar's closed klines on a wall-clock tick, stamping every kline's send."""
+    """Sends each bar's closed klines on a wall-clock tick, stamping every kline's send.
 
-    def __init__(self, closes, start, *, t0: int, connections: int) -> None:
+    ``writes="bar"``: a connection's klines of one bar go out as websocket frames in one
+    socket write, stamped just *before* it (a remote exchange costs the client's machine
+    no CPU; here ~35 us of it per ``ws.send`` would compete with the client for the two
+    cores). ``writes="message"``: one ``ws.send`` per kline, stamped when it returns.
+    """
+
+    def __init__(self, closes, start, *, t0: int, connections: int, writes: str) -> None:
         super().__init__(closes, start, previews_per_bar=0, t0=t0, wait_connections=connections)
         self.sent_at: dict[tuple[str, int], float] = {}  # (symbol, bar open ms) -> sent
+        self.writes = writes
 
     async def _ticker(self) -> None:
         while len(self._conns) < self.wait_connections:
@@ -80,7 +88,18 @@ class WallClockExchange(FakeExchange):
             await asyncio.sleep(0.05)
 
     async def _send_bar(self, conn: dict, messages: dict[str, str], t: int) -> None:
-        for symbol in sorted(conn["symbols"] & messages.keys()):
+        symbols = sorted(conn["symbols"] & messages.keys())
+        ws = conn["ws"]
+        if self.writes == "bar" and not ws.protocol.extensions:  # frames need no context
+            frames = b"".join(
+                Frame(Opcode.TEXT, messages[s].encode()).serialize(mask=False) for s in symbols
+            )
+            sent = time.time()
+            ws.transport.write(frames)
+            for symbol in symbols:
+                self.sent_at[(symbol, t)] = sent
+            return
+        for symbol in symbols:
             await conn["ws"].send(messages[symbol])
             self.sent_at[(symbol, t)] = time.time()
 
@@ -108,6 +127,70 @@ sub.close()
 """
 
 
+# The floor: what this machine, the local exchange, Redis and the subscriber cost on their
+# own. A client that does what `atc-stream live` must at the least -- read the klines
+# over the same websocket library, publish one batch message a burst in the same format
+# -- and nothing else: its records are templates (a real record's fields and size, the
+# kline's symbol and time), no engine, no checks, no file.
+NULL_CLIENT = r"""
+import asyncio, sys, time, aiohttp, msgspec
+from atc_stream.messages import SignalRecord
+from atc_stream.schema import SCHEMA_VERSION
+urls, redis_url, interval = sys.argv[1].split(" "), sys.argv[2], sys.argv[3]
+class K(msgspec.Struct):
+    t: int
+    s: str
+    x: bool
+class D(msgspec.Struct):
+    k: K
+class M(msgspec.Struct):
+    data: D
+decode = msgspec.json.Decoder(M).decode
+zero = {"str": "", "int": 0, "float": 0.5, "bool": False}
+fields = {f.name: zero[getattr(f.type, "__name__", "float")]
+          for f in msgspec.structs.fields(SignalRecord) if f.name != "v"}
+templates = {}
+def record(symbol, t):
+    template = templates.get(symbol)
+    if template is None:
+        values = dict(fields, symbol=symbol, interval=interval, time=123456789)
+        template = msgspec.json.encode(SignalRecord(**values)).replace(b"123456789", b"%d")
+        templates[symbol] = template
+    return template % t
+async def main():
+    host, port = redis_url.split("//")[1].split("/")[0].split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    async def replies():
+        while await reader.read(65536):
+            pass
+    asyncio.ensure_future(replies())
+    pending, ready, seq = [], asyncio.Event(), 0
+    async def read(session, url):
+        async with session.ws_connect(url, autoping=True) as ws:
+            while True:
+                msg = await ws.receive()
+                if msg.type is not aiohttp.WSMsgType.TEXT:
+                    return
+                k = decode(msg.data).data.k
+                if k.x:
+                    pending.append(record(k.s, k.t))
+                    ready.set()
+    async with aiohttp.ClientSession() as session:
+        for url in urls:
+            asyncio.ensure_future(read(session, url))
+        while True:
+            await ready.wait()
+            ready.clear()
+            records, pending[:] = list(pending), []
+            seq += 1
+            body = b'{"v":%d,"seq":%d,"published_at":%d,"count":%d,"records":[%s]}' % (
+                SCHEMA_VERSION, seq, time.time_ns(), len(records), b",".join(records))
+            writer.write(b"*3\r\n$7\r\nPUBLISH\r\n$9\r\natc:batch\r\n$%d\r\n%s\r\n"
+                         % (len(body), body))
+asyncio.run(main())
+"""
+
+
 def _start_subscriber(url: str, tmp: Path) -> tuple[subprocess.Popen, Path, Path]:
     out, stop = tmp / "arrivals.json", tmp / "stop"
     out.unlink(missing_ok=True)
@@ -129,7 +212,7 @@ def cpu_seconds(pid: int) -> float:
     return total / 1e9
 
 
-def run_one(n_symbols: int, args, redis_url: str, redis_pid: int, tmp: Path) -> dict:
+def run_one(n_symbols: int, args, redis_url: str, redis_pid: int, tmp: Path, client: str) -> dict:
     symbols = [f"S{i:04d}USDT" for i in range(n_symbols)]
     total = args.history + args.bars
     closes = make_bars(symbols, total + 1, seed=n_symbols)
@@ -138,8 +221,15 @@ def run_one(n_symbols: int, args, redis_url: str, redis_pid: int, tmp: Path) -> 
     reader, arrivals_file, stop_file = _start_subscriber(redis_url, tmp)
     # 200 streams per websocket: the local server rejects longer URLs (HTTP 414)
     connections = -(-n_symbols // STREAMS_PER_CONNECTION)
-    with WallClockExchange(closes, args.history, t0=t0, connections=connections) as ex:
-        command = [
+    with WallClockExchange(
+        closes, args.history, t0=t0, connections=connections, writes=args.exchange_writes
+    ) as ex:
+        chunks = [symbols[i : i + STREAMS_PER_CONNECTION]
+                  for i in range(0, n_symbols, STREAMS_PER_CONNECTION)]  # fmt: skip
+        urls = [f"{ex.ws_url}/stream?streams=" + "/".join(f"{s.lower()}@kline_{INTERVAL}"
+                for s in chunk) for chunk in chunks]  # fmt: skip
+        floor_command = [sys.executable, "-c", NULL_CLIENT, " ".join(urls), redis_url, INTERVAL]
+        command = floor_command if client == "floor" else [
             sys.executable, "-m", "atc_stream.cli", "live", "--symbols", ",".join(symbols),
             "--history", str(args.history), "--ws-url", ex.ws_url, "--rest-url", ex.rest_url,
             "--redis", redis_url, "--backend", "cpu", "--status-every", "0",
@@ -174,7 +264,7 @@ def run_one(n_symbols: int, args, redis_url: str, redis_pid: int, tmp: Path) -> 
     time.sleep(0.3)
     stop_file.touch()
     reader.wait(60)
-    if done.returncode != 0:
+    if done.returncode != 0 and not (client == "floor" and done.returncode == -signal.SIGTERM):
         raise SystemExit(f"atc-stream live failed:\n{done.stderr[-2000:]}")
     if not sent_at:  # the client never connected its websocket: say why
         print(f"{n_symbols} symbols: no bar was sent; atc-stream said:\n{done.stderr[-1500:]}")
@@ -204,6 +294,7 @@ def run_one(n_symbols: int, args, redis_url: str, redis_pid: int, tmp: Path) -> 
     ]
     started_bar = first_sent[live_from] if live_from is not None else None
     return {
+        "client": client,
         "symbols": n_symbols,
         "klines sent": len(sent_at),
         "klines received": len(latency),
@@ -224,18 +315,30 @@ def main(argv=None) -> int:
     parser.add_argument("--symbols", type=int, nargs="+", default=[20, 200])
     parser.add_argument("--history", type=int, default=300)
     parser.add_argument("--bars", type=int, default=20, help="live bars after the history")
+    parser.add_argument(
+        "--no-floor",
+        dest="floor",
+        action="store_false",
+        help="leave out the floor rows (a client with no engine: see NULL_CLIENT)",
+    )
+    parser.add_argument(
+        "--exchange-writes", choices=("bar", "message"), default="bar",
+        help="the local exchange writes a bar's klines in one socket write (like a remote "
+        "exchange: no CPU taken from the client) or sends them one ws.send each",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     compiled = subprocess.run([sys.executable, "-m", "atc_stream.cli", "compile"],
                               capture_output=True, text=True)  # fmt: skip
     print(compiled.stderr.strip())
     print(f"1-min load average before: {os.getloadavg()[0]:.2f}\n")
-    print("| symbols | history | time to live | first bar late by | kline p50 | kline p99 "
+    print("| client | symbols | history | time to live | first bar late by | kline p50 | kline p99 "
           "| whole bar p50 | klines received | batch messages per bar "
           "| CPU ms per bar: client / exchange / redis / subscriber |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    clients = ("atc-stream", "floor") if args.floor else ("atc-stream",)
     with RedisServer() as server, tempfile.TemporaryDirectory() as tmp:
-        for n in args.symbols:
-            r = run_one(n, args, server.url, server.proc.pid, Path(tmp))
+        for n, client in ((n, c) for n in args.symbols for c in clients):
+            r = run_one(n, args, server.url, server.proc.pid, Path(tmp), client)
             cpu = r["cpu per bar"]
             cpu_text = (
                 " / ".join(
@@ -248,7 +351,8 @@ def main(argv=None) -> int:
             def s(x, unit="s", scale=1.0):
                 return "never" if x is None else f"{x * scale:.2f} {unit}"
 
-            print(f"| {n:,} | {args.history} | {s(r['time to live'])} | "
+            name = "floor: no engine" if client == "floor" else "atc-stream live"
+            print(f"| {name} | {n:,} | {args.history} | {s(r['time to live'])} | "
                   f"{s(r['first bar late by'], 'ms', 1e3)} | {s(r['p50'], 'ms')} | "
                   f"{s(r['p99'], 'ms')} | {s(r['bar p50'], 'ms')} | "
                   f"{r['klines received']}/{r['klines sent']} | "

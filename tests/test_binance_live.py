@@ -662,6 +662,11 @@ def test_config_and_argument_validation():
         LiveConfig(rest_url="api.binance.com")
     with pytest.raises(ValueError, match="symbols"):
         KlineClient(Engine(backend="cpu", outputs="all"), ["BTC/USDT"])
+    for url in ("http://stream.binance.com", "ws:///no-host", "ws://host:99999"):
+        client = KlineClient(Engine(backend="cpu", outputs="all"), ["BTCUSDT"],
+                             LiveConfig(ws_url=url, history=0))  # fmt: skip
+        with pytest.raises(ValueError, match="is not a websocket URL"):
+            run_client(client, max_seconds=1)
     with pytest.raises(ValueError, match="interval"):
         interval_ms("1x")
     assert next_open(T0, "1m") == T0 + IMS
@@ -688,6 +693,9 @@ def test_parser_counts_each_hostile_class():
         '{"stream": "btcusdt@kline_1m", "data": {"k": {}}}': "missing_field",
         good.replace('"x": true', '"x": 1'): "bad_type",
         good.replace('"c": "10.5"', '"c": "1e400"'): "bad_number",
+        good.replace('"c": "10.5"', '"c": "nan"'): "bad_number",
+        good.replace('"h": "10.5"', '"h": "-inf"'): "bad_number",
+        good.replace('"o": "10.5"', '"o": "0"'): "non_positive_price",
         good.replace('"v": "1.5"', '"v": "-1"'): "bad_number",
         good.replace('"t": 1700000040000', '"t": -5'): "bad_time",
         good.replace('"t": 1700000040000', '"t": 99999999999999999999999'): "bad_time",
@@ -926,3 +934,52 @@ def test_cli_live_publishes_closed_bars_to_redis(tmp_path, redis_url):  # noqa: 
     # published from the event loop: every step acknowledged before the summary
     steps = len({m.data.seq for m in got})
     assert f"redis publish    {steps} steps delivered, 0 dropped" in result.output
+
+
+def test_ping_timeout_reconnects_and_pongs_keep_a_connection():
+    """A server that never answers our pings is dropped within ping_timeout (reason
+    ``ping_timeout``) and reconnected; one that answers (the local exchange) is kept."""
+    pings = []
+
+    async def silent_ws(request):
+        ws = web.WebSocketResponse(autoping=False)  # receives PINGs, never answers them
+        await ws.prepare(request)
+        async for msg in ws:
+            if msg.type == web.WSMsgType.PING:
+                pings.append(time.monotonic())
+        return ws
+
+    async def run_against_silent_server():
+        app = web.Application()
+        app.router.add_get("/stream", silent_ws)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        cfg = LiveConfig(
+            ws_url=f"ws://127.0.0.1:{port}", rest_url=f"http://127.0.0.1:{port}", history=0,
+            ping_interval=0.1, ping_timeout=0.2, idle_timeout=30.0, backoff_initial=0.05,
+            backoff_max=0.1, backoff_jitter=0.0,
+        )  # fmt: skip
+        engine = Engine(backend="cpu", interval=INTERVAL, outputs="all")
+        try:
+            return await KlineClient(engine, ["BTCUSDT"], cfg).run(max_seconds=1.5)
+        finally:
+            await runner.cleanup()
+
+    stats = asyncio.run(run_against_silent_server())
+    # each connection: a ping after 0.1 s, dropped 0.2 s later, 0.05-0.1 s of backoff
+    assert 2 <= stats.disconnects["ping_timeout"] <= 6
+    assert set(stats.disconnects) == {"ping_timeout"} and pings
+    assert stats.reconnects == stats.connects - 1 >= 2
+
+    closes = make_bars(SYMBOLS, 240, seed=4)
+    with FakeExchange(closes, 200, bar_pause=0.02) as ex:  # websockets answers pings
+        client = KlineClient(
+            Engine(backend="cpu", interval=INTERVAL, outputs="all"), SYMBOLS,
+            fast_config(ex, history=50, ping_interval=0.05, ping_timeout=0.5),
+            clock_ms=lambda: ex.now_ms,
+        )  # fmt: skip
+        stats = run_client(client, max_seconds=1.0)
+    assert stats.connects == 1 and not stats.disconnects and stats.bars > 0

@@ -37,8 +37,8 @@ warmup and backfill: a REST kline counts as closed when its close time is before
 clock read just before the request (``clock_ms``, injectable), or when a later bar of
 the same symbol has already opened.
 
-Only this module (and the CLI's ``live`` command) imports ``websockets`` and
-``aiohttp``; the engine and kernels never do.
+Only this module imports ``aiohttp`` (websocket feed and REST, one session); the engine
+and kernels never do.
 """
 
 from __future__ import annotations
@@ -145,6 +145,7 @@ def _time(value: Any) -> int | None:
 
 
 _KLINE_FIELDS = ("t", "T", "s", "i", "o", "c", "h", "l", "v", "x")
+_INF = math.inf
 
 
 class _TypedKline(msgspec.Struct):
@@ -222,10 +223,13 @@ class KlineParser:
             return None
         if not 0 <= k.t <= k.T < MAX_TIME_MS:
             return None
-        o, h, lo, c, v = _number(k.o), _number(k.h), _number(k.l), _number(k.c), _number(k.v)
-        if o is None or h is None or lo is None or c is None or v is None:
+        try:  # the struct holds str: float() is what _number does with them
+            o, h, lo, c, v = float(k.o), float(k.h), float(k.l), float(k.c), float(k.v)
+        except ValueError:
             return None
-        if v < 0 or c <= 0 or o <= 0 or h <= 0 or lo <= 0:
+        if not (v >= 0 and c > 0 and o > 0 and h > 0 and lo > 0):  # False for NaN too
+            return None
+        if not (v < _INF and c < _INF and o < _INF and h < _INF and lo < _INF):
             return None
         return Kline(symbol, k.t, k.T, o, h, lo, c, v, k.x)
 
@@ -642,6 +646,13 @@ class _SymbolState:
     failures: int = 0
 
 
+def _abort(ws: Any) -> None:
+    """Drops a websocket's connection at once, without a close handshake; its pending
+    ``receive()`` returns CLOSED. aiohttp has no public abort: this is what it does
+    itself when a pong does not come."""
+    ws._response.close()
+
+
 class _IdleWatch:
     """Aborts a websocket that received nothing for ``idle`` seconds (None: never).
 
@@ -674,7 +685,41 @@ class _IdleWatch:
                 self._last = max(self._last, now)
             if now - self._last >= self.idle:
                 self.fired = True
-                self.ws.transport.abort()  # recv() raises ConnectionClosedError
+                _abort(self.ws)
+                return
+
+
+class _Keepalive:
+    """Pings every ``interval`` seconds; aborts the websocket when a pong has not come
+    within ``timeout`` (either None: no pings). The reader calls ``pong()`` on each."""
+
+    def __init__(self, ws: Any, interval: float | None, timeout: float | None) -> None:
+        self.ws = ws
+        self.interval = interval
+        self.timeout = timeout
+        self.fired = False
+        self._pong = asyncio.Event()
+        self._task = asyncio.ensure_future(self._run()) if interval and timeout else None
+
+    def pong(self) -> None:
+        self._pong.set()
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            self._pong.clear()
+            try:
+                await self.ws.ping()
+                await asyncio.wait_for(self._pong.wait(), self.timeout)
+            except asyncio.TimeoutError:
+                self.fired = True
+                _abort(self.ws)
+                return
+            except (OSError, RuntimeError):  # the connection is going: the reader sees it
                 return
 
 
@@ -729,6 +774,9 @@ class KlineClient:
             raise ValueError("symbols must name at least one symbol")
         self.engine = engine
         self.interval = validate_interval(engine.interval)
+        self._interval_ms = None if is_calendar(self.interval) else interval_ms(self.interval)
+        self._interval_bound = approx_interval_ms(self.interval)
+        self._future_after = 0  # set from the clock before each batch is dispatched
         self.symbols = names
         self.config = config or LiveConfig()
         self.on_result = on_result
@@ -820,16 +868,16 @@ class KlineClient:
         self._stop = asyncio.Event()
         self._queue = asyncio.Queue(maxsize=self.config.max_queue)
         self._max_bars = max_bars
-        from websockets.exceptions import InvalidURI
-        from websockets.uri import parse_uri
+        from yarl import URL  # aiohttp's URL type
 
-        for chunk in self.chunks:
-            try:
-                parse_uri(self.stream_url(chunk))
-            except InvalidURI as exc:
-                raise ValueError(
-                    f"ws_url {self.config.ws_url!r} is not a websocket URL: {exc}"
-                ) from exc
+        try:
+            url = URL(self.stream_url(self.chunks[0]))
+            problem = None if url.scheme in ("ws", "wss") and url.host else "need ws://host"
+            url.port  # noqa: B018  (parses it: a port out of range raises)
+        except ValueError as exc:
+            problem = str(exc)
+        if problem is not None:
+            raise ValueError(f"ws_url {self.config.ws_url!r} is not a websocket URL: {problem}")
         if getattr(self.engine.backend, "name", None) == "cpu":
             # load (or compile) every CPU driver before any request is in flight: a first
             # load inside the event loop stalls it, firing REST and idle timeouts; once
@@ -934,66 +982,48 @@ class KlineClient:
     # -- websocket connections -------------------------------------------------------------------
 
     async def _connection(self, index: int, symbols: Sequence[str]) -> None:
-        from websockets.asyncio.client import connect
-        from websockets.exceptions import (
-            ConnectionClosedError,
-            ConnectionClosedOK,
-            InvalidHandshake,
-        )
+        """One websocket of ``symbols``' streams, reconnected with backoff for ever.
+
+        aiohttp's websocket client reads a burst of frames in its compiled parser:
+        ~3.5 us of CPU a kline against ~11 us through ``websockets``' asyncio client,
+        which at 200 symbols put ~3 ms between a bar's close and its signals (see
+        benchmarks/RESULTS.md, session 5)."""
+        import aiohttp
 
         cfg = self.config
         url = self.stream_url(symbols)
         attempt = 0
         connected_before = False
         while True:
-            reason = "connect_failed"
-            detail = ""
-            watch: _IdleWatch | None = None
+            reason, detail = "connect_failed", ""
             try:
-                async with connect(
-                    url,
-                    open_timeout=cfg.open_timeout,
-                    ping_interval=cfg.ping_interval,
-                    ping_timeout=cfg.ping_timeout,
-                    close_timeout=cfg.close_timeout,
-                    max_size=cfg.max_message_bytes,
-                    max_queue=64,
-                    compression="deflate" if cfg.ws_compression else None,
-                ) as ws:
-                    self.stats.connects += 1
-                    if connected_before:
-                        self.stats.reconnects += 1
-                    connected_before = True
-                    self.stats.open_connections += 1
-                    reason = "connection_lost"
-                    watch = _IdleWatch(ws, cfg.idle_timeout)
-                    try:
-                        while True:
-                            raw = await ws.recv()  # cancellation-safe, unlike wait_for
-                            watch.seen()
-                            attempt = 0
-                            self.stats.messages += 1
-                            kline = self.parser.parse(raw)
-                            if kline is not None:
-                                await self._queue.put(kline)
-                    finally:
-                        watch.stop()
-                        self.stats.open_connections -= 1
-            except ConnectionClosedOK as exc:
-                reason, detail = "closed_by_server", str(exc)
-            except ConnectionClosedError as exc:
-                sent = exc.sent
-                if watch is not None and watch.fired:
-                    reason, detail = "idle_timeout", f"no message for {cfg.idle_timeout} s"
-                elif exc.rcvd is None and sent is not None and sent.code == 1011:
-                    reason, detail = "ping_timeout", str(exc)
-                else:
-                    detail = str(exc)
-            except (OSError, InvalidHandshake, asyncio.TimeoutError) as exc:
+                ws = await asyncio.wait_for(
+                    self.rest.session.ws_connect(
+                        url,
+                        autoping=False,  # pongs to our pings are seen by _Keepalive
+                        max_msg_size=cfg.max_message_bytes,
+                        compress=15 if cfg.ws_compression else 0,
+                        timeout=aiohttp.ClientWSTimeout(ws_close=cfg.close_timeout),
+                    ),
+                    cfg.open_timeout,
+                )
+            except (OSError, aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 detail = f"{type(exc).__name__}: {exc}"
             except Exception as exc:  # a bug or an unexpected library error: log, reconnect
                 reason, detail = "error", f"{type(exc).__name__}: {exc}"
                 log.exception("connection %d failed unexpectedly", index)
+            else:
+                self.stats.connects += 1
+                if connected_before:
+                    self.stats.reconnects += 1
+                connected_before = True
+                try:
+                    reason, detail, received = await self._read_stream(ws)
+                except Exception as exc:  # a bug: log, reconnect
+                    reason, detail, received = "error", f"{type(exc).__name__}: {exc}", False
+                    log.exception("connection %d failed unexpectedly", index)
+                if received:  # the backoff grows only while nothing comes through
+                    attempt = 0
             self.stats.disconnects[reason] += 1
             delay = self._backoff(attempt)
             attempt += 1
@@ -1002,6 +1032,60 @@ class KlineClient:
                 index, len(symbols), reason, detail, delay,
             )  # fmt: skip
             await asyncio.sleep(delay)
+
+    async def _read_stream(self, ws: Any) -> tuple[str, str, bool]:
+        """Reads ``ws`` until it ends: why it ended (a ``stats.disconnects`` reason), the
+        detail, and whether any message came."""
+        import aiohttp
+
+        cfg = self.config
+        self.stats.open_connections += 1
+        watch = _IdleWatch(ws, cfg.idle_timeout)
+        keepalive = _Keepalive(ws, cfg.ping_interval, cfg.ping_timeout)
+        text, binary = aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY
+        queue = self._queue
+        received = False
+        try:
+            while True:
+                msg = await ws.receive()
+                kind = msg.type
+                if kind is text or kind is binary:
+                    received = True
+                    watch.seen()
+                    self.stats.messages += 1
+                    kline = self.parser.parse(msg.data)
+                    if kline is not None:
+                        if queue.full():  # backpressure: wait for the engine
+                            await queue.put(kline)
+                        else:
+                            queue.put_nowait(kline)
+                    continue
+                watch.seen()
+                if kind is aiohttp.WSMsgType.PING:
+                    await ws.pong(msg.data)
+                elif kind is aiohttp.WSMsgType.PONG:
+                    keepalive.pong()
+                elif kind is aiohttp.WSMsgType.CLOSE:  # the server's close frame
+                    code, why = msg.data, msg.extra or ""
+                    if code in (1000, 1001):
+                        return "closed_by_server", f"code {code} {why}".strip(), received
+                    return "connection_lost", f"closed with code {code} {why}".strip(), received
+                else:  # CLOSED (transport gone), CLOSING or ERROR (bad frame, pong timeout)
+                    if watch.fired:
+                        reason, detail = "idle_timeout", f"no message for {cfg.idle_timeout} s"
+                    elif keepalive.fired:
+                        reason, detail = "ping_timeout", f"no pong within {cfg.ping_timeout} s"
+                    else:
+                        error = msg.data if kind is aiohttp.WSMsgType.ERROR else ws.exception()
+                        reason = "connection_lost"
+                        detail = f"{type(error).__name__}: {error}" if error else "closed"
+                    return reason, detail, received
+        finally:
+            watch.stop()
+            keepalive.stop()
+            self.stats.open_connections -= 1
+            if not ws.closed:  # shutting down: the close handshake, within close_timeout
+                await ws.close()
 
     # -- the engine side: one consumer applies everything in order -------------------------------
 
@@ -1015,6 +1099,8 @@ class KlineClient:
                     items.append(queue.get_nowait())
                 except asyncio.QueueEmpty:
                     break
+            # one clock read a batch: a closed kline opening after this is from the future
+            self._future_after = self.clock_ms() + self._interval_bound
             for item in items:
                 if isinstance(item, Kline):
                     self._dispatch(item)
@@ -1027,7 +1113,7 @@ class KlineClient:
 
     def _dispatch(self, k: Kline, released: bool = False) -> None:
         st = self._state[k.symbol]
-        if k.closed and k.open_time > self.clock_ms() + approx_interval_ms(self.interval):
+        if k.closed and k.open_time > self._future_after:
             # a closed bar cannot open more than one interval after now; applying one
             # would make every later bar of the symbol out of order (a frozen symbol)
             self.parser._reject("future_kline", k)
@@ -1049,11 +1135,16 @@ class KlineClient:
                     reason = "out_of_order_kline"
                 self.parser._reject(reason, k)
                 return
-            if not _same_grid(last, k.open_time, self.interval):
+            step = self._interval_ms  # None for months (calendar bars)
+            if not (
+                (k.open_time - last) % step == 0
+                if step
+                else _same_grid(last, k.open_time, self.interval)
+            ):
                 # an open time between two bar times would be applied as an extra bar
                 self.parser._reject("off_grid_kline", k)
                 return
-            expected = next_open(last, self.interval)
+            expected = last + step if step else next_open(last, self.interval)
             if st.filled_until is not None and st.filled_until > expected:
                 expected = st.filled_until
             if k.open_time > expected:  # bars between were missed: fetch them first

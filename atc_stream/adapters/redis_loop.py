@@ -146,9 +146,13 @@ class LoopPublisher(SignalMessages):
         if writer.transport.get_write_buffer_size() > self.max_buffer_bytes:
             self._count_dropped(1, len(result), "redis is not reading (write buffer full)")
             return False
-        commands, messages = self._commands([(self._seq, result)])
-        writer.write(b"".join(commands))
-        self._in_flight.append((len(commands), len(result), messages))
+        encoded = self._encode([(self._seq, result)])
+        batches = self._batch_commands(encoded)
+        if batches:  # out first: Redis delivers it while the fan-out is still being packed
+            writer.write(b"".join(batches))
+        fanout, messages = self._fanout_commands(encoded)
+        writer.write(b"".join(fanout))
+        self._in_flight.append((len(batches) + len(fanout), len(result), len(batches) + messages))
         return True
 
     def write(self, result: StepResult) -> None:

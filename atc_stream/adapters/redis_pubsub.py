@@ -200,6 +200,7 @@ _CRLF = b"\r\n"
 #: ``EVAL <PUBLISH_SCRIPT> 0`` without the argument count that precedes it
 _EVAL_PUBLISH = _bulk(b"EVAL") + _bulk(PUBLISH_SCRIPT) + _bulk(b"0")
 _HSET = _bulk(b"HSET")
+_PUBLISH = b"*3\r\n" + _bulk(b"PUBLISH")  # then the channel and the message
 
 
 class SignalMessages:
@@ -261,43 +262,64 @@ class SignalMessages:
 
         The Redis protocol is written directly, each message's bytes placed once, with
         the channel names and latest-hash fields of each stream encoded once per
-        publisher: on a 200-symbol step this packing is what publishing costs.
+        publisher: on a 200-symbol step this packing is what publishing costs. The
+        batch channel's commands come first: Redis sends a subscriber its messages once
+        it has run the commands it read, so a batch subscriber does not wait for the
+        per-symbol fan-out and the latest hash.
         """
+        encoded = self._encode(items)
+        batches = self._batch_commands(encoded)
+        fanout, messages = self._fanout_commands(encoded)
+        return batches + fanout, len(batches) + messages
+
+    def _encode(self, items: Sequence[tuple[int, StepResult]]) -> list[tuple]:
+        """(seq, result, encoded records) of each item."""
+        return [(seq, result, self._encoded_records(result)) for seq, result in items]
+
+    def _batch_commands(self, encoded: Sequence[tuple]) -> list[bytes]:
+        """A PUBLISH to the batch channel per step (none when ``batch`` is off)."""
+        if not self.batch:
+            return []
+        commands = []
+        for seq, _result, records in encoded:
+            message = self._encoder.encode(
+                _BatchOut(
+                    seq=seq,
+                    published_at=time.time_ns(),
+                    count=len(records),
+                    records=[msgspec.Raw(d) for d in records],
+                )
+            )
+            head = b"$%d\r\n" % len(message)
+            commands.append(b"".join((_PUBLISH, self._batch_bulk, head, message, _CRLF)))
+        return commands
+
+    def _fanout_commands(self, encoded: Sequence[tuple]) -> tuple[list[bytes], int]:
+        """The EVAL publishing per-symbol and event messages and the HSET of the latest
+        hash, and how many messages and fields they carry."""
         publish: list[bytes] = []  # RESP pieces: channel, message, channel, message, ...
         n_publish = 0
         latest: dict[bytes, tuple[bytes, bytes]] = {}  # field -> (length header, message)
-        for seq, result in items:
-            encoded = self._encoded_records(result)
-            heads = [b"$%d\r\n" % len(data) for data in encoded]
+        for _seq, result, records in encoded:
+            heads = [b"$%d\r\n" % len(data) for data in records]
             columns = dict(zip(result.column_names, result.column_values(), strict=True))
             symbols = columns["symbol"]
             if self.per_symbol:
                 channel_of = self._channels.get
-                for symbol, head, data in zip(symbols, heads, encoded, strict=True):
+                for symbol, head, data in zip(symbols, heads, records, strict=True):
                     channel = channel_of(symbol) or self._symbol_channel(symbol)
                     publish += (channel, head, data, _CRLF)
-                n_publish += len(encoded)
+                n_publish += len(records)
             if self.events and "events" in result.groups:  # else no long/short columns
                 flags = zip(columns["long"], columns["short"], columns["ready"], strict=True)
-                for (long, short, ready), head, data in zip(flags, heads, encoded, strict=True):
+                for (long, short, ready), head, data in zip(flags, heads, records, strict=True):
                     if (long or short) and (ready or self.events_before_ready):
                         publish += (self._events_bulk, head, data, _CRLF)
                         n_publish += 1
-            if self.batch:
-                message = self._encoder.encode(
-                    _BatchOut(
-                        seq=seq,
-                        published_at=time.time_ns(),
-                        count=len(encoded),
-                        records=[msgspec.Raw(d) for d in encoded],
-                    )
-                )
-                publish += (self._batch_bulk, b"$%d\r\n" % len(message), message, _CRLF)
-                n_publish += 1
             if self.latest:
                 field_of = self._fields.get
                 keys = zip(symbols, columns["interval"], columns["params_id"], strict=True)
-                for key, head, data in zip(keys, heads, encoded, strict=True):
+                for key, head, data in zip(keys, heads, records, strict=True):
                     latest[field_of(key) or self._latest_field(key)] = (head, data)
         commands = []
         if n_publish:
