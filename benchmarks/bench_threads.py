@@ -11,11 +11,14 @@ one 1,500-bar series it times three settings side by side: default (``threads=No
 chosen per call), one thread (the serial drivers) and all threads (the parallel
 drivers on every CPU numba may use); each back to back and at a 50 ms cadence (a
 live feed: threads fall asleep between bars), on the machine as it is and again with
-one competing busy process. Figures are medians of wall-clock samples; compilation is
-excluded (``Engine.compile()`` first). Targets: default within 15 % of the fastest
-setting on every row; 10,000 symbols with all threads >= 1.5x one thread when 2 cores
-are free. The threading layer is numba's default (``NUMBA_THREADING_LAYER`` to try
-another).
+one competing busy process. The settings are timed side by side: in 5 rounds, each
+setting gets a block of consecutive calls (rotated order; each block's first call is
+not counted), so that a slow phase of the shared host falls on all of them alike.
+Figures are the median of wall-clock samples and, in brackets, their 25th–75th
+percentiles; compilation is excluded (``Engine.compile()`` first). Targets: default
+within 15 % of the fastest setting on every row; 10,000 symbols with all threads
+>= 1.5x one thread when 2 cores are free. The threading layer is numba's default
+(``NUMBA_THREADING_LAYER`` to try another).
 """
 
 from __future__ import annotations
@@ -46,38 +49,62 @@ def _engine(n: int, history: int, threads: int | None):
     return engine, slots, times, closes
 
 
-def _median_ms(samples: list[float]) -> float:
-    return float(np.median(samples)) * 1e3
+def _stats_ms(samples: list[float]) -> tuple[float, float, float]:
+    """Median, 25th and 75th percentile, in ms."""
+    q25, q50, q75 = np.percentile(samples, [25, 50, 75]) * 1e3
+    return float(q50), float(q25), float(q75)
 
 
-def time_steps(n: int, history: int, threads: int | None, repeats: int, cadence: float):
-    engine, slots, times, closes = _engine(n, history, threads)
-    samples = []
+def _interleaved(calls: dict, repeats: int, cadence: float, blocks: int) -> dict:
+    """Times ``calls`` (label -> a callable) side by side: ``blocks`` rounds, each giving
+    every setting a block of consecutive calls, in rotated order, so that a slow
+    phase of the machine (a busy neighbour on the host) falls on every setting alike.
+    A block's first call warms the setting up again and is not counted."""
+    labels = list(calls)
+    per_block = max(2, -(-repeats // blocks))
+    samples: dict[str, list[float]] = {label: [] for label in labels}
     gc.disable()
     try:
-        for k in range(history, history + repeats):
-            if cadence:
-                time.sleep(cadence)
-            t = time.perf_counter()
-            engine.step_arrays(slots, np.full(n, times[k]), closes[:, k])
-            samples.append(time.perf_counter() - t)
+        for b in range(blocks):
+            for label in labels[b % len(labels) :] + labels[: b % len(labels)]:
+                call = calls[label]
+                for j in range(per_block + 1):
+                    if cadence:
+                        time.sleep(cadence)
+                    t = time.perf_counter()
+                    call()
+                    if j:
+                        samples[label].append(time.perf_counter() - t)
     finally:
         gc.enable()
-    return _median_ms(samples)
+    return {label: _stats_ms(samples[label]) for label in labels}
 
 
-def time_compute(n_bars: int, threads: int | None, repeats: int, cadence: float):
+def time_steps(n: int, history: int, settings: dict, repeats: int, cadence: float, blocks=5):
+    """``step_arrays`` of ``n`` warmed symbols under each thread setting."""
+    calls = {}
+    for label, threads in settings.items():
+        engine, slots, times, closes = _engine(n, history, threads)
+        bar = iter(range(history, closes.shape[1]))
+
+        def call(engine=engine, slots=slots, times=times, closes=closes, bar=bar):
+            k = next(bar)
+            engine.step_arrays(slots, np.full(n, times[k]), closes[:, k])
+
+        calls[label] = call
+    return _interleaved(calls, repeats, cadence, blocks)
+
+
+def time_compute(n_bars: int, settings: dict, repeats: int, cadence: float, blocks=5):
+    """``compute`` of one ``n_bars`` series under each thread setting."""
     from atc_stream import compute
 
     closes = 100 * np.exp(np.cumsum(np.random.default_rng(1).normal(0, 0.01, n_bars)))
-    samples = []
-    for _ in range(repeats):
-        if cadence:
-            time.sleep(cadence)
-        t = time.perf_counter()
-        compute(closes, threads=threads)
-        samples.append(time.perf_counter() - t)
-    return _median_ms(samples)
+    calls = {
+        label: (lambda threads=threads: compute(closes, threads=threads))
+        for label, threads in settings.items()
+    }
+    return _interleaved(calls, repeats, cadence, blocks)
 
 
 def run_rows(args, competing: bool, all_threads: int) -> list[tuple]:
@@ -88,12 +115,10 @@ def run_rows(args, competing: bool, all_threads: int) -> list[tuple]:
     ]
     for cadence in (0.0, args.cadence):
         for name, n in workloads:
-            times = {}
-            for label, threads in settings.items():
-                if n is None:
-                    times[label] = time_compute(args.bars, threads, args.repeats, cadence)
-                else:
-                    times[label] = time_steps(n, args.history, threads, args.repeats, cadence)
+            if n is None:
+                times = time_compute(args.bars, settings, args.repeats, cadence)
+            else:
+                times = time_steps(n, args.history, settings, args.repeats, cadence)
             pace = "back to back" if not cadence else f"every {cadence * 1e3:.0f} ms"
             load = "+1 busy process" if competing else "as is"
             rows.append((name, pace, load, times))
@@ -106,9 +131,11 @@ def print_rows(rows, header_load: str) -> None:
     print("| workload | pace | load | " + " | ".join(labels) + " | default / fastest |")
     print("|---|---|---|" + "---|" * len(labels) + "---|")
     for name, pace, load, times in rows:
-        fastest = min(times.values())
-        cells = " | ".join(f"{times[k]:.3f} ms" for k in labels)
-        ratio = times["default"] / fastest
+        fastest = min(median for median, _, _ in times.values())
+        cells = " | ".join(
+            f"{times[k][0]:.3f} ms ({times[k][1]:.3f}–{times[k][2]:.3f})" for k in labels
+        )
+        ratio = times["default"][0] / fastest
         flag = "" if ratio <= 1.15 else " (over 15 %)"
         print(f"| {name} | {pace} | {load} | {cells} | {ratio:.2f}x{flag} |")
 
@@ -133,7 +160,7 @@ def main(argv=None) -> int:
     Engine(backend="cpu").compile(print)
     all_threads = numba.config.NUMBA_NUM_THREADS
     print(f"CPUs available: {available_cpus()}; numba threads: {all_threads}; layer: ", end="")
-    time_steps(200, 10, all_threads, 1, 0.0)
+    time_steps(200, 10, {"all": all_threads}, 1, 0.0, blocks=1)
     print(numba.threading_layer())
     quiet = run_rows(args, False, all_threads)
     print_rows(quiet, f"1-min load average before: {os.getloadavg()[0]:.2f}")
