@@ -307,7 +307,7 @@ def machine_info() -> dict[str, Any]:
 def compile_all() -> float:
     """Call every compiled function once with the benchmark's argument types."""
     from atc_stream import Engine, compute
-    from atc_stream.kernels import batch, cpu
+    from atc_stream.kernels import batch, cpu, threads
     from atc_stream.reference import compute_reference
     from atc_stream.state.layout import N_OUT
 
@@ -330,8 +330,11 @@ def compile_all() -> float:
         st.counters, st.in_use, st.pending_last, st.pending_count, slots, t62, c62, reasons
     )
     out = np.full((2, N_OUT), np.nan)
-    cpu.step(st.ring, st.values, st.counters, st.params.lengths, st.params.values,
-             slots, t62, c62, order, starts, out)  # fmt: skip
+    # through threads.run, as the engine calls them: the first parallel call picks
+    # numba's threading layer for the process (workqueue unless NUMBA_THREADING_LAYER
+    # says otherwise), so calling a parallel driver bare would time another layer
+    arrays = (st.ring, st.values, st.counters, st.params.lengths, st.params.values)
+    threads.run(cpu.step_serial, cpu.step_parallel, 2, *arrays, slots, t62, c62, order, starts, out)
     return time.perf_counter() - t0
 
 
@@ -377,10 +380,8 @@ def bench_per_bar(sizes: Sizes, repeats: int, seed: int, results: dict) -> None:
 
 def per_bar_rows(n, history, repeats, step_repeats, seed, with_breakdown):
     """Rows of table (a) for ``n`` symbols (and the step breakdown when asked)."""
-    import numba
-
     from atc_stream import Engine, compute
-    from atc_stream.kernels import batch, cpu
+    from atc_stream.kernels import batch, cpu, threads
 
     names = symbol_names(n)
     n_bars = history + 1 + 6 * (step_repeats + 2) + 8
@@ -467,12 +468,10 @@ def per_bar_rows(n, history, repeats, step_repeats, seed, with_breakdown):
     from atc_stream.kernels.threads import choose_threads
 
     n_threads = choose_threads(n, n)
-    driver = cpu.step_serial if n_threads == 1 else cpu.step_parallel
 
-    def kernel(arg):
-        if n_threads > 1:
-            numba.set_num_threads(n_threads)
-        driver(*arrays, slots, arg[0], arg[1], order, starts, out)
+    def kernel(arg, n_threads=n_threads):
+        threads.run(cpu.step_serial, cpu.step_parallel, n_threads,
+                    *arrays, slots, arg[0], arg[1], order, starts, out)  # fmt: skip
 
     t_kernel = bench(kernel, step_repeats, setup=next_bar)
     rows.append(
@@ -539,13 +538,9 @@ def step_breakdown(eng, slots, next_bar, repeats, t_arrays, t_items, t_kernel, k
     rows.append(
         ("kernel `kernels.cpu.step` (default threads, pre-planned)", t_kernel, "the ATC math")
     )
-    threads = numba.get_num_threads()
     cursor_kernel = bench(kernel, repeats, setup=next_bar)  # re-measure next to 1-thread run
-    numba.set_num_threads(1)
-    try:
-        t_one = bench(kernel, repeats, setup=next_bar)
-    finally:
-        numba.set_num_threads(threads)
+    threads = numba.get_num_threads()  # what the default run just used
+    t_one = bench(lambda arg: kernel(arg, n_threads=1), repeats, setup=next_bar)  # serial
     rows.append(
         (
             "kernel, 1 numba thread",
