@@ -198,8 +198,8 @@ class Engine:
 
     def add_symbol(self, symbol: str, params_ids: Iterable[int] | None = None) -> list[StreamKey]:
         """Add one stream per parameter set (all by default) for ``symbol``; existing ones stay."""
-        if not isinstance(symbol, str) or not symbol:
-            raise ValueError(f"symbol must be a non-empty str, got {symbol!r}")
+        if not isinstance(symbol, str) or not symbol or "\x00" in symbol:
+            raise ValueError(f"symbol must be a non-empty str without NUL, got {symbol!r}")
         ids = range(len(self.store.params)) if params_ids is None else list(params_ids)
         return [self.add_stream(symbol, params_id) for params_id in ids]
 

@@ -236,3 +236,40 @@ def test_output_by_extension(tmp_path, capsys):
     assert [int(line.split(",")[3]) for line in csv_lines[1:]] == [r["time"] for r in jsonl]
     assert [r["close"] for r in parquet] == [r["close"] for r in jsonl]
     assert {r["interval"] for r in jsonl} == {"1m"}
+
+
+def test_a_nul_in_a_symbol_is_refused_never_merged_into_another(tmp_path):
+    """NumPy's str arrays drop trailing NULs: "AB\\0" must not become "AB" (its bars
+    would land in AB's series). Files reject the row; the Python API raises."""
+    import numpy as np
+
+    from atc_stream import Engine
+    from atc_stream.replay.ticks import load_ticks, ticks_from_arrays
+
+    csv = (
+        f"symbol,time,close\nAB,{T0},1\nAB\x00,{T0 + 60_000},9\nAB,{T0 + 60_000},2\nA\x00B,{T0},7\n"
+    )
+    table = read_bars(write(tmp_path, csv))
+    assert rows(table) == [("AB", T0, 1.0), ("AB", T0 + 60_000, 2.0)]
+    assert table.bad_rows.counts == {"bad_symbol": 2}
+    assert "bars.csv:3: bad_symbol: 'AB\\x00'" in table.bad_rows.examples
+
+    ticks_csv = f"time,symbol,price,size\n{T0},AB,1.5,1\n{T0 + 1},AB\x00,9.5,1\n"
+    ticks = load_ticks(write(tmp_path, ticks_csv, "ticks.csv"))
+    assert ticks.names == ["AB"] and ticks.prices.tolist() == [1.5]
+    assert ticks.rejected == {"bad_symbol": 1}
+    in_memory = ticks_from_arrays(
+        np.array([T0, T0 + 1, T0 + 2]), ["AB", "AB\x00", "C"], [1.0, 2.0, 3.0], [1, 1, 1]
+    )
+    assert in_memory.names == ["AB", "C"] and +in_memory.rejected == {"bad_symbol": 1}
+    assert in_memory.prices.tolist() == [1.0, 3.0]
+
+    engine = Engine(backend="cpu")
+    with pytest.raises(ValueError, match="without NUL"):
+        engine.add_symbol("AB\x00")
+    pandas = pytest.importorskip("pandas")
+    frame = pandas.DataFrame(
+        {"symbol": ["AB", "AB\x00"], "time": [T0, T0 + 60_000], "close": [1.0, 2.0]}
+    )
+    with pytest.raises(ValueError, match="NUL"):
+        engine.warmup(frame)

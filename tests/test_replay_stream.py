@@ -215,3 +215,50 @@ def test_cli_replay_of_unsorted_and_block_files_equals_the_sorted_file(tmp_path,
 
     for name, rows in outputs.items():
         assert sorted(rows, key=key) == sorted(outputs["sorted"], key=key), name
+
+
+def test_sort_files_of_a_killed_replay_are_removed_by_the_next(tmp_path, table, caplog):
+    """A replay SIGKILLed while sorting cannot delete its spilled runs; the next sort in
+    the same spill directory does, leaving live processes' and other hosts' alone."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    path = tmp_path / "shuffled.csv"
+    write_csv(path, table, orders(table)["shuffled"])
+    spills = tmp_path / "spills"
+    spills.mkdir()
+    killed = subprocess.Popen(
+        [sys.executable, "-c", (
+            "import sys, time\n"
+            "from atc_stream.replay.stream import BarFileSource\n"
+            "source = BarFileSource(sys.argv[1], chunk_rows=80, merge_rows=9,\n"
+            "                       spill_dir=sys.argv[2])\n"
+            "blocks = source.blocks(exclude_warm=False)  # held: its sort stays open\n"
+            "next(blocks)\n"
+            "print('sorting', flush=True)\n"
+            "time.sleep(60)\n"
+        ), str(path), str(spills)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert killed.stdout.readline().strip() == "sorting"
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(10)
+    left = list(spills.iterdir())
+    assert len(left) == 1 and any(left[0].iterdir())  # its runs are still there
+    host = socket.gethostname().replace("-", "_")
+    alive = spills / f"atc-replay-sort-{host}-{os.getpid()}-x"  # a live process's
+    other_host = spills / f"atc-replay-sort-otherhost-{killed.pid}-x"  # maybe alive there
+    for kept in (alive, other_host):
+        kept.mkdir()
+        (kept / "run-0.arrow").write_bytes(b"x")
+
+    source = BarFileSource(path, chunk_rows=80, merge_rows=9, spill_dir=spills)
+    with caplog.at_level("WARNING", logger="atc_stream.replay"):
+        got = play(source, 0)[0]
+    assert got == play(read_bars(path), 0)[0] and source.spilled_runs > 1
+    assert not left[0].exists()
+    assert sorted(spills.iterdir()) == sorted([alive, other_host])  # its own is gone too
+    assert any("removed 1 sort directory" in r.getMessage() for r in caplog.records)

@@ -12,10 +12,12 @@ Every cell is read as text and parsed strictly, per cell:
   that fit none), or ISO-8601 /
   RFC 3339 with or without zone (without: UTC). Result: int64 epoch ms (sub-ms floored).
 - close: a decimal or scientific number (no ``1_0``, no hex, no spaces).
-- symbol: not empty (files without a symbol column: ``symbol`` or the file's stem).
+- symbol: not empty, no NUL character (files without a symbol column: ``symbol`` or
+  the file's stem).
 
 Bad input policy (like the engine's): a bad row is left out, counted by reason
-(``bad_time``, ``bad_close``, ``empty_symbol``, ``oversized_field``, ``wrong_columns``)
+(``bad_time``, ``bad_close``, ``empty_symbol``, ``bad_symbol``, ``oversized_field``,
+``wrong_columns``)
 and reported with file and line; blank lines and a UTF-8 BOM are simply handled. Damage
 that makes the rest of a file unreadable (unterminated quote, invalid UTF-8, a missing
 column, a field longer than the read block, a corrupt Parquet file) raises
@@ -323,10 +325,15 @@ def _parse_batch(
         keep &= ~long
     symbols_text = pc.utf8_trim_whitespace(symbols_text)
     symbol_ok = ~_empty(symbols_text)
+    # a NUL in a name: NumPy's str arrays drop trailing NULs, which would merge "AB\0"
+    # into "AB" (another symbol's series) -- refused instead
+    nul = pc.fill_null(pc.match_substring(symbols_text, "\x00"), False)
+    nul = nul.to_numpy(zero_copy_only=False) & symbol_ok
     times, time_ok = parse_times(times_text, time_unit)
     closes, close_ok = parse_closes(closes_text)
     for mask, reason, text in (
         (~symbol_ok, "empty_symbol", symbols_text),
+        (nul, "bad_symbol", symbols_text),
         (~time_ok, "bad_time", times_text),
         (~close_ok, "bad_close", closes_text),
     ):

@@ -9,6 +9,7 @@ a usage error naming the option). Progress notes and the summary go to ``err``.
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -56,6 +57,8 @@ def replay(
     ``tick_columns``: ``{"price": ..., "size": ...}`` for ticks. ``params``/``interval``
     None: the snapshot's on ``--resume``, else the defaults (interval: inferred).
     """
+    # the modules' warnings (e.g. sort files of a killed replay removed) on stderr, as live
+    logging.basicConfig(level=logging.WARNING, format="atc-stream: %(levelname)s %(message)s")
     if (bars is None) == (ticks is None):
         raise ReplayOptionError("give either a bar file BARS or --ticks FILE (exactly one)")
     if ticks is not None:

@@ -19,7 +19,8 @@ follow each other in time) go straight from the reader to the engine. Other file
 (shuffled rows, one block of rows per symbol, a directory of one file per symbol)
 go through a **bounded external sort**: chunks of ``chunk_rows`` rows are sorted by
 time (stable) and spilled to temporary Arrow IPC files (28 B per row on disk, in the
-system temporary directory or ``spill_dir``, deleted afterwards), then k-way merged,
+system temporary directory or ``spill_dir``, deleted afterwards; the next sort deletes
+those a killed replay left behind), then k-way merged,
 ``merge_rows`` rows of each run in memory at a time. Memory: one record batch plus
 about 80 B x ``chunk_rows`` (120 MB at the default 1,500,000) while sorting, then
 28 B x ``merge_rows`` x runs while merging (0.9 MB per run of 1.5 M rows; about 150
@@ -31,6 +32,10 @@ same as for the time-sorted file.
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
+import socket
 import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -39,6 +44,8 @@ from pathlib import Path
 import numpy as np
 
 from ..io.readers import BadRows, InputError, SymbolCodes, infer_interval_of, iter_bar_batches
+
+log = logging.getLogger("atc_stream.replay")
 
 #: Rows per sorted chunk of the external sort (spilled to one temporary IPC file each).
 DEFAULT_CHUNK_ROWS = 1_500_000
@@ -215,7 +222,9 @@ class BarFileSource:
         merged."""
         chunk: list[Block] = []
         size = 0
-        with tempfile.TemporaryDirectory(prefix="atc-replay-sort-", dir=self.spill_dir) as tmp:
+        spill_dir = Path(self.spill_dir or tempfile.gettempdir())
+        remove_stale_spills(spill_dir)
+        with tempfile.TemporaryDirectory(prefix=_spill_prefix(), dir=spill_dir) as tmp:
             runs: list[Path] = []
             for block in rows:
                 chunk.append(block)
@@ -236,6 +245,53 @@ class BarFileSource:
             chunk = []
             self.spilled_runs = len(runs)
             yield from merge_runs(runs)
+
+
+#: Sort directories are named ``atc-replay-sort-<host>-<pid>-<random>``: a replay that
+#: was killed (SIGKILL, a power cut) cannot delete its own, so the next one on the same
+#: host deletes those whose process is gone.
+_SPILL_PREFIX = "atc-replay-sort-"
+
+
+def _spill_prefix() -> str:
+    host = socket.gethostname().replace("-", "_") or "host"
+    return f"{_SPILL_PREFIX}{host}-{os.getpid()}-"
+
+
+def _process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # it exists (another user's): not ours to judge
+        return False
+    return False
+
+
+def remove_stale_spills(spill_dir: Path) -> tuple[int, int]:
+    """Delete the sort directories in ``spill_dir`` left by killed replays on this host
+    (their process no longer exists); (directories, bytes) removed. Directories of
+    other hosts (a shared spill directory) and of live processes are left alone."""
+    host_prefix = _spill_prefix().rsplit("-", 2)[0] + "-"
+    removed = freed = 0
+    try:
+        candidates = list(spill_dir.glob(f"{host_prefix}*"))
+    except OSError:
+        return 0, 0
+    for path in candidates:
+        pid_text = path.name[len(host_prefix) :].split("-", 1)[0]
+        if not pid_text.isdigit() or not path.is_dir() or not _process_gone(int(pid_text)):
+            continue
+        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        shutil.rmtree(path, ignore_errors=True)
+        if not path.exists():
+            removed, freed = removed + 1, freed + size
+    if removed:
+        log.warning(
+            "removed %d sort director%s left in %s by killed replays (%.1f MB)",
+            removed, "y" if removed == 1 else "ies", spill_dir, freed / 1e6,
+        )  # fmt: skip
+    return removed, freed
 
 
 def _by_time(block: Block) -> Block:

@@ -28,11 +28,12 @@ Bar rules
 - Bad rows are left out, counted in ``rejected`` by reason and reported with file and
   line in ``bad_rows`` (first few in full): ``bad_time`` (empty, or neither an epoch
   nor an ISO time), ``bad_price`` (not a finite number > 0), ``bad_size`` (not a
-  finite number >= 0), ``bad_symbol`` (empty symbol cell), ``oversized_field`` (a cell
-  over ``io.readers.MAX_FIELD_CHARS``), ``wrong_columns`` (a line with too few or too
-  many cells). Numbers are parsed strictly (no ``1_0``). Blank lines and a UTF-8 BOM
-  are simply handled; damage that makes the rest of a file unreadable (unterminated
-  quote, invalid UTF-8, missing column, corrupt Parquet) raises ``InputError``.
+  finite number >= 0), ``bad_symbol`` (empty symbol cell, or a NUL in it),
+  ``oversized_field`` (a cell over ``io.readers.MAX_FIELD_CHARS``), ``wrong_columns`` (a
+  line with too few or too many cells). Numbers are parsed strictly (no ``1_0``). Blank
+  lines and a UTF-8 BOM are simply handled; damage that makes the rest of a file
+  unreadable (unterminated quote, invalid UTF-8, missing column, corrupt Parquet) raises
+  ``InputError``.
 """
 
 from __future__ import annotations
@@ -197,11 +198,11 @@ def _make_table(times, codes, names, prices, sizes, rejected: Counter) -> TickTa
     sizes = _to_float(sizes)
     names = list(names)
     symbol_ok = np.ones(n, bool)
-    if "" in names:  # empty / missing symbol cells
-        blank = names.index("")
-        symbol_ok = codes != blank
-        names.pop(blank)
-        codes = codes - (codes > blank)
+    for bad in [name for name in names if name == "" or "\x00" in name]:  # empty; a NUL
+        position = names.index(bad)
+        symbol_ok &= codes != position
+        names.pop(position)
+        codes = codes - (codes > position)
     price_ok = np.isfinite(prices) & (prices > 0)
     size_ok = np.isfinite(sizes) & (sizes >= 0)
     ok = symbol_ok & time_ok & price_ok & size_ok
@@ -383,10 +384,11 @@ def _parse_ticks(path, columns, roles, line_of, default_symbol, time_unit, bad) 
         encoded = pc.dictionary_encode(pc.cast(symbols, pa.string()).fill_null(""))
         # trim the (few) distinct names, not every cell; " A" and "A" become one symbol
         trimmed = [str(x).strip() for x in encoded.dictionary.to_pylist()]
-        names, merged = np.unique(np.array(trimmed, dtype=object).astype(str), return_inverse=True)
+        # an object array: a str array would drop trailing NULs and merge "AB\0" into "AB"
+        names, merged = np.unique(np.array(trimmed, dtype=object), return_inverse=True)
         codes = merged.reshape(-1)[encoded.indices.to_numpy(zero_copy_only=False)]
         names = names.tolist()
-        symbol_ok = np.array([name != "" for name in names], bool)[codes]
+        symbol_ok = np.array([name != "" and "\x00" not in name for name in names], bool)[codes]
     else:
         symbol_ok = np.ones(n, bool)
         codes, names = np.zeros(n, np.int64), [default_symbol]
