@@ -675,7 +675,7 @@ class Engine:
         except (TypeError, ValueError) as exc:
             self._reject(rejected, -1, BAD_HISTORY, f"{symbol!r}: {exc}", str(symbol))
             return None
-        if not isinstance(symbol, str) or not symbol:
+        if not isinstance(symbol, str) or not symbol or "\x00" in symbol:
             self._reject(rejected, -1, BAD_HISTORY, f"symbol {symbol!r}", None)
             return None
         if times.ndim != 1 or closes.shape != times.shape or times.dtype.kind not in "iu":

@@ -267,6 +267,9 @@ def test_a_nul_in_a_symbol_is_refused_never_merged_into_another(tmp_path):
     engine = Engine(backend="cpu")
     with pytest.raises(ValueError, match="without NUL"):
         engine.add_symbol("AB\x00")
+    history = {"AB": (np.array([T0, T0 + 60_000]), np.array([1.0, 2.0]))}
+    engine.warmup({**history, "AB\x00": history["AB"]})  # the rest still applies
+    assert engine.symbols == ["AB"] and engine.rejections == {"bad_history": 1}
     pandas = pytest.importorskip("pandas")
     frame = pandas.DataFrame(
         {"symbol": ["AB", "AB\x00"], "time": [T0, T0 + 60_000], "close": [1.0, 2.0]}
