@@ -938,15 +938,19 @@ def test_cli_live_publishes_closed_bars_to_redis(tmp_path, redis_url):  # noqa: 
 
 def test_ping_timeout_reconnects_and_pongs_keep_a_connection():
     """A server that never answers our pings is dropped within ping_timeout (reason
-    ``ping_timeout``) and reconnected; one that answers (the local exchange) is kept."""
-    pings = []
+    ``ping_timeout``) and reconnected, while its own pings get pongs; one that answers
+    (the local exchange) is kept."""
+    pings, pongs = [], []
 
     async def silent_ws(request):
         ws = web.WebSocketResponse(autoping=False)  # receives PINGs, never answers them
         await ws.prepare(request)
+        await ws.ping(b"server")  # the client answers the exchange's pings
         async for msg in ws:
             if msg.type == web.WSMsgType.PING:
                 pings.append(time.monotonic())
+            elif msg.type == web.WSMsgType.PONG:
+                pongs.append(bytes(msg.data))
         return ws
 
     async def run_against_silent_server():
@@ -972,6 +976,7 @@ def test_ping_timeout_reconnects_and_pongs_keep_a_connection():
     # each connection: a ping after 0.1 s, dropped 0.2 s later, 0.05-0.1 s of backoff
     assert 2 <= stats.disconnects["ping_timeout"] <= 6
     assert set(stats.disconnects) == {"ping_timeout"} and pings
+    assert pongs and set(pongs) == {b"server"}
     assert stats.reconnects == stats.connects - 1 >= 2
 
     closes = make_bars(SYMBOLS, 240, seed=4)
