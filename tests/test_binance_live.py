@@ -988,3 +988,22 @@ def test_ping_timeout_reconnects_and_pongs_keep_a_connection():
         )  # fmt: skip
         stats = run_client(client, max_seconds=1.0)
     assert stats.connects == 1 and not stats.disconnects and stats.bars > 0
+
+
+def test_an_oversized_frame_drops_the_connection_and_no_bar_is_lost():
+    """A frame over ``max_message_bytes`` is refused: the connection ends
+    (``connection_lost``), the client reconnects and backfills, every bar arrives once."""
+    closes = make_bars(SYMBOLS, 260, seed=6)
+    start = 220
+    huge = json.dumps({"stream": "btcusdt@kline_1m", "data": {"pad": "x" * 20_000}})
+    with FakeExchange(closes, start, faults={230: [("raw", "BTCUSDT", huge)]}) as ex:
+        engine = Engine(backend="cpu", interval=INTERVAL, outputs="all")
+        results = []
+        client = KlineClient(
+            engine, SYMBOLS, fast_config(ex, history=100, max_message_bytes=16_384),
+            on_result=results.append, clock_ms=lambda: ex.now_ms, seed=4,
+        )  # fmt: skip
+        stats = run_client(client, max_bars=len(SYMBOLS) * (260 - start), max_seconds=60)
+    assert stats.disconnects == {"connection_lost": 1} and stats.reconnects == 1
+    assert stats.bars == len(SYMBOLS) * (260 - start) and stats.backfilled_bars > 0
+    assert_exact(collect(results), closes, start - 100, start - 1, 259)
