@@ -45,6 +45,7 @@ from atc_stream.adapters.binance import (  # noqa: E402
     KlineClient,
     KlineParser,
     LiveConfig,
+    LiveStats,
     TokenBucket,
     backoff_delay,
 )
@@ -369,6 +370,16 @@ def run_client(client: KlineClient, **kw):
     return asyncio.run(client.run(**kw))
 
 
+def feed(ex: FakeExchange, config: LiveConfig, *, seed: int, **run) -> tuple[LiveStats, list]:
+    """A fresh engine fed by a client of ``SYMBOLS`` on ``ex``'s clock: (stats, results)."""
+    results: list = []
+    client = KlineClient(
+        Engine(backend="cpu", interval=INTERVAL, outputs="all"), SYMBOLS, config,
+        on_result=results.append, clock_ms=lambda: ex.now_ms, seed=seed,
+    )  # fmt: skip
+    return run_client(client, **run), results
+
+
 SYMBOLS = ["BTCUSDT", "ETHUSDT", "XRPUSDT"]
 
 
@@ -440,13 +451,10 @@ def test_disconnects_and_stall_every_bar_once():
     faults: dict[int, list] = {i: [(a, 1)] for i, a in zip(at, actions, strict=True)}
     faults[299] = [("abort", 1)]  # the very last closed bar is missed
     with FakeExchange(closes, start, faults=faults, bar_pause=0.008) as ex:
-        engine = Engine(backend="cpu", interval=INTERVAL, outputs="all")
-        results = []
-        client = KlineClient(
-            engine, SYMBOLS, fast_config(ex, history=150, idle_timeout=0.3),
-            on_result=results.append, clock_ms=lambda: ex.now_ms, seed=2,
+        stats, results = feed(
+            ex, fast_config(ex, history=150, idle_timeout=0.3), seed=2,
+            max_bars=len(SYMBOLS) * (300 - start), max_seconds=60,
         )  # fmt: skip
-        stats = run_client(client, max_bars=len(SYMBOLS) * (300 - start), max_seconds=60)
         applied = ex.applied
     assert stats.bars == len(SYMBOLS) * (300 - start)
     assert_exact(collect(results), closes, start - 150, start - 1, 299)
@@ -997,13 +1005,10 @@ def test_an_oversized_frame_drops_the_connection_and_no_bar_is_lost():
     start = 220
     huge = json.dumps({"stream": "btcusdt@kline_1m", "data": {"pad": "x" * 20_000}})
     with FakeExchange(closes, start, faults={230: [("raw", "BTCUSDT", huge)]}) as ex:
-        engine = Engine(backend="cpu", interval=INTERVAL, outputs="all")
-        results = []
-        client = KlineClient(
-            engine, SYMBOLS, fast_config(ex, history=100, max_message_bytes=16_384),
-            on_result=results.append, clock_ms=lambda: ex.now_ms, seed=4,
+        stats, results = feed(
+            ex, fast_config(ex, history=100, max_message_bytes=16_384), seed=4,
+            max_bars=len(SYMBOLS) * (260 - start), max_seconds=60,
         )  # fmt: skip
-        stats = run_client(client, max_bars=len(SYMBOLS) * (260 - start), max_seconds=60)
     assert stats.disconnects == {"connection_lost": 1} and stats.reconnects == 1
     assert stats.bars == len(SYMBOLS) * (260 - start) and stats.backfilled_bars > 0
     assert_exact(collect(results), closes, start - 100, start - 1, 259)
