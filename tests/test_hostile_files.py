@@ -174,16 +174,6 @@ def test_parquet_and_directories(tmp_path):
 # -- the CLI: one line, exit 2 ---------------------------------------------------------------
 
 
-def run_main(args, capsys):
-    from atc_stream.cli import main
-
-    with pytest.raises(SystemExit) as info:
-        main(args)
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return info.value.code, err
-
-
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
@@ -194,36 +184,34 @@ def run_main(args, capsys):
         (["--strict"], "rejected rows"),
     ],
 )
-def test_cli_errors_are_one_line_with_exit_2(tmp_path, capsys, extra, needle):
+def test_cli_errors_are_one_line_with_exit_2(tmp_path, run_main, extra, needle):
     day = 86_400_000
     text = "symbol,time,close\n" + "".join(f"A,{T0 + day * i},{i + 1}\n" for i in range(5))
     path = write(tmp_path, text + "A,oops,1\n")
-    code, err = run_main(["replay", str(path), "--no-progress", *extra], capsys)
+    code, err = run_main(["replay", str(path), "--no-progress", *extra])
     assert code == 2, err
     last = err.strip().splitlines()[-1]
     assert last.startswith("atc-stream: error:") and needle in last, err
 
 
-def test_cli_missing_file_and_unterminated_quote(tmp_path, capsys):
-    code, err = run_main(["replay", str(tmp_path / "nope.csv"), "--no-progress"], capsys)
+def test_cli_missing_file_and_unterminated_quote(tmp_path, run_main):
+    code, err = run_main(["replay", str(tmp_path / "nope.csv"), "--no-progress"])
     assert (
         code == 2
         and err.strip() == f"atc-stream: error: bar file '{tmp_path / 'nope.csv'}' does not exist"
     )
     path = write(tmp_path, f'symbol,time,close\nA,{T0},1\nB,"5,3\n')
-    code, err = run_main(["replay", str(path), "--no-progress"], capsys)
+    code, err = run_main(["replay", str(path), "--no-progress"])
     assert code == 2 and err.strip().count("\n") == 0 and "unterminated quote" in err
 
 
-def test_output_by_extension(tmp_path, capsys):
+def test_output_by_extension(tmp_path, run_main):
     import json
 
     text = "symbol,time,close\n" + "".join(f"A,{T0 + 60_000 * i},{i + 1}\n" for i in range(3))
     path = write(tmp_path, text)
     for name in ("o.jsonl", "o.csv", "o.parquet"):
-        code, err = run_main(
-            ["replay", str(path), "--no-progress", "-o", str(tmp_path / name)], capsys
-        )
+        code, err = run_main(["replay", str(path), "--no-progress", "-o", str(tmp_path / name)])
         assert code == 0, err
     jsonl = [json.loads(line) for line in open(tmp_path / "o.jsonl")]
     csv_lines = open(tmp_path / "o.csv").read().splitlines()

@@ -175,17 +175,7 @@ def test_unreadable_damage_raises_one_line(tmp_path, content, needle):
     assert "\n" not in str(info.value)
 
 
-def run_main(args, capsys):
-    from atc_stream.cli import main
-
-    with pytest.raises(SystemExit) as info:
-        main(args)
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return info.value.code, err
-
-
-def test_cli_replay_ticks_with_nanosecond_times(tmp_path, capsys):
+def test_cli_replay_ticks_with_nanosecond_times(tmp_path, run_main):
     lines = ["time,symbol,price,size"]
     for minute in range(30):
         for offset, price in SUB_MS_TRADES:
@@ -195,22 +185,22 @@ def test_cli_replay_ticks_with_nanosecond_times(tmp_path, capsys):
     out = tmp_path / "signals.jsonl"
     args = ["replay", "--ticks", str(write(tmp_path, "\n".join(lines) + "\n")),
             "--backend", "cpu", "--no-progress", "-o", str(out)]  # fmt: skip
-    code, err = run_main(args, capsys)
+    code, err = run_main(args)
     assert code == 0, err
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["time"] for r in rows] == [T0 + M * i for i in range(30)]
     assert [r["close"] for r in rows] == [13.0 + i % 7 for i in range(30)]
     assert "dropped ticks: bad_time=1" in err
     assert f"ticks.csv:{len(lines)}: bad_time: 'soon'" in err  # file:line of the row
-    code, err = run_main([*args, "--strict"], capsys)  # any rejected row: exit 2
+    code, err = run_main([*args, "--strict"])  # any rejected row: exit 2
     assert code == 2 and "1 rejected rows" in err and "(--strict)" in err, err
     seconds = write(tmp_path, f"time,symbol,price,size\n{T0 // 1000},A,5,1\n", "s.csv")
     code, err = run_main(["replay", "--ticks", str(seconds), "--no-progress", "--time-unit",
-                          "s", "--backend", "cpu", "-o", str(out)], capsys)  # fmt: skip
+                          "s", "--backend", "cpu", "-o", str(out)])  # fmt: skip
     assert code == 0, err
     assert [json.loads(x)["time"] for x in out.read_text().splitlines()] == [T0]
     bad = write(tmp_path, f'time,symbol,price,size\n{T0},A,1,1\n{T0},"B,1,1\n', "bad.csv")
-    code, err = run_main(["replay", "--ticks", str(bad), "--no-progress"], capsys)
+    code, err = run_main(["replay", "--ticks", str(bad), "--no-progress"])
     assert code == 2 and err.strip().count("\n") == 0 and "unterminated quote" in err, err
 
 
