@@ -33,26 +33,16 @@ from pathlib import Path
 
 os.environ["NUMBA_THREADING_LAYER"] = "workqueue"  # GNU OpenMP is not fork-safe
 
+from crash_driver import run_child as run_cli_child  # noqa: E402  (this script's folder)
+
 
 def run_child(args: list[str], how: str, n: int, snaps: Path) -> None:
     """In a forked child: arm the kill, run the CLI, leave with its exit status."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    os.dup2(devnull, 2)
     if how.startswith("fault:"):
         os.environ["ATC_STREAM_FAULT"] = f"{how[len('fault:') :]}:{n}"
     elif how == "snapshot":
         _kill_at_snapshot_write(snaps, n)
-    from atc_stream.cli import app
-
-    code = 0
-    try:
-        app(args, standalone_mode=False)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:
-        code = 3
-    os._exit(code)
+    run_cli_child(args)
 
 
 def _kill_at_snapshot_write(snaps: Path, nth: int) -> None:
