@@ -253,9 +253,13 @@ class BarFileSource:
 _SPILL_PREFIX = "atc-replay-sort-"
 
 
-def _spill_prefix() -> str:
+def _host_prefix() -> str:
     host = socket.gethostname().replace("-", "_") or "host"
-    return f"{_SPILL_PREFIX}{host}-{os.getpid()}-"
+    return f"{_SPILL_PREFIX}{host}-"
+
+
+def _spill_prefix() -> str:
+    return f"{_host_prefix()}{os.getpid()}-"
 
 
 def _process_gone(pid: int) -> bool:
@@ -272,7 +276,7 @@ def remove_stale_spills(spill_dir: Path) -> tuple[int, int]:
     """Delete the sort directories in ``spill_dir`` left by killed replays on this host
     (their process no longer exists); (directories, bytes) removed. Directories of
     other hosts (a shared spill directory) and of live processes are left alone."""
-    host_prefix = _spill_prefix().rsplit("-", 2)[0] + "-"
+    host_prefix = _host_prefix()
     removed = freed = 0
     try:
         candidates = list(spill_dir.glob(f"{host_prefix}*"))
