@@ -94,6 +94,12 @@ def _enough_streams_for_cuda(store: StateStore) -> bool:
 _fallback_noted = False
 
 
+def _is_symbol(symbol: Any) -> bool:
+    """A non-empty str without NUL (NumPy's str arrays would drop trailing NULs, merging
+    "AB\\0" into "AB")."""
+    return isinstance(symbol, str) and bool(symbol) and "\x00" not in symbol
+
+
 def _note_cpu_fallback(why: str) -> None:
     global _fallback_noted
     if _fallback_noted:
@@ -198,7 +204,7 @@ class Engine:
 
     def add_symbol(self, symbol: str, params_ids: Iterable[int] | None = None) -> list[StreamKey]:
         """Add one stream per parameter set (all by default) for ``symbol``; existing ones stay."""
-        if not isinstance(symbol, str) or not symbol or "\x00" in symbol:
+        if not _is_symbol(symbol):
             raise ValueError(f"symbol must be a non-empty str without NUL, got {symbol!r}")
         ids = range(len(self.store.params)) if params_ids is None else list(params_ids)
         return [self.add_stream(symbol, params_id) for params_id in ids]
@@ -675,7 +681,7 @@ class Engine:
         except (TypeError, ValueError) as exc:
             self._reject(rejected, -1, BAD_HISTORY, f"{symbol!r}: {exc}", str(symbol))
             return None
-        if not isinstance(symbol, str) or not symbol or "\x00" in symbol:
+        if not _is_symbol(symbol):
             self._reject(rejected, -1, BAD_HISTORY, f"symbol {symbol!r}", None)
             return None
         if times.ndim != 1 or closes.shape != times.shape or times.dtype.kind not in "iu":

@@ -372,8 +372,8 @@ def _split_by_symbol(symbols: np.ndarray, times: np.ndarray, closes: np.ndarray)
     if keys is None:
         bad = next(s for s in symbols if not isinstance(s, str))
         raise ValueError(f"symbol column must hold strings, found {bad!r}")
-    if any("\x00" in s for s in symbols):  # a str array would drop trailing NULs
-        bad = next(s for s in symbols if "\x00" in s)
+    bad = next((s for s in symbols if "\x00" in s), None)  # a str array drops trailing NULs
+    if bad is not None:
         raise ValueError(f"symbols must not hold NUL characters, found {bad!r}")
     order = np.argsort(keys, kind="stable")
     uniq, starts = np.unique(keys[order], return_index=True)
