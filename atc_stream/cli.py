@@ -259,7 +259,7 @@ def replay(
 ) -> None:
     """Feed bars (or ticks aggregated to bars) through the engine; one signal row per
     (stream, bar)."""
-    from .replay.run import ReplayOptionError
+    from .jobs import OptionError
     from .replay.run import replay as run_replay
     from .runner import Durability
 
@@ -281,7 +281,7 @@ def replay(
                 output=output, warmup=warmup, speed=speed, progress=progress, backend=backend,
                 interval=interval, durability=durability, err=_err,
             )  # fmt: skip
-    except ReplayOptionError as exc:
+    except OptionError as exc:
         raise typer.BadParameter(str(exc), param_hint=exc.param_hint) from None
 
 

@@ -3,31 +3,20 @@ an output, with snapshots and resume (``runner``).
 
 ``replay`` takes the parsed options and returns the engine and the ``ReplaySummary``;
 ``cli.replay`` only parses options and calls it. User errors are ``runner.RunError``
-(one line, exit 2) or ``ReplayOptionError`` (a bad option value; the CLI reports it as
+(one line, exit 2) or ``OptionError`` (a bad option value; the CLI reports it as
 a usage error naming the option). Progress notes and the summary go to ``err``.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..jobs import OptionError
+from ..jobs import err as to_stderr
 from ..runner import Durability, RunError
-
-
-class ReplayOptionError(ValueError):
-    """An option value that cannot work (``param_hint`` names the option, if one)."""
-
-    def __init__(self, message: str, param_hint: str | None = None) -> None:
-        super().__init__(message)
-        self.param_hint = param_hint
-
-
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr)
 
 
 def replay(
@@ -48,7 +37,7 @@ def replay(
     backend: str,
     interval: str | None,
     durability: Durability,
-    err: Callable[[str], None] = _stderr,
+    err: Callable[[str], None] = to_stderr,
 ):
     """Replay ``bars`` (CSV/Parquet file or directory, streamed) or ``ticks`` (aggregated
     to ``interval`` bars) into ``output``; returns ``(engine, summary)``.
@@ -60,7 +49,7 @@ def replay(
     # the modules' warnings (e.g. sort files of a killed replay removed) on stderr, as live
     logging.basicConfig(level=logging.WARNING, format="atc-stream: %(levelname)s %(message)s")
     if (bars is None) == (ticks is None):
-        raise ReplayOptionError("give either a bar file BARS or --ticks FILE (exactly one)")
+        raise OptionError("give either a bar file BARS or --ticks FILE (exactly one)")
     if ticks is not None:
         tick_columns = tick_columns or {"price": "price", "size": "size"}
         tick_interval = interval or "1m"  # the engine's: the snapshot's on --resume
@@ -97,7 +86,7 @@ def replay_source(
     interval: str | None,
     durability: Durability | None = None,
     source: dict[str, Any] | None = None,
-    err: Callable[[str], None] = _stderr,
+    err: Callable[[str], None] = to_stderr,
 ):
     """Replay ``bars`` (a ``BarTable`` or ``BarFileSource``) into ``output`` (resuming from
     a snapshot with ``--resume``); returns ``(engine, summary)``."""
@@ -130,7 +119,7 @@ def bar_source(
     strict: bool,
     resume: bool,
     warmup: int,
-    err: Callable[[str], None] = _stderr,
+    err: Callable[[str], None] = to_stderr,
     **stream_options,
 ):
     """The scanned ``BarFileSource`` of ``path`` (bad rows reported through ``err``) and
@@ -148,7 +137,7 @@ def bar_source(
         try:
             validate_interval(interval)
         except ValueError as exc:
-            raise ReplayOptionError(str(exc), param_hint="--interval") from None
+            raise OptionError(str(exc), param_hint="--interval") from None
     try:
         source = BarFileSource(
             path, symbol_column=columns["symbol"], time_column=columns["time"],
@@ -185,7 +174,7 @@ def tick_bars(
     symbol: str | None,
     time_unit: str = "auto",
     strict: bool = False,
-    err: Callable[[str], None] = _stderr,
+    err: Callable[[str], None] = to_stderr,
     **columns,
 ):
     """Ticks of ``path`` aggregated to a ``BarTable`` of ``interval`` bars (in memory);
@@ -204,7 +193,7 @@ def tick_bars(
     try:
         bars = aggregate_ticks(ticks, interval, empty=empty)
     except ValueError as exc:
-        raise ReplayOptionError(str(exc)) from exc
+        raise OptionError(str(exc)) from exc
     bad = ", ".join(f"{k}={v}" for k, v in sorted(ticks.rejected.items()) if v)
     err(
         f"atc-stream: {len(ticks)} ticks -> {len(bars)} {interval} bars of "
