@@ -4,13 +4,18 @@
 ``compute`` runs one whole series; ``atc_stream.reference`` is the slow, readable oracle.
 """
 
-from .engine import Engine
-from .params import FAMILIES, ATCParams
-from .results import PendingStep, Rejection, StepResult, StreamKey, UnknownStreamError
-from .schema import OutputNotRequestedError
-from .series import compute
-
-__version__ = "0.1.0"
+from atc_stream.core.params import FAMILIES, ATCParams
+from atc_stream.core.results import (
+    PendingStep,
+    Rejection,
+    StepResult,
+    StreamKey,
+    UnknownStreamError,
+)
+from atc_stream.core.schema import OutputNotRequestedError
+from atc_stream.core.version import __version__
+from atc_stream.engine.engine import Engine
+from atc_stream.engine.series import compute
 
 __all__ = [
     "ATCParams",

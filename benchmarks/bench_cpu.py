@@ -307,9 +307,9 @@ def machine_info() -> dict[str, Any]:
 def compile_all() -> float:
     """Call every compiled function once with the benchmark's argument types."""
     from atc_stream import Engine, compute
+    from atc_stream.core.output_row import N_OUT
+    from atc_stream.core.reference import compute_reference
     from atc_stream.kernels import batch, cpu, threads
-    from atc_stream.reference import compute_reference
-    from atc_stream.state.layout import N_OUT
 
     t0 = time.perf_counter()
     prices = random_walks(2, 80, seed=12345)
@@ -495,10 +495,10 @@ def step_breakdown(eng, slots, next_bar, repeats, t_arrays, t_items, t_kernel, k
     """Time each piece of ``Engine.step_arrays`` separately (same calls as the engine)."""
     import numba
 
-    from atc_stream.engine import _as_update_arrays
+    from atc_stream.core import output_row
+    from atc_stream.core.results import StepResult
+    from atc_stream.engine.engine import _as_update_arrays
     from atc_stream.kernels import batch
-    from atc_stream.results import StepResult
-    from atc_stream.state import layout as L
 
     n = slots.shape[0]
     st = eng.store
@@ -508,7 +508,7 @@ def step_breakdown(eng, slots, next_bar, repeats, t_arrays, t_items, t_kernel, k
     order, starts = batch.plan_rounds(
         st.counters, st.in_use, st.pending_last, st.pending_count, slots, tk, ck, reasons
     )
-    out = np.full((n, L.N_OUT), np.nan)
+    out = np.full((n, output_row.N_OUT), np.nan)
     keys = eng._keys_by_slot
 
     def gather(_):
@@ -525,7 +525,7 @@ def step_breakdown(eng, slots, next_bar, repeats, t_arrays, t_items, t_kernel, k
                 st.counters, st.in_use, st.pending_last, st.pending_count, slots, tk, ck, reasons
             ),
         ),
-        ("`np.full` output (CpuBackend.step)", lambda _: np.full((n, L.N_OUT), np.nan)),
+        ("`np.full` output (CpuBackend.step)", lambda _: np.full((n, output_row.N_OUT), np.nan)),
         ("`np.sort(order)` + 4 gathers", gather),
         ("`StepResult(...)`", lambda _: StepResult(keys, slots, tk, ck, out, [])),
     ]
@@ -651,7 +651,7 @@ def bench_warmup(sizes: Sizes, repeats: int, seed: int, results: dict) -> None:
 
 def bench_reference(sizes: Sizes, repeats: int, seed: int, results: dict) -> None:
     from atc_stream import compute
-    from atc_stream.reference import compute_reference
+    from atc_stream.core.reference import compute_reference
 
     load = load_note()
     n, bars = sizes.reference

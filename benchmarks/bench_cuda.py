@@ -66,12 +66,13 @@ from numba import njit
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from atc_stream import schema  # noqa: E402
-from atc_stream.engine import WARMUP_CHUNK, Engine  # noqa: E402
+from atc_stream.core import output_row
+from atc_stream.core.output_row import N_OUT  # noqa: E402
+from atc_stream.core.params import ATCParams  # noqa: E402
+from atc_stream.engine.engine import WARMUP_CHUNK, Engine  # noqa: E402
 from atc_stream.kernels import batch, cpu, cuda_available  # noqa: E402
-from atc_stream.params import ATCParams  # noqa: E402
 from atc_stream.state import layout as L  # noqa: E402
-from atc_stream.state.layout import N_OUT  # noqa: E402
-from atc_stream.state.store import StateStore  # noqa: E402
+from atc_stream.state.arrays import StateStore  # noqa: E402
 
 BASE_TIME = 1_700_000_000_000
 BAR_MS = 60_000
@@ -571,9 +572,12 @@ def warmup_host_rows(n: int, t: int, repeats: int) -> list[Row]:
 
 # -- CPU vs GPU, and the GPU tests -------------------------------------------------------------
 
-DISCRETE = [L.OUT_BAR_INDEX, L.OUT_LONG, L.OUT_SHORT, L.OUT_SIGNAL] + list(
-    range(L.OUT_LAYER1, L.OUT_LAYER1 + 6)
-)
+DISCRETE = [
+    output_row.OUT_BAR_INDEX,
+    output_row.OUT_LONG,
+    output_row.OUT_SHORT,
+    output_row.OUT_SIGNAL,
+] + list(range(output_row.OUT_LAYER1, output_row.OUT_LAYER1 + 6))
 
 
 def mismatches(n: int, steps: int = 20) -> dict:

@@ -107,7 +107,7 @@ class WallClockExchange(FakeExchange):
 SUBSCRIBER = """
 import json, sys, time
 from pathlib import Path
-from atc_stream.adapters.redis_pubsub import SignalSubscriber
+from atc_stream.connectors.redis.pubsub import SignalSubscriber
 url, out, stop = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 sub = SignalSubscriber(url, batch=True)
 sub.wait_ready()
@@ -134,8 +134,8 @@ sub.close()
 # kline's symbol and time), no engine, no checks, no file.
 NULL_CLIENT = r"""
 import asyncio, sys, time, aiohttp, msgspec
-from atc_stream.messages import SignalRecord
-from atc_stream.schema import SCHEMA_VERSION
+from atc_stream.core.messages import SignalRecord
+from atc_stream.core.schema import SCHEMA_VERSION
 urls, redis_url, interval = sys.argv[1].split(" "), sys.argv[2], sys.argv[3]
 class K(msgspec.Struct):
     t: int
@@ -230,7 +230,7 @@ def run_one(n_symbols: int, args, redis_url: str, redis_pid: int, tmp: Path, cli
                 for s in chunk) for chunk in chunks]  # fmt: skip
         floor_command = [sys.executable, "-c", NULL_CLIENT, " ".join(urls), redis_url, INTERVAL]
         command = floor_command if client == "floor" else [
-            sys.executable, "-m", "atc_stream.cli", "live", "--symbols", ",".join(symbols),
+            sys.executable, "-m", "atc_stream", "live", "--symbols", ",".join(symbols),
             "--history", str(args.history), "--ws-url", ex.ws_url, "--rest-url", ex.rest_url,
             "--redis", redis_url, "--backend", "cpu", "--status-every", "0",
             "--no-previews", "--rest-rate", "10000", "--output", str(tmp / "live.jsonl"),
@@ -327,7 +327,7 @@ def main(argv=None) -> int:
         "exchange: no CPU taken from the client) or sends them one ws.send each",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    compiled = subprocess.run([sys.executable, "-m", "atc_stream.cli", "compile"],
+    compiled = subprocess.run([sys.executable, "-m", "atc_stream", "compile"],
                               capture_output=True, text=True)  # fmt: skip
     print(compiled.stderr.strip())
     print(f"1-min load average before: {os.getloadavg()[0]:.2f}\n")

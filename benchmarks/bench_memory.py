@@ -62,7 +62,7 @@ def replay_peak(path: Path, work: Path, pythonpath: str | None = None) -> tuple[
     """(peak RSS MB, seconds, snapshot bytes) of one replay in a fresh process."""
     snaps = work / f"snaps_{path.suffix[1:]}_{path.stem}"
     out = work / f"out_{path.stem}_{path.suffix[1:]}.parquet"
-    args = [sys.executable, "-m", "atc_stream.cli", "replay", str(path), "--no-progress"]
+    args = [sys.executable, "-m", "atc_stream", "replay", str(path), "--no-progress"]
     args += ["--backend", "cpu", "--warmup", "1000", "-o", str(out)]
     args += ["--snapshot-dir", str(snaps), "--snapshot-every", "500000"]
     started = time.perf_counter()

@@ -105,7 +105,7 @@ def symbol_names(n: int) -> list[str]:
 def producer(url, n_symbols, closes, first_bar, last_bar, interval, start_at, conn) -> None:
     import redis
 
-    from atc_stream.adapters.redis_pubsub import pack_command, send_packed
+    from atc_stream.connectors.redis.pubsub import pack_command, send_packed
 
     client = redis.Redis.from_url(url)
     names = [s.encode() for s in symbol_names(n_symbols)]
@@ -144,7 +144,7 @@ class _Batch(msgspec.Struct):
 
 
 def subscriber(url, sample, expected_rows, ready, done, conn) -> None:
-    from atc_stream.adapters.redis_pubsub import SignalSubscriber
+    from atc_stream.connectors.redis.pubsub import SignalSubscriber
 
     sub = SignalSubscriber(url, batch=True, symbols=sample)
     sub.wait_ready()
@@ -279,8 +279,8 @@ def main() -> None:
         args.symbols, args.bars, args.paced_bars = 100, 100, 50
 
     from atc_stream import Engine
-    from atc_stream.adapters.redis_pubsub import SignalPublisher
-    from atc_stream.adapters.redis_streams import RedisStreamRunner
+    from atc_stream.connectors.redis.pubsub import SignalPublisher
+    from atc_stream.connectors.redis.streams import RedisStreamRunner
 
     closes = random_walk(args.symbols, args.bars + args.paced_bars, args.seed)
     server, url, workdir = start_redis()

@@ -51,7 +51,7 @@ def main(argv=None) -> int:
                                                           enumerate(closes)))  # fmt: skip
         workloads = {
             "`atc-stream replay` 600 bars": [
-                sys.executable, "-m", "atc_stream.cli", "replay", str(bars), "--backend", "cpu",
+                sys.executable, "-m", "atc_stream", "replay", str(bars), "--backend", "cpu",
                 "--output", str(Path(tmp) / "out.jsonl"),
             ],
             "`python -c 'compute(1,500 bars)'`": [sys.executable, "-c", COMPUTE],

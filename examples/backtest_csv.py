@@ -63,7 +63,7 @@ def main() -> None:
     print(f"buy and hold     {hold:+.2%} (from the ready bar)")
     print(signals[["close", "signal", "ready", "long", "short"]].tail(3).to_string())
     if args.plot:
-        from atc_stream.plot import plot_signals
+        from atc_stream.app.plot import plot_signals
 
         plot_signals(signals).savefig(args.plot, dpi=100)
         print(f"chart            {args.plot}")

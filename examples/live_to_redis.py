@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from atc_stream import ATCParams, Engine
-from atc_stream.adapters.redis_pubsub import SignalPublisher, SignalSubscriber
+from atc_stream.connectors.redis.pubsub import SignalPublisher, SignalSubscriber
 
 SYMBOLS = ("BTCUSDT", "ETHUSDT", "SOLUSDT")
 MINUTE_MS = 60_000

@@ -28,7 +28,7 @@ def run_main(capsys):
     asserting that no traceback reached stderr."""
 
     def run(args):
-        from atc_stream.cli import main
+        from atc_stream.app.cli import main
 
         with pytest.raises(SystemExit) as info:
             main(args)

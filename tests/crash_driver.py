@@ -31,7 +31,7 @@ os.environ["NUMBA_THREADING_LAYER"] = "workqueue"
 
 def run_child(args: list[str]) -> None:
     """In a forked child: run the CLI and leave with its exit status (never return)."""
-    from atc_stream.cli import app
+    from atc_stream.app.cli import app
 
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
@@ -67,7 +67,7 @@ def main() -> None:
 
 
 def run_spec(spec: dict) -> None:
-    from atc_stream.cli import app
+    from atc_stream.app.cli import app
 
     rng = random.Random(spec["seed"])
     started = time.perf_counter()

@@ -69,12 +69,11 @@ def _kill_at_snapshot_write(snaps: Path, nth: int) -> None:
 def main() -> None:
     import redis
 
-    import atc_stream.cli  # noqa: F401  (imported once, not in every child)
+    import atc_stream.app.cli  # noqa: F401  (imported once, not in every child)
     from atc_stream import Engine
-    from atc_stream.kernels.prepare import prepare_for_cli
 
     spec = json.loads(Path(sys.argv[1]).read_text())
-    prepare_for_cli(Engine(backend="cpu"), lambda line: None)  # the one kernel load
+    Engine.compile()  # the one kernel load
     client = redis.Redis.from_url(spec["url"])
     rng = random.Random(spec["seed"])
     snaps = Path(spec["snaps"])

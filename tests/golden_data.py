@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from atc_stream.params import ATCParams
+from atc_stream.core.params import ATCParams
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from atc_stream import schema
-from atc_stream.engine import Engine
-from atc_stream.params import ATCParams
+from atc_stream.core import schema
+from atc_stream.core.params import ATCParams
+from atc_stream.engine.engine import Engine
 
 SMALL = ATCParams(
     ema_len=6, hma_len=7, wma_len=5, dema_len=6, lsma_len=8, kama_len=5,

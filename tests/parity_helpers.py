@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from atc_stream.params import FAMILIES, N_MAS
+from atc_stream.core import output_row
+from atc_stream.core.params import FAMILIES, N_MAS
 from atc_stream.state import layout as L
 
 
@@ -14,7 +15,7 @@ def reference_outputs(ref: dict[str, np.ndarray]) -> np.ndarray:
     ``ema_equity``...)."""
     names = SCHEMA_NAMES if "signal" in ref else GOLDEN_NAMES
     n = ref[names["signal"]].shape[0]
-    out = np.empty((n, L.N_OUT))
+    out = np.empty((n, output_row.N_OUT))
     for name, column in OUT_COLUMN.items():
         out[:, column] = ref[names[name]]
     return out
@@ -22,13 +23,13 @@ def reference_outputs(ref: dict[str, np.ndarray]) -> np.ndarray:
 
 #: Kernel output column of each schema column that ``reference_outputs`` arranges.
 OUT_COLUMN = {
-    "signal": L.OUT_SIGNAL,
-    **{f"{f.lower()}_signal": L.OUT_LAYER1 + j for j, f in enumerate(FAMILIES)},
-    **{f"{f.lower()}_equity": L.OUT_LAYER2 + j for j, f in enumerate(FAMILIES)},
-    "long": L.OUT_LONG,
-    "short": L.OUT_SHORT,
-    "growth": L.OUT_GROWTH,
-    "bar_index": L.OUT_BAR_INDEX,
+    "signal": output_row.OUT_SIGNAL,
+    **{f"{f.lower()}_signal": output_row.OUT_LAYER1 + j for j, f in enumerate(FAMILIES)},
+    **{f"{f.lower()}_equity": output_row.OUT_LAYER2 + j for j, f in enumerate(FAMILIES)},
+    "long": output_row.OUT_LONG,
+    "short": output_row.OUT_SHORT,
+    "growth": output_row.OUT_GROWTH,
+    "bar_index": output_row.OUT_BAR_INDEX,
 }
 SCHEMA_NAMES = {name: name for name in OUT_COLUMN}
 #: Schema column -> golden-vector / reference column name.

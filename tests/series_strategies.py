@@ -11,7 +11,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from atc_stream import ATCParams
-from atc_stream.params import ROBUSTNESS_OFFSETS
+from atc_stream.core.params import ROBUSTNESS_OFFSETS
 
 
 @st.composite

@@ -30,7 +30,7 @@ from websockets.asyncio.server import serve  # noqa: E402
 from websockets.exceptions import ConnectionClosed  # noqa: E402
 
 from atc_stream import ATCParams, Engine, compute  # noqa: E402
-from atc_stream.schema import SCHEMA_VERSION
+from atc_stream.core.schema import SCHEMA_VERSION
 
 try:  # a real redis-server for the --redis test (skipped without one)
     from redis_fixtures import redis_server, redis_url  # noqa: E402, F401
@@ -41,7 +41,7 @@ except ImportError:  # pragma: no cover
         pytest.skip("tests/redis_fixtures.py is not available")
 
 
-from atc_stream.adapters.binance import (  # noqa: E402
+from atc_stream.connectors.exchanges.binance import (  # noqa: E402
     KlineClient,
     KlineParser,
     LiveConfig,
@@ -49,7 +49,7 @@ from atc_stream.adapters.binance import (  # noqa: E402
     TokenBucket,
     backoff_delay,
 )
-from atc_stream.intervals import interval_ms, next_open  # noqa: E402
+from atc_stream.core.intervals import interval_ms, next_open  # noqa: E402
 
 INTERVAL = "1m"
 IMS = 60_000
@@ -328,7 +328,7 @@ def assert_exact(
 ) -> None:
     """``rows`` hold bars ``emitted_from..last`` of every symbol exactly once (the warmup
     emits its last bar only), each equal to ``compute`` over the closes from ``first``."""
-    from atc_stream.results import StepResult
+    from atc_stream.core.results import StepResult
 
     span = range(emitted_from, last + 1)
     assert set(rows) == {(s, T0 + i * IMS) for s in closes for i in span}
@@ -750,7 +750,7 @@ def test_parser_fast_path_agrees_with_the_full_parser():
 def test_cli_live_streams_to_file(tmp_path):
     from typer.testing import CliRunner
 
-    from atc_stream.cli import app
+    from atc_stream.app.cli import app
 
     closes = make_bars(["BTCUSDT", "ETHUSDT"], 260, seed=12)
     start = 230
@@ -785,10 +785,10 @@ def test_cli_live_streams_to_file(tmp_path):
 
 
 def test_cli_live_snapshot_resume_every_bar_once(tmp_path):
-    pytest.importorskip("atc_stream.state.stores")
+    pytest.importorskip("atc_stream.state.snapshot_stores")
     from typer.testing import CliRunner
 
-    from atc_stream.cli import app
+    from atc_stream.app.cli import app
 
     closes = make_bars(["BTCUSDT", "ETHUSDT"], 270, seed=13)
     start, history = 230, 100
@@ -854,11 +854,11 @@ def test_cli_live_resume_cuts_the_output_back_to_the_snapshot(tmp_path, suffix):
     snapshots dropped) leaves rows the restored state has not seen in the output;
     ``--resume`` with the same ``-o`` cuts them off and the backfill writes them again,
     so the output holds every (symbol, params_id, time) exactly once."""
-    pytest.importorskip("atc_stream.state.stores")
+    pytest.importorskip("atc_stream.state.snapshot_stores")
     from typer.testing import CliRunner
 
-    from atc_stream.cli import app
-    from atc_stream.state.stores import open_snapshot_store
+    from atc_stream.app.cli import app
+    from atc_stream.state.snapshot_stores import open_snapshot_store
 
     closes = make_bars(["BTCUSDT", "ETHUSDT"], 270, seed=14)
     start, history = 230, 100
@@ -901,8 +901,8 @@ def test_cli_live_publishes_closed_bars_to_redis(tmp_path, redis_url):  # noqa: 
     import msgspec
     from typer.testing import CliRunner
 
-    from atc_stream.adapters.redis_pubsub import SignalSubscriber
-    from atc_stream.cli import app
+    from atc_stream.app.cli import app
+    from atc_stream.connectors.redis.pubsub import SignalSubscriber
 
     closes = make_bars(["BTCUSDT", "ETHUSDT"], 250, seed=14)
     start = 235

@@ -13,9 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from atc_stream import ATCParams, compute
-from atc_stream.cli import app
-from atc_stream.replay.player import load_bars, random_walk_table
-from atc_stream.schema import COLUMNS
+from atc_stream.app.cli import app
+from atc_stream.connectors.replay.player import random_walk_table
+from atc_stream.core.schema import COLUMNS
+from atc_stream.io.readers import read_bars
 
 runner = CliRunner(env={"COLUMNS": "240", "TERMINAL_WIDTH": "240", "NO_COLOR": "1"})
 
@@ -63,7 +64,7 @@ def test_replay_parquet_with_custom_columns_and_iso_times(tmp_path, table):
     pq.write_table(
         pa.table({"ticker": table.symbols.astype(str), "ts": iso, "px": table.closes}), path
     )
-    loaded = load_bars(path, symbol_column="ticker", time_column="ts", close_column="px")
+    loaded = read_bars(path, symbol_column="ticker", time_column="ts", close_column="px")
     assert np.array_equal(loaded.times, table.times)
     out = tmp_path / "signals.jsonl"
     args = ["replay", str(path), "--symbol-column", "ticker", "--time-column", "ts"]
@@ -117,7 +118,7 @@ def test_replay_with_parameter_sweep_file(tmp_path, table):
 
 def test_demo_runs_end_to_end_as_a_subprocess(tmp_path):
     out = tmp_path / "demo.jsonl"
-    cmd = [sys.executable, "-m", "atc_stream.cli", "demo", "--symbols", "3", "--bars", "200"]
+    cmd = [sys.executable, "-m", "atc_stream", "demo", "--symbols", "3", "--bars", "200"]
     cmd += ["--warmup", "50", "-o", str(out), "--no-progress"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -128,7 +129,7 @@ def test_demo_runs_end_to_end_as_a_subprocess(tmp_path):
 def test_replay_of_a_shuffled_file_with_warmup_equals_the_sorted_one(tmp_path, table):
     rng = np.random.default_rng(0)
     shuffled = rng.permutation(len(table))
-    from atc_stream.replay.player import BarTable
+    from atc_stream.io.readers import BarTable
 
     write_csv(tmp_path / "sorted.csv", table)
     write_csv(

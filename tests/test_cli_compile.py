@@ -14,7 +14,7 @@ from atc_stream import compute
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "atc_stream.cli", *args], capture_output=True, text=True,
+        [sys.executable, "-m", "atc_stream", *args], capture_output=True, text=True,
         timeout=600, env=env,
     )  # fmt: skip
 
@@ -103,7 +103,7 @@ BIG_STEPS_AFTER_PREPARE = """
 import numpy as np
 from atc_stream import Engine
 from atc_stream.kernels import prepare
-prepare.prepare_kernels()
+Engine.compile()
 before = [len(d.signatures) for d in prepare._dispatchers()]
 engine = Engine(backend="cpu")
 times = np.arange(3, dtype=np.int64) * 60_000

@@ -15,17 +15,17 @@ import pytest
 from redis_fixtures import redis_server, redis_url  # noqa: F401
 from typer.testing import CliRunner
 
-from atc_stream.adapters.redis_pubsub import SignalSubscriber
-from atc_stream.adapters.redis_streams import read_outputs
-from atc_stream.cli import app
-from atc_stream.replay.player import random_walk_table
-from atc_stream.schema import SCHEMA_VERSION
-from atc_stream.state.stores import DirectorySnapshotStore
+from atc_stream.app.cli import app
+from atc_stream.connectors.redis.pubsub import SignalSubscriber
+from atc_stream.connectors.redis.streams import read_outputs
+from atc_stream.connectors.replay.player import random_walk_table
+from atc_stream.core.schema import SCHEMA_VERSION
+from atc_stream.state.snapshot_stores import DirectorySnapshotStore
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(300)]
 
 cli = CliRunner(env={"COLUMNS": "240", "TERMINAL_WIDTH": "240", "NO_COLOR": "1"})
-ATC = [sys.executable, "-m", "atc_stream.cli"]
+ATC = [sys.executable, "-m", "atc_stream"]
 
 
 def write_csv(path, table):

@@ -26,7 +26,7 @@ import atc_stream
 CHILD = """
 import json, sys
 import numpy as np
-from atc_stream.series import compute
+from atc_stream.engine.series import compute
 from atc_stream.kernels import cache, cpu
 closes = 100.0 + np.sin(np.arange(300) / 7.0)
 out = compute(closes)

@@ -25,12 +25,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from atc_stream.replay.player import random_walk_table
-from atc_stream.state.stores import DirectorySnapshotStore
+from atc_stream.connectors.replay.player import random_walk_table
+from atc_stream.state.snapshot_stores import DirectorySnapshotStore
 
 pytestmark = pytest.mark.timeout(600)
 
-ATC = [sys.executable, "-m", "atc_stream.cli"]
+ATC = [sys.executable, "-m", "atc_stream"]
 N_SYMBOLS, N_BARS = 8, 600
 
 
@@ -123,7 +123,7 @@ def cli(args):
     """Run ``atc-stream`` in this process (the kernels compile once per test session)."""
     from typer.testing import CliRunner
 
-    from atc_stream.cli import app
+    from atc_stream.app.cli import app
 
     return CliRunner().invoke(app, args)
 

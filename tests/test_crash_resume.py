@@ -30,9 +30,9 @@ import pytest
 from redis_fixtures import redis_server, redis_url  # noqa: F401
 
 from atc_stream import ATCParams, Engine, compute
-from atc_stream.adapters.redis_pubsub import records_from_result
-from atc_stream.adapters.redis_streams import read_outputs
-from atc_stream.replay.player import random_walk_table
+from atc_stream.connectors.redis.pubsub import records_from_result
+from atc_stream.connectors.redis.streams import read_outputs
+from atc_stream.connectors.replay.player import random_walk_table
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(420)]
 
@@ -54,7 +54,7 @@ def push_bars(client, table) -> None:
 
 def command(url, snapshot_dir, *, resume=False, idle=None):
     cmd = [
-        sys.executable, "-m", "atc_stream.cli", "run-stream",
+        sys.executable, "-m", "atc_stream", "run-stream",
         "--redis", url, "--input-stream", INPUT, "--output-stream", OUTPUT,
         "--group", "g", "--consumer", "c1", "--snapshot-dir", str(snapshot_dir),
         "--snapshot-every", "250", "--batch-size", "40", "--backend", "cpu",

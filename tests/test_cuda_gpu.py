@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from atc_stream.engine import Engine
+from atc_stream.core.params import ATCParams
+from atc_stream.engine.engine import Engine
 from atc_stream.kernels import cpu, cuda_available, cuda_simulated
-from atc_stream.params import ATCParams
 
 HAVE_GPU, WHY_NOT = cuda_available()
 pytestmark = pytest.mark.gpu
@@ -226,7 +226,7 @@ def test_growth_table_matches_cpu_growth_factor_exactly():
     if cuda_simulated():
         pytest.skip("covered by test_cuda_sim.py")
     from atc_stream.kernels.cuda import growth_table
-    from atc_stream.state.store import StateStore
+    from atc_stream.state.arrays import StateStore
 
     store = StateStore()
     for p in (*PARAMS, ATCParams(La=0.9, cutout=3)):

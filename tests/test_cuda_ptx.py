@@ -127,7 +127,7 @@ def test_ptx_fma_spelling_of_the_guard(kc):
 
 def test_auto_backend_without_a_gpu_picks_the_cpu():
     """No GPU here: ``auto`` (even with many streams) runs on the CPU; ``cuda`` says why not."""
-    from atc_stream.engine import Engine
+    from atc_stream.engine.engine import Engine
     from atc_stream.kernels import AUTO_MIN_STREAMS
 
     available, why = cuda_available()

@@ -22,11 +22,12 @@ import numpy as np
 import pytest
 from golden_data import load_golden_cases
 
-from atc_stream.engine import Engine
+from atc_stream.core import output_row
+from atc_stream.core.params import FAMILIES, ATCParams
+from atc_stream.engine.engine import Engine
 from atc_stream.kernels import batch, cpu
-from atc_stream.params import FAMILIES, ATCParams
 from atc_stream.state import layout as L
-from atc_stream.state.store import StateStore
+from atc_stream.state.arrays import StateStore
 
 pytestmark = [
     pytest.mark.cudasim,
@@ -109,12 +110,12 @@ def test_backend_choice_under_the_simulator(cuda_mod):
 
 GOLDEN = load_golden_cases()
 COLUMNS = {
-    "bar_index": L.OUT_BAR_INDEX,
-    "Average_Signal": L.OUT_SIGNAL,
-    "long": L.OUT_LONG,
-    "short": L.OUT_SHORT,
-    **{f"{f}_Signal": L.OUT_LAYER1 + i for i, f in enumerate(FAMILIES)},
-    **{f"{f}_S": L.OUT_LAYER2 + i for i, f in enumerate(FAMILIES)},
+    "bar_index": output_row.OUT_BAR_INDEX,
+    "Average_Signal": output_row.OUT_SIGNAL,
+    "long": output_row.OUT_LONG,
+    "short": output_row.OUT_SHORT,
+    **{f"{f}_Signal": output_row.OUT_LAYER1 + i for i, f in enumerate(FAMILIES)},
+    **{f"{f}_S": output_row.OUT_LAYER2 + i for i, f in enumerate(FAMILIES)},
 }
 
 
@@ -438,8 +439,13 @@ def test_requested_outputs_subset_cuda_equals_cpu():
     for eng in engines:
         eng.warmup({f"S{i}": (t[:30], closes[i, :30]) for i in range(3)})
         eng.request_outputs("signal", "events")
-    wanted = [L.OUT_SIGNAL, L.OUT_LONG, L.OUT_SHORT, L.OUT_BAR_INDEX]
-    others = [c for c in range(L.N_OUT) if c not in wanted]
+    wanted = [
+        output_row.OUT_SIGNAL,
+        output_row.OUT_LONG,
+        output_row.OUT_SHORT,
+        output_row.OUT_BAR_INDEX,
+    ]
+    others = [c for c in range(output_row.N_OUT) if c not in wanted]
     for j in range(30, 34):
         bars = [(f"S{i}", int(t[j]), float(closes[i, j])) for i in range(3)]
         bars.append(("S1", int(t[j - 1]), 5.0))  # a duplicate: rejected
@@ -477,7 +483,7 @@ def test_requested_output_subsets_cuda_equal_all_cpu_outputs(outputs, full_outpu
 
 
 def test_only_the_requested_columns_are_packed(cuda_mod):
-    from atc_stream import schema
+    from atc_stream.core import schema
 
     eng = Engine(SHORT, backend="cuda", outputs=("signal", "events"))
     t = times_of(12)

@@ -2,7 +2,7 @@
 exit status 2 -- never a traceback, never a wrong time.
 
 The reader cases call ``io.readers.read_bars`` directly (no numba); the CLI cases run
-``atc_stream.cli.main`` in this process for the exit status and the one-line message.
+``atc_stream.app.cli.main`` in this process for the exit status and the one-line message.
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ def test_output_by_extension(tmp_path, run_main):
     jsonl = [json.loads(line) for line in open(tmp_path / "o.jsonl")]
     csv_lines = open(tmp_path / "o.csv").read().splitlines()
     parquet = pq.read_table(tmp_path / "o.parquet").to_pylist()
-    from atc_stream.schema import COLUMNS
+    from atc_stream.core.schema import COLUMNS
 
     assert list(jsonl[0]) == list(COLUMNS)
     assert csv_lines[0].split(",") == list(COLUMNS)
@@ -232,7 +232,7 @@ def test_a_nul_in_a_symbol_is_refused_never_merged_into_another(tmp_path):
     import numpy as np
 
     from atc_stream import Engine
-    from atc_stream.replay.ticks import load_ticks, ticks_from_arrays
+    from atc_stream.connectors.replay.ticks import load_ticks, ticks_from_arrays
 
     csv = (
         f"symbol,time,close\nAB,{T0},1\nAB\x00,{T0 + 60_000},9\nAB,{T0 + 60_000},2\nA\x00B,{T0},7\n"

@@ -11,7 +11,7 @@ import pytest
 from parity_helpers import assert_bit_identical
 
 from atc_stream import ATCParams, Engine, StreamKey, UnknownStreamError, compute
-from atc_stream.inputs import detect_epoch_unit, times_to_ms
+from atc_stream.core.inputs import detect_epoch_unit, times_to_ms
 
 SHORT = ATCParams(ema_len=8, hma_len=8, wma_len=8, dema_len=8, lsma_len=8, kama_len=8)
 T0_MS = 1_700_000_040_000  # a whole minute, epoch ms

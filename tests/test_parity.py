@@ -11,9 +11,9 @@ from parity_helpers import GOLDEN_NAMES, assert_bit_identical, ma_signals, refer
 from series_strategies import atc_params, close_series
 
 from atc_stream import ATCParams, Engine, compute
-from atc_stream.params import N_MAS
-from atc_stream.reference import compute_reference
-from atc_stream.state import layout as L
+from atc_stream.core import output_row
+from atc_stream.core.params import N_MAS
+from atc_stream.core.reference import compute_reference
 
 GOLDEN = load_golden_cases()
 
@@ -38,7 +38,7 @@ def run_steps(closes: np.ndarray, params: ATCParams, warmup: int = 0):
         assert_bit_identical(preview.outputs, res.outputs, "preview vs step")
         rows.append(res.outputs[0])
         sigs.append(ma_signals(engine.store.values[slot]).copy())
-    return np.array(rows).reshape(-1, L.N_OUT), np.array(sigs).reshape(-1, N_MAS)
+    return np.array(rows).reshape(-1, output_row.N_OUT), np.array(sigs).reshape(-1, N_MAS)
 
 
 @pytest.mark.parametrize("case", GOLDEN, ids=[c[0] for c in GOLDEN])

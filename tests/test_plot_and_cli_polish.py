@@ -3,6 +3,7 @@ metadata and ``py.typed`` (issue 11, items 5 and 6)."""
 
 from __future__ import annotations
 
+import importlib.metadata
 from pathlib import Path
 
 import numpy as np
@@ -12,14 +13,14 @@ from typer.testing import CliRunner
 
 import atc_stream
 from atc_stream import ATCParams, Engine, compute
-from atc_stream.cli import app
+from atc_stream.app.cli import app
+from atc_stream.core.schema import params_metadata
 from atc_stream.io.writers import JsonlWriter, ParquetWriter
-from atc_stream.schema import params_metadata
 
 pytest.importorskip("matplotlib")
 from PIL import Image  # noqa: E402  (matplotlib depends on Pillow)
 
-from atc_stream.plot import PlotError, plot_signals  # noqa: E402
+from atc_stream.app.plot import PlotError, plot_signals  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 runner = CliRunner(env={"COLUMNS": "240", "NO_COLOR": "1"})
@@ -106,9 +107,13 @@ def test_version_flag():
 
 def test_license_and_typing_marker_ship():
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
-    meta = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    meta = pyproject["project"]
     assert meta["license"] == "MIT"
     assert "MIT License" in (REPO / "LICENSE").read_text()
-    assert meta["version"] == atc_stream.__version__
+    assert meta["dynamic"] == ["version"]  # read from the one place it is defined
+    version_attr = pyproject["tool"]["setuptools"]["dynamic"]["version"]["attr"]
+    assert version_attr == "atc_stream.core.version.__version__"
+    assert importlib.metadata.version("atc-stream") == atc_stream.__version__
     assert (REPO / "atc_stream" / "py.typed").is_file()
     assert any(d.startswith("matplotlib") for d in meta["optional-dependencies"]["plot"])

@@ -11,8 +11,8 @@ import pytest
 from redis_fixtures import free_port, private_redis, redis_server, redis_url  # noqa: F401
 from test_redis_pubsub import Collector, step_results
 
-from atc_stream.adapters.redis_loop import LoopPublisher, ReplyError, read_reply
-from atc_stream.adapters.redis_pubsub import SignalPublisher, SignalSubscriber
+from atc_stream.connectors.redis.loop import LoopPublisher, ReplyError, read_reply
+from atc_stream.connectors.redis.pubsub import SignalPublisher, SignalSubscriber
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
 
@@ -181,8 +181,8 @@ def test_packed_commands_are_the_protocol_of_the_documented_arguments():
     HSET of the latest hash that the records say, with the right argument counts."""
     import msgspec
 
-    from atc_stream.adapters.redis_pubsub import PUBLISH_SCRIPT, SignalMessages
-    from atc_stream.messages import records_from_result
+    from atc_stream.connectors.redis.pubsub import PUBLISH_SCRIPT, SignalMessages
+    from atc_stream.core.messages import records_from_result
 
     results = [r for r in step_results(4, 140, seed=11) if len(r)][-40:]
     items = list(enumerate(results, start=1))

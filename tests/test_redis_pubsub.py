@@ -15,7 +15,7 @@ import pytest
 from redis_fixtures import private_redis, redis_server, redis_url  # noqa: F401
 
 from atc_stream import ATCParams, Engine
-from atc_stream.adapters.redis_pubsub import (
+from atc_stream.connectors.redis.pubsub import (
     SCHEMA_VERSION,
     SignalBatch,
     SignalPublisher,
@@ -23,8 +23,8 @@ from atc_stream.adapters.redis_pubsub import (
     SignalSubscriber,
     records_from_result,
 )
-from atc_stream.replay.player import random_walk_table
-from atc_stream.schema import COLUMNS
+from atc_stream.connectors.replay.player import random_walk_table
+from atc_stream.core.schema import COLUMNS
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(300)]
 
@@ -203,7 +203,7 @@ def test_slow_and_killed_subscribers_do_not_slow_the_step_loop(redis_url):  # no
     silent.sendall(b"PSUBSCRIBE atc:*\r\n")
     # ... and one that is killed mid-run
     killed = subprocess.Popen(
-        [sys.executable, "-m", "atc_stream.cli", "subscribe", "--redis", redis_url, "--batch"],
+        [sys.executable, "-m", "atc_stream", "subscribe", "--redis", redis_url, "--batch"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -289,7 +289,7 @@ def test_redis_outage_is_survived_and_counted(private_redis):  # noqa: F811
 def test_subscribe_cli_prints_messages(redis_url, results):  # noqa: F811
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "atc_stream.cli", "subscribe", "--redis", redis_url,
+            sys.executable, "-m", "atc_stream", "subscribe", "--redis", redis_url,
             "--symbols", "SYM000,SYM002", "--events", "--count", "6",
         ],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -316,7 +316,7 @@ def test_subscriber_survives_a_redis_restart_and_counts_malformed(private_redis)
     """A real redis-server is restarted under a subscriber, and garbage is published on its
     channel: the subscriber reconnects with backoff, skips and counts the garbage, and
     receives what is published after the restart."""
-    from atc_stream.adapters.redis_pubsub import SignalSubscriber, signal_channel
+    from atc_stream.connectors.redis.pubsub import SignalSubscriber, signal_channel
 
     good = msgspec.json.encode(SignalRecord(**{name: _example_value(name) for name in COLUMNS}))
     channel = signal_channel("atc", "SYM000")
@@ -354,7 +354,7 @@ def test_subscriber_survives_a_redis_restart_and_counts_malformed(private_redis)
 
 
 def _example_value(name: str):
-    from atc_stream.schema import COLUMN_TYPES
+    from atc_stream.core.schema import COLUMN_TYPES
 
     kind = COLUMN_TYPES[name]
     return {"str": "SYM000" if name == "symbol" else "1m", "int": 1, "float": 1.0,

@@ -9,8 +9,12 @@ import pytest
 from redis_fixtures import redis_server, redis_url  # noqa: F401
 
 from atc_stream import ATCParams, Engine
-from atc_stream.adapters.redis_pubsub import SignalPublisher, SignalSubscriber, records_from_result
-from atc_stream.adapters.redis_streams import (
+from atc_stream.connectors.redis.pubsub import (
+    SignalPublisher,
+    SignalSubscriber,
+    records_from_result,
+)
+from atc_stream.connectors.redis.streams import (
     MALFORMED_CLOSE,
     MALFORMED_MISSING_FIELD,
     MALFORMED_SYMBOL,
@@ -20,7 +24,7 @@ from atc_stream.adapters.redis_streams import (
     read_outputs,
     source_key,
 )
-from atc_stream.replay.player import random_walk_table
+from atc_stream.connectors.replay.player import random_walk_table
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(300)]
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from golden_data import golden_dir, load_golden_cases
 
-from atc_stream.params import FAMILIES, N_MAS, ATCParams
-from atc_stream.reference import (
+from atc_stream.core.params import FAMILIES, N_MAS, ATCParams
+from atc_stream.core.reference import (
     OUTPUT_COLUMNS,
     Equity,
     compute_reference,

@@ -16,9 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from atc_stream import ATCParams, Engine
-from atc_stream.io.readers import read_bars
-from atc_stream.replay.player import BarPlayer, BarTable, random_walk_table
-from atc_stream.replay.stream import BarFileSource, merge_runs, whole_bar_times
+from atc_stream.connectors.replay.player import BarPlayer, random_walk_table
+from atc_stream.connectors.replay.stream import BarFileSource, merge_runs, whole_bar_times
+from atc_stream.io.readers import BarTable, read_bars
 
 MINUTE = 60_000
 
@@ -174,7 +174,7 @@ def test_a_file_changed_between_the_passes_is_refused(tmp_path, table):
 
 def test_merge_keeps_equal_times_in_file_order(tmp_path):
     """Runs whose batches end on the same bar time: the merge waits for the rest of it."""
-    from atc_stream.replay.stream import Block, _spill
+    from atc_stream.connectors.replay.stream import Block, _spill
 
     runs = []
     for number, (times, rows) in enumerate(
@@ -195,7 +195,7 @@ def test_merge_keeps_equal_times_in_file_order(tmp_path):
 def test_cli_replay_of_unsorted_and_block_files_equals_the_sorted_file(tmp_path, table):
     from typer.testing import CliRunner
 
-    from atc_stream.cli import app
+    from atc_stream.app.cli import app
 
     outputs = {}
     for name, order in orders(table).items():
@@ -233,7 +233,7 @@ def test_sort_files_of_a_killed_replay_are_removed_by_the_next(tmp_path, table, 
     killed = subprocess.Popen(
         [sys.executable, "-c", (
             "import sys, time\n"
-            "from atc_stream.replay.stream import BarFileSource\n"
+            "from atc_stream.connectors.replay.stream import BarFileSource\n"
             "source = BarFileSource(sys.argv[1], chunk_rows=80, merge_rows=9,\n"
             "                       spill_dir=sys.argv[2])\n"
             "blocks = source.blocks(exclude_warm=False)  # held: its sort stays open\n"

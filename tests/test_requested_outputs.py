@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from output_subsets import SUBSETS, assert_subset_matches, drive
 
-from atc_stream import schema
-from atc_stream.engine import Engine
+from atc_stream.core import schema
+from atc_stream.core.params import ATCParams
+from atc_stream.engine.engine import Engine
 from atc_stream.io.writers import OutputError, open_writer
-from atc_stream.params import ATCParams
 
 T0, BAR = 1_700_000_000_000, 60_000
 
@@ -124,8 +124,8 @@ def test_csv_writer_refuses_results_of_other_columns(tmp_path):
 def test_redis_records_of_a_subset_round_trip():
     import msgspec
 
-    from atc_stream.adapters.redis_pubsub import SignalBatch, _message_types
-    from atc_stream.messages import SignalRecord, records_from_result
+    from atc_stream.connectors.redis.pubsub import SignalBatch, _message_types
+    from atc_stream.core.messages import SignalRecord, records_from_result
 
     result = _results(("events",))[2]
     records = records_from_result(result)

@@ -22,11 +22,11 @@ from redis_fixtures import redis_server, redis_url  # noqa: F401
 from typer.testing import CliRunner
 
 from atc_stream import ATCParams, Engine, compute
-from atc_stream.cli import app
+from atc_stream.app.cli import app
+from atc_stream.core.params import FAMILIES, LENGTHS_PER_FAMILY
+from atc_stream.core.reference import compute_reference
+from atc_stream.core.schema import COLUMN_TYPES, COLUMNS, params_metadata, ready_bar
 from atc_stream.io.writers import CsvWriter, JsonlWriter, ParquetWriter
-from atc_stream.params import FAMILIES, LENGTHS_PER_FAMILY
-from atc_stream.reference import compute_reference
-from atc_stream.schema import COLUMN_TYPES, COLUMNS, params_metadata, ready_bar
 
 SHORT = ATCParams(ema_len=8, hma_len=9, wma_len=10, dema_len=8, lsma_len=7, kama_len=11)
 T0 = 1_700_000_040_000
@@ -150,7 +150,7 @@ def test_jsonl_csv_and_parquet_writers_share_columns_and_values(tmp_path, steppe
 
 @pytest.mark.redis
 def test_redis_messages_share_columns_and_values(redis_url, stepped, expected_frame):  # noqa: F811
-    from atc_stream.adapters.redis_pubsub import SignalPublisher, SignalSubscriber
+    from atc_stream.connectors.redis.pubsub import SignalPublisher, SignalSubscriber
 
     _, results = stepped
     n_rows = sum(len(r) for r in results)
@@ -296,7 +296,7 @@ def test_redis_events_channel_publishes_ready_rows_only_by_default(
     eventful,
     before_ready,
 ):
-    from atc_stream.adapters.redis_pubsub import SignalPublisher, SignalSubscriber
+    from atc_stream.connectors.redis.pubsub import SignalPublisher, SignalSubscriber
 
     params, closes, counts = eventful
     _, results = stepped_results(params, closes)
@@ -324,7 +324,7 @@ def test_records_reuse_the_rows_json_byte_for_byte(stepped):
     (encoded once per result); it must be exactly what encoding the record gives."""
     import msgspec
 
-    from atc_stream.messages import encoded_rows, record_json, records_from_result
+    from atc_stream.core.messages import encoded_rows, record_json, records_from_result
 
     _, results = stepped
     encoder = msgspec.json.Encoder()

@@ -28,8 +28,8 @@ from atc_stream.state.snapshot import (
     decode_snapshot,
     read_header,
 )
+from atc_stream.state.snapshot_stores import DirectorySnapshotStore, open_snapshot_store
 from atc_stream.state.snapshotter import Snapshotter
-from atc_stream.state.stores import DirectorySnapshotStore, open_snapshot_store
 
 FAST = ATCParams(
     ema_len=9,

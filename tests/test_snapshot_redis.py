@@ -10,8 +10,8 @@ from test_snapshot import MINUTE, _flip, assert_same_state, next_bars, warmed_en
 
 from atc_stream import Engine
 from atc_stream.state.snapshot import SnapshotError, SnapshotWarning, read_header
+from atc_stream.state.snapshot_stores import RedisSnapshotStore, open_snapshot_store
 from atc_stream.state.snapshotter import Snapshotter
-from atc_stream.state.stores import RedisSnapshotStore, open_snapshot_store
 
 redis = pytest.importorskip("redis")
 pytestmark = pytest.mark.redis
@@ -155,7 +155,7 @@ def test_replay_with_the_redis_snapshot_store_down_goes_on_and_says_what_was_not
     import subprocess
     import sys
 
-    from atc_stream.replay.player import random_walk_table
+    from atc_stream.connectors.replay.player import random_walk_table
 
     table = random_walk_table(4, 400, seed=3)
     bars = tmp_path / "bars.csv"
@@ -164,7 +164,7 @@ def test_replay_with_the_redis_snapshot_store_down_goes_on_and_says_what_was_not
         for s, t, c in zip(table.symbols, table.times, table.closes, strict=True):
             f.write(f"{s},{t},{float(c)!r}\n")
     private_redis.stop()  # down from the start: every snapshot write fails
-    args = [sys.executable, "-m", "atc_stream.cli", "replay", str(bars), "--no-progress",
+    args = [sys.executable, "-m", "atc_stream", "replay", str(bars), "--no-progress",
             "--backend", "cpu", "--redis", private_redis.url, "--snapshot-every", "100",
             "-o", str(tmp_path / "out.jsonl")]  # fmt: skip
     done = subprocess.run(args, capture_output=True, text=True, timeout=300)

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from numba import config
 
-from atc_stream.engine import Engine
+from atc_stream.core.params import ATCParams
+from atc_stream.engine.engine import Engine
+from atc_stream.engine.series import compute
 from atc_stream.kernels import threads as policy
-from atc_stream.params import ATCParams
-from atc_stream.series import compute
 
 PARALLEL = max(2, config.NUMBA_NUM_THREADS)
 

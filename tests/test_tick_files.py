@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from atc_stream.connectors.replay.ticks import aggregate_ticks, load_ticks
 from atc_stream.io.readers import InputError
-from atc_stream.replay.ticks import aggregate_ticks, load_ticks
 
 T0 = 1_700_000_040_000  # a whole minute, epoch ms
 M = 60_000

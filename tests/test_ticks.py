@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 
 from atc_stream import Engine, compute
-from atc_stream.replay.player import BarPlayer, load_bars
-from atc_stream.replay.ticks import (
+from atc_stream.connectors.replay.player import BarPlayer
+from atc_stream.connectors.replay.ticks import (
     aggregate_ticks,
     load_ticks,
     ticks_from_arrays,
 )
+from atc_stream.io.readers import read_bars
 
 M = 60_000
 T0 = 1_700_000_040_000  # a whole minute
@@ -227,7 +228,7 @@ def test_bar_directory_and_paced_replay(tmp_path):
         lines = ["time,close"] + [f"{T0 + i * 1000},{c}" for i, c in enumerate(closes)]
         (tmp_path / f"{sym}.csv").write_text("\n".join(lines) + "\n")
     (tmp_path / "notes.txt").write_text("ignored")
-    table = load_bars(tmp_path)
+    table = read_bars(tmp_path)
     assert table.symbol_names == ["AAA", "BBB"] and len(table) == 80
     assert np.all(np.diff(table.times) >= 0)  # time order across files
     engine = Engine(backend="cpu", interval="1s", outputs="all")
@@ -238,13 +239,13 @@ def test_bar_directory_and_paced_replay(tmp_path):
     assert summary.step_bars == 60 and elapsed >= 0.25
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no .csv or .parquet"):
-        load_bars(tmp_path / "empty")
+        read_bars(tmp_path / "empty")
 
 
 def test_cli_replay_ticks_and_directory(tmp_path):
     from typer.testing import CliRunner
 
-    from atc_stream.cli import app
+    from atc_stream.app.cli import app
 
     times, symbols, prices, sizes = random_ticks(n=8_000, n_symbols=3, seed=6)
     ticks_csv = tmp_path / "ticks.csv"

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..inputs import EPOCH_BANDS, UNIT_TO_MS
+from atc_stream.core.inputs import EPOCH_BANDS, UNIT_TO_MS
 
 #: Cells longer than this are rejected (``oversized_field``); no valid cell comes close.
 MAX_FIELD_CHARS = 1024
@@ -41,6 +41,26 @@ MAX_FIELD_CHARS = 1024
 #: 512 MiB); a field longer than this makes the file unreadable.
 BLOCK_BYTES = 1 << 20
 BAR_SUFFIXES = (".csv", ".parquet")
+
+
+@dataclass
+class BarTable:
+    """Bars of one or many symbols, in file order: ``symbols[i]`` closes at ``times[i]``."""
+
+    symbols: np.ndarray  # object array of str
+    times: np.ndarray  # int64
+    closes: np.ndarray  # float64
+    #: rows of the file(s) left out by the reader (``io.readers.BadRows``), if read from files
+    bad_rows: object = None
+
+    def __len__(self) -> int:
+        return self.times.shape[0]
+
+    @property
+    def symbol_names(self) -> list[str]:
+        return sorted(set(self.symbols.tolist()))
+
+
 _INT_PATTERN = r"^[+-]?[0-9]+$"
 _FLOAT_PATTERN = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
 #: Rejected rows reported in full; later ones are only counted.
@@ -272,8 +292,6 @@ def read_bars(
     name) are merged in time order (stable). Raises ``InputError`` for damage that makes
     a file unreadable.
     """
-    from ..replay.player import BarTable
-
     bad = bad if bad is not None else BadRows()
     symbols = SymbolCodes()
     parts = list(

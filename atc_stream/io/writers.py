@@ -30,9 +30,9 @@ import sys
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from ..results import StepResult
-from ..schema import COLUMNS
-from ..state.stores import fsync_dir
+from atc_stream.core.results import StepResult
+from atc_stream.core.schema import COLUMNS
+from atc_stream.io.files import atomic_file
 
 #: Output formats by file extension (``-`` is JSONL on stdout).
 FORMATS_BY_SUFFIX = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
@@ -125,7 +125,7 @@ class JsonlWriter:
         self.rows_written = 0
 
     def write(self, result: StepResult) -> None:
-        from ..messages import encoded_rows
+        from atc_stream.core.messages import encoded_rows
 
         rows = encoded_rows(result)
         if not rows:
@@ -276,13 +276,8 @@ class ParquetWriter:
         table = pa.concat_tables([r.to_arrow() for r in self._pending])
         table = table.replace_schema_metadata(self._metadata)
         name = f"part-{self._next_part:05d}.parquet"
-        temp = self.path / f".{name}.tmp"
-        with open(temp, "wb") as f:
+        with atomic_file(self.path / name, f".{name}.") as f:
             pq.write_table(table, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, self.path / name)
-        fsync_dir(self.path)
         self._next_part += 1
         self.rows_written += table.num_rows
         self._pending, self._pending_rows = [], 0

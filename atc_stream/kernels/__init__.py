@@ -57,7 +57,7 @@ def _probe_cuda() -> tuple[bool, str]:
     try:
         import numpy as np
 
-        from .cuda import check_no_fma, no_fma
+        from atc_stream.kernels.cuda import check_no_fma, no_fma
 
         def probe(out):
             out[0] = out[0] * out[1] + out[2]  # NVVM would contract this without -fma=0

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..state.layout import LAST_TIME
-from .cache import cached_jit
+from atc_stream.kernels.cache import cached_jit
+from atc_stream.state.layout import LAST_TIME
 
 ACCEPTED = 0
 UNKNOWN_STREAM = 1

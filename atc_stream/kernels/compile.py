@@ -13,7 +13,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from . import core
+from atc_stream.kernels import core
 
 
 def compile_core(decorator: Callable[[Callable[..., Any]], Any]) -> types.SimpleNamespace:

@@ -13,7 +13,16 @@ which side of an exact price/average tie a double lands on.
 
 import math
 
-from ..state.layout import (
+from atc_stream.core.output_row import (
+    OUT_BAR_INDEX,
+    OUT_GROWTH,
+    OUT_LAYER1,
+    OUT_LAYER2,
+    OUT_LONG,
+    OUT_SHORT,
+    OUT_SIGNAL,
+)
+from atc_stream.state.layout import (
     AVG_PREV,
     BAR_INDEX,
     CUTOUT_COLUMN,
@@ -33,13 +42,6 @@ from ..state.layout import (
     MA_PREV,
     MA_RETURN,
     MA_SIG,
-    OUT_BAR_INDEX,
-    OUT_GROWTH,
-    OUT_LAYER1,
-    OUT_LAYER2,
-    OUT_LONG,
-    OUT_SHORT,
-    OUT_SIGNAL,
     PARAM_ROW,
     PV_CUT,
     PV_DECAY,

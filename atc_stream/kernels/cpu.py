@@ -17,11 +17,13 @@ import types
 import numpy as np
 from numba import njit, prange
 
-from .. import schema
-from ..state.layout import N_OUT
-from . import threads as threading_policy
-from .cache import cached_jit
-from .compile import compile_core
+from atc_stream.core import schema
+from atc_stream.core.output_row import (
+    N_OUT,
+)
+from atc_stream.kernels import threads as threading_policy
+from atc_stream.kernels.cache import cached_jit
+from atc_stream.kernels.compile import compile_core
 
 # inline="always": numba otherwise calls each core function out of line with ~30 words of
 # array arguments (54 MA calls per bar); inlining halves the per-bar cost, same doubles.

@@ -122,24 +122,26 @@ import types
 import numpy as np
 from numba import cuda, njit
 
-from .. import schema
-from ..state import layout as L
-from ..state.layout import (
+from atc_stream.core import schema
+from atc_stream.core.output_row import (
+    N_OUT,
+    OUT_LONG,
+    OUT_SHORT,
+)
+from atc_stream.kernels import AUTO_MIN_STREAMS, cpu, cuda_simulated  # noqa: F401 - AUTO_MIN_STREAMS re-exported
+from atc_stream.kernels.compile import compile_core
+from atc_stream.kernels.cuda_io import IoSet, PendingOutputs, Staging, StepGraphs
+from atc_stream.state import layout as L
+from atc_stream.state.arrays import StateStore
+from atc_stream.state.layout import (
     BAR_INDEX,
     CUTOUT_COLUMN,
     LAST_TIME,
     N_COUNTER_FIELDS,
-    N_OUT,
     N_VALUE_FIELDS,
-    OUT_LONG,
-    OUT_SHORT,
     PARAM_ROW,
     PV_LAM,
 )
-from ..state.store import StateStore
-from . import AUTO_MIN_STREAMS, cpu, cuda_simulated  # noqa: F401 - AUTO_MIN_STREAMS re-exported
-from .compile import compile_core
-from .cuda_io import IoSet, PendingOutputs, Staging, StepGraphs
 
 log = logging.getLogger("atc_stream")
 

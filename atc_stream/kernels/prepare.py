@@ -1,25 +1,23 @@
 """Compile (first run) or load (later runs) every CPU kernel before real work starts.
 
-``prepare_kernels`` drives a one-stream engine through warmup, step and preview on
-the serial and the parallel drivers, so each dispatcher gets exactly the argument
-types real calls use and is compiled or loaded from the keyed on-disk cache
-(``kernels/cache.py``) now rather than inside a live event loop or a timed bar.
-It reports what it did: ``Engine.compile()``, ``atc-stream compile`` and the CLI
-commands call it first, and ``Engine.warmup(progress=True)`` runs it as a phase of its
-own, so a progress bar's bars/s and ETA never include compilation. With ``progress``
+``prepare_kernels`` runs an exercise (``Engine.compile`` passes one: a two-stream
+engine through warmup, step and preview) on the serial and the parallel drivers, so
+each dispatcher gets exactly the argument types real calls use and is compiled or
+loaded from the keyed on-disk cache (``kernels/cache.py``) now rather than inside a
+live event loop or a timed bar. It reports what it did: ``Engine.compile()``,
+``atc-stream compile`` and the CLI commands call it first, and
+``Engine.warmup(progress=True)`` runs it as a phase of its own, so a progress bar's
+bars/s and ETA never include compilation. With ``progress``
 the phase is a tqdm bar of its own ("compiling kernels (first run only)" or "loading
 kernels").
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
 
 FIRST_RUN_MESSAGE = "compiling kernels (first run only)"
 
@@ -39,7 +37,7 @@ class PrepareReport:
 
 
 def _dispatchers():
-    from . import batch, cpu
+    from atc_stream.kernels import batch, cpu
 
     planners = (batch.plan_rounds, batch.check_previews, batch.check_history)
     return (*cpu.DRIVERS, *planners)
@@ -52,30 +50,13 @@ def _cache_misses() -> int:
 def _pool_threads() -> int:
     from numba import config
 
-    from .threads import available_cpus
+    from atc_stream.kernels.threads import available_cpus
 
     return max(2, min(available_cpus(), config.NUMBA_NUM_THREADS))
 
 
-#: kernel calls one ``_exercise`` makes (the progress bar's unit)
-_CALLS_PER_EXERCISE = 4
-
-
-def _exercise(threads: int, tick: Callable[[], object]) -> None:
-    from ..engine import Engine
-
-    engine = Engine(backend="cpu", capacity=2, threads=threads)
-    times = np.arange(3, dtype=np.int64)
-    engine.warmup({"A": (times, np.array([1.0, 2.0, 3.0])), "B": (times, np.ones(3))})
-    tick()
-    # two streams per call: with one, every call runs (and loads) only the serial driver
-    both = np.concatenate([engine.slots_of("A"), engine.slots_of("B")])
-    engine.step_arrays(both, [3, 3], [4.0, 2.0])
-    tick()
-    engine.preview_arrays(both, [4, 4], [5.0, 3.0])
-    tick()
-    engine.stream_state(engine.streams[0])
-    tick()
+#: kernel calls one exercise makes (the progress bar's unit)
+CALLS_PER_EXERCISE = 4
 
 
 def kernels_loaded() -> bool:
@@ -84,15 +65,23 @@ def kernels_loaded() -> bool:
 
 
 def prepare_kernels(
-    report: Callable[[str], None] | None = None, *, progress: bool = False
+    exercise: Callable[[int, Callable[[], object]], None],
+    report: Callable[[str], None] | None = None,
+    *,
+    progress: bool = False,
 ) -> PrepareReport:
-    """Compile or load every CPU kernel; ``report`` gets a line before a first-run compile,
-    and ``progress`` shows the phase as a tqdm bar of its own.
+    """Compile or load every CPU kernel by running ``exercise(threads, tick)`` serially and
+    on the thread pool; ``report`` gets a line before a first-run compile, and
+    ``progress`` shows the phase as a tqdm bar of its own.
+
+    ``exercise`` makes ``CALLS_PER_EXERCISE`` kernel calls (``tick`` after each) with the
+    argument types real calls use (``Engine.compile`` passes an engine's warmup, step,
+    preview and stream state), so every dispatcher is compiled or loaded now.
 
     Later processes load from the cache in well under a second; a first run (or one
     after an upgrade or an edited kernel source) compiles, which takes 10-60 s.
     """
-    from . import cache
+    from atc_stream.kernels import cache
 
     try:
         directory: Path | None = cache.cache_dir()
@@ -104,8 +93,8 @@ def prepare_kernels(
     if report is not None and first_run:
         report(f"{FIRST_RUN_MESSAGE}; cached in {directory} ...")
     with _phase_bar(progress, FIRST_RUN_MESSAGE if first_run else "loading kernels") as bar:
-        _exercise(threads=1, tick=bar.update)
-        _exercise(threads=_pool_threads(), tick=bar.update)
+        exercise(1, bar.update)
+        exercise(_pool_threads(), bar.update)
     compiled = _cache_misses() > misses_before or directory is None
     return PrepareReport(compiled, time.perf_counter() - started, directory)
 
@@ -130,30 +119,6 @@ def _phase_bar(progress: bool, description: str):
     from tqdm import tqdm
 
     return tqdm(
-        total=2 * _CALLS_PER_EXERCISE, desc=description, unit="kernel",
+        total=2 * CALLS_PER_EXERCISE, desc=description, unit="kernel",
         leave=False, bar_format="{desc}: {n_fmt}/{total_fmt} {bar} {elapsed}",
     )  # fmt: skip
-
-
-def prepare_for_cli(engine, err: Callable[[str], None]) -> None:
-    """Before a command reads input: compile/load the CPU kernels, saying so on a first run.
-
-    So progress bars, ``--max-seconds`` and the event loop never include compilation.
-    Other backends compile their own kernels; only the CPU kernels are cached here.
-    """
-    if getattr(engine.backend, "name", None) != "cpu":
-        return
-    result = prepare_kernels(lambda line: err(f"atc-stream: {line}"), progress=sys.stderr.isatty())
-    if result.compiled:
-        err(f"atc-stream: {result.summary()}")
-
-
-def compile_command(err: Callable[[str], None]) -> int:
-    """``atc-stream compile``: fill the cache (e.g. in a Docker build step); exit status."""
-    try:
-        result = prepare_kernels(lambda line: err(f"atc-stream: {line}"))
-    except OSError as exc:
-        err(f"atc-stream: cannot compile kernels: {exc}")
-        return 2
-    err(f"atc-stream: {result.summary()}")
-    return 0

@@ -20,7 +20,7 @@ The constants below are plain ints so numba folds them into the compiled kernels
 
 from __future__ import annotations
 
-from ..params import LENGTHS_PER_FAMILY, N_FAMILIES, N_MAS
+from atc_stream.core.params import LENGTHS_PER_FAMILY, N_FAMILIES, N_MAS
 
 # -- values: per MA instance ------------------------------------------------------
 #: previous MA value m[1] (NaN while the MA is na)
@@ -83,14 +83,5 @@ PV_LONG = N_FAMILIES + 3
 PV_SHORT = N_FAMILIES + 4
 N_PARAM_VALUES = N_FAMILIES + 5
 
-# -- one output row per (stream, bar) ----------------------------------------------
-OUT_SIGNAL = 0
-OUT_LAYER1 = 1  # 6 columns: layer-1 signal per family
-OUT_LAYER2 = OUT_LAYER1 + N_FAMILIES  # 6 columns: layer-2 equity per family
-OUT_LONG = OUT_LAYER2 + N_FAMILIES
-OUT_SHORT = OUT_LONG + 1
-OUT_GROWTH = OUT_SHORT + 1
-OUT_BAR_INDEX = OUT_GROWTH + 1
-N_OUT = OUT_BAR_INDEX + 1
 
 __all__ = [name for name in dir() if name.isupper()] + ["LENGTHS_PER_FAMILY"]

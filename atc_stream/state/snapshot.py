@@ -45,9 +45,9 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from ..params import ATCParams
-from ..results import StreamKey
-from . import layout as L
+from atc_stream.core.params import ATCParams
+from atc_stream.core.results import StreamKey
+from atc_stream.state import layout as L
 
 __all__ = [
     "CHECKSUM_ALGORITHM",
@@ -351,7 +351,7 @@ def encode_snapshot(
                 None if last == L.NO_TIME else last,
             )
         )
-    from .. import __version__
+    from atc_stream.core.version import __version__
 
     header = SnapshotHeader(
         format_version=FORMAT_VERSION,
@@ -557,7 +557,7 @@ def _check_consistency(header: SnapshotHeader, arrays: dict[str, np.ndarray]) ->
                 f"snapshot array {name!r} has shape {arrays[name].shape}, expected {shape}"
             )
     # The parameter dicts must rebuild exactly the stored parameter table.
-    from .store import ParameterTable
+    from atc_stream.state.arrays import ParameterTable
 
     table = ParameterTable()
     for row, d in enumerate(header.params):

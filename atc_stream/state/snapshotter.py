@@ -32,7 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from typing import Any
 
-from .snapshot import CapturedState, encode_snapshot, normalize_offsets
+from atc_stream.state.snapshot import CapturedState, encode_snapshot, normalize_offsets
 
 log = logging.getLogger("atc_stream.snapshots")
 
@@ -63,7 +63,7 @@ class Snapshotter:
             raise ValueError(f"every_bars must be an int >= 1 or None, got {every_bars!r}")
         if every_seconds is not None and not every_seconds > 0:
             raise ValueError(f"every_seconds must be > 0 or None, got {every_seconds!r}")
-        from .snapshot import COMPRESSIONS
+        from atc_stream.state.snapshot import COMPRESSIONS
 
         if compression not in COMPRESSIONS:
             raise ValueError(

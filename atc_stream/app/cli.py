@@ -1,0 +1,533 @@
+"""The ``atc-stream`` command: replay bar files, run the demo (and, with extras, more).
+
+Results go to JSONL (stdout by default) or Parquet; progress and the closing summary
+go to stderr so stdout stays machine-readable.
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from atc_stream.app.console import OptionError, RunError, err
+from atc_stream.core.params import ATCParams
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Exact, incremental Adaptive Trend Classification (ATC) signals for many symbols.",
+)
+
+
+class TimeUnit(str, Enum):
+    """Units of integer times in bar files."""
+
+    auto = "auto"
+    s = "s"
+    ms = "ms"
+    us = "us"
+    ns = "ns"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from atc_stream.core.version import __version__
+
+        typer.echo(f"atc-stream {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            "--threads", min=0, envvar="ATC_STREAM_THREADS",
+            help="CPU threads per engine call (1: serial; default/0: chosen per call "
+            "from the batch size and the CPUs available). Goes before the command.",
+        ),
+    ] = None,
+) -> None:  # fmt: skip
+    """Exact, incremental Adaptive Trend Classification (ATC) signals for many symbols."""
+    from atc_stream.kernels.threads import set_default_threads
+
+    set_default_threads(threads)
+
+
+@app.command("compile")
+def compile_kernels() -> None:
+    """Compile the CPU kernels into the on-disk cache now (e.g. in a Docker build step)."""
+    from atc_stream.app.jobs.compile import run_compile
+
+    raise typer.Exit(run_compile())
+
+
+def load_param_sets(path: Path | None) -> list[ATCParams]:
+    """``params.load_param_sets`` with its errors as a usage error of ``--params``."""
+    from atc_stream.core.params import load_param_sets as load
+
+    try:
+        return load(path)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+ParamsOption = Annotated[
+    Path | None,
+    typer.Option("--params", help="JSON file with ATC parameters (an object or a list of them)."),
+]
+OutputOption = Annotated[
+    str,
+    typer.Option(
+        "--output", "-o", help="Where signals go: '-' (stdout), FILE.jsonl or FILE.parquet."
+    ),
+]
+WarmupOption = Annotated[
+    int,
+    typer.Option("--warmup", min=0, help="Bars per symbol applied in one batched warmup first."),
+]
+ProgressOption = Annotated[bool, typer.Option("--progress/--no-progress", help="Progress bar.")]
+
+
+def _check_speed(value: float | None) -> float | None:
+    if value is not None and not value > 0:
+        raise typer.BadParameter(f"must be > 0 (x real time), got {value}")
+    return value
+
+
+def _check_backend(value: str) -> str:
+    if value not in ("cpu", "cuda", "auto"):
+        raise typer.BadParameter(f"{value!r} is not one of 'cpu', 'cuda', 'auto'")
+    return value
+
+
+BackendOption = Annotated[
+    str, typer.Option("--backend", help="cpu, cuda or auto.", callback=_check_backend)
+]
+IntervalOption = Annotated[
+    str, typer.Option("--interval", help="Bar interval label of the streams.")
+]
+ResumableIntervalOption = Annotated[
+    str | None,
+    typer.Option(
+        "--interval",
+        help="Bar interval label of the streams (default 1m; on --resume the snapshot's).",
+    ),
+]
+
+RedisOption = Annotated[
+    str | None,
+    typer.Option("--redis", help="Publish signals to this Redis URL (pub/sub + latest hash)."),
+]
+RedisPrefixOption = Annotated[
+    str, typer.Option("--redis-prefix", help="Channel and key prefix used with --redis.")
+]
+SnapshotDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--snapshot-dir",
+        help="Keep snapshots in this directory (else in Redis when --redis is given).",
+    ),
+]
+SnapshotEveryOption = Annotated[
+    int | None,
+    typer.Option("--snapshot-every", min=1, help="Snapshot every N bars (default 10000)."),
+]
+ResumeOption = Annotated[
+    bool,
+    typer.Option(
+        "--resume", help="Restore the latest snapshot and continue from its recorded input offset."
+    ),
+]
+EventsBeforeReadyOption = Annotated[
+    bool,
+    typer.Option(
+        "--events-before-ready",
+        help="Also count (summary) and publish (Redis events channel) long/short events of "
+        "rows that are not ready yet (docs/spec.md, 'Warm-up and readiness').",
+    ),
+]
+
+
+@contextmanager
+def _user_errors():
+    """Errors meant for the user (bad option, unusable output, refused resume) become one
+    line on stderr and exit status 2, never a traceback."""
+    from atc_stream.io.writers import OutputError
+
+    try:
+        yield
+    except (RunError, OutputError) as exc:
+        err(f"atc-stream: error: {exc}")
+        raise typer.Exit(2) from None
+
+
+def _run_job(job, **options) -> None:
+    """Run one job of ``atc_stream.jobs`` with the command's options: its exit status
+    becomes the command's; a refused option is a usage error, a refused run one line
+    and exit 2 (``_user_errors``)."""
+    with _user_errors():
+        try:
+            status = job(**options)
+        except OptionError as exc:
+            raise typer.BadParameter(str(exc), param_hint=exc.param_hint) from None
+    if status:
+        raise typer.Exit(status)
+
+
+@app.command()
+def replay(
+    bars: Annotated[
+        Path | None,
+        typer.Argument(
+            help="CSV or Parquet file of bars, or a directory of them (one per symbol: "
+            "symbol = file stem). Leave out with --ticks."
+        ),
+    ] = None,
+    ticks: Annotated[
+        Path | None,
+        typer.Option(
+            "--ticks",
+            help="Trade file (CSV/Parquet: time, symbol, price, size) or directory of them, "
+            "aggregated into --interval bars (bar time = interval start) instead of BARS.",
+        ),
+    ] = None,
+    price_column: Annotated[str, typer.Option(help="Ticks: column with the price.")] = "price",
+    size_column: Annotated[str, typer.Option(help="Ticks: column with the size.")] = "size",
+    empty: Annotated[
+        str,
+        typer.Option(
+            help="Ticks: an interval without trades gives no bar ('skip') or a bar at the "
+            "previous close with zero volume ('carry')."
+        ),
+    ] = "skip",
+    symbol_column: Annotated[str, typer.Option(help="Column with the symbol.")] = "symbol",
+    time_column: Annotated[
+        str, typer.Option(help="Column with the bar time (int or ISO).")
+    ] = "time",
+    close_column: Annotated[str, typer.Option(help="Column with the close.")] = "close",
+    symbol: Annotated[
+        str | None,
+        typer.Option(help="Symbol for a file without a symbol column (default: file stem)."),
+    ] = None,
+    params: ParamsOption = None,
+    output: OutputOption = "-",
+    warmup: WarmupOption = 0,
+    speed: Annotated[
+        float | None,
+        typer.Option(
+            callback=_check_speed,
+            help="Play at SPEED x real time (bar times in ms); default: max.",
+        ),
+    ] = None,
+    progress: ProgressOption = True,
+    backend: BackendOption = "auto",
+    interval: ResumableIntervalOption = None,
+    redis: RedisOption = None,
+    redis_prefix: RedisPrefixOption = "atc",
+    snapshot_dir: SnapshotDirOption = None,
+    snapshot_every: SnapshotEveryOption = None,
+    resume: ResumeOption = False,
+    time_unit: Annotated[
+        TimeUnit,
+        typer.Option(
+            "--time-unit",
+            help="Unit of integer times; auto: by magnitude (refusing values that fit none).",
+        ),
+    ] = TimeUnit.auto,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="Exit 2 when any input row was rejected.")
+    ] = False,
+    events_before_ready: EventsBeforeReadyOption = False,
+) -> None:
+    """Feed bars (or ticks aggregated to bars) through the engine; one signal row per
+    (stream, bar)."""
+    from atc_stream.app.durability import Durability
+    from atc_stream.app.jobs.replay import replay as run_replay
+
+    if (bars is None) == (ticks is None):  # before any snapshot store is opened
+        raise typer.BadParameter("give either a bar file BARS or --ticks FILE (exactly one)")
+    try:
+        with _user_errors():
+            durability = Durability(
+                redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
+                snapshot_every=snapshot_every, resume=resume,
+                events_before_ready=events_before_ready,
+            )  # fmt: skip
+            run_replay(
+                bars=bars, ticks=ticks,
+                columns={"symbol": symbol_column, "time": time_column, "close": close_column},
+                tick_columns={"price": price_column, "size": size_column}, empty=empty,
+                symbol=symbol, time_unit=time_unit.value, strict=strict,
+                params=load_param_sets(params) if params is not None else None,
+                output=output, warmup=warmup, speed=speed, progress=progress, backend=backend,
+                interval=interval, durability=durability, err=err,
+            )  # fmt: skip
+    except OptionError as exc:
+        raise typer.BadParameter(str(exc), param_hint=exc.param_hint) from None
+
+
+@app.command()
+def live(
+    symbols: Annotated[
+        str, typer.Option("--symbols", help="Comma-separated symbols, e.g. BTCUSDT,ETHUSDT.")
+    ],
+    interval: IntervalOption = "1m",
+    history: Annotated[
+        int,
+        typer.Option(
+            "--history", min=0, help="Closed bars per symbol fetched over REST for the warmup."
+        ),
+    ] = 1000,
+    ws_url: Annotated[
+        str | None,
+        typer.Option(
+            "--ws-url",
+            help="Websocket base URL; /stream?streams=... is added "
+            "(default wss://stream.binance.com:9443).",
+        ),
+    ] = None,
+    rest_url: Annotated[
+        str | None,
+        typer.Option(
+            "--rest-url",
+            help="REST base URL; /api/v3/klines is added (default https://api.binance.com).",
+        ),
+    ] = None,
+    output: OutputOption = "-",
+    previews: Annotated[
+        bool,
+        typer.Option(
+            "--previews/--no-previews",
+            help="Also write provisional rows for in-progress klines (JSONL output only; "
+            "not published to Redis).",
+        ),
+    ] = True,
+    max_seconds: Annotated[
+        float | None, typer.Option("--max-seconds", help="Stop after SECONDS.")
+    ] = None,
+    max_bars: Annotated[
+        int | None,
+        typer.Option("--max-bars", min=1, help="Stop after N closed bars applied after warmup."),
+    ] = None,
+    max_streams_per_connection: Annotated[
+        int, typer.Option(min=1, help="Streams per websocket connection.")
+    ] = 1024,
+    idle_timeout: Annotated[
+        float, typer.Option(help="Reconnect after SECONDS without a message.")
+    ] = 60.0,
+    rest_rate: Annotated[float, typer.Option(help="REST requests per second at most.")] = 10.0,
+    ws_compression: Annotated[
+        bool,
+        typer.Option(
+            "--ws-compression/--no-ws-compression",
+            help="Offer permessage-deflate on the websocket: less traffic, ~7 us more CPU "
+            "per kline.",
+        ),
+    ] = False,
+    status_every: Annotated[
+        float, typer.Option(help="Status line on stderr every SECONDS (0: none).")
+    ] = 1.0,
+    params: ParamsOption = None,
+    backend: BackendOption = "auto",
+    redis: RedisOption = None,
+    redis_prefix: RedisPrefixOption = "atc",
+    snapshot_dir: SnapshotDirOption = None,
+    snapshot_every: SnapshotEveryOption = None,
+    resume: ResumeOption = False,
+    events_before_ready: EventsBeforeReadyOption = False,
+) -> None:
+    """Stream exchange klines (Binance combined-stream format) through the engine.
+
+    Warms up over REST, then applies closed klines as bars and previews in-progress ones;
+    reconnects with backoff and backfills every missed closed bar over REST. With
+    --resume the latest snapshot is restored and each stream is backfilled from its
+    last bar. A status line goes to stderr; signals to --output (and Redis with --redis).
+    """
+    from atc_stream.app.jobs.live import run_live
+
+    _run_job(
+        run_live, symbols=symbols, interval=interval, history=history, ws_url=ws_url,
+        rest_url=rest_url, output=output, previews=previews, max_seconds=max_seconds,
+        max_bars=max_bars, max_streams_per_connection=max_streams_per_connection,
+        idle_timeout=idle_timeout, rest_rate=rest_rate, ws_compression=ws_compression,
+        status_every=status_every, params=params, backend=backend, redis=redis,
+        redis_prefix=redis_prefix, snapshot_dir=snapshot_dir, snapshot_every=snapshot_every,
+        resume=resume, events_before_ready=events_before_ready,
+    )  # fmt: skip
+
+
+@app.command()
+def demo(
+    symbols: Annotated[int, typer.Option(help="Number of random-walk symbols.")] = 20,
+    bars: Annotated[int, typer.Option(help="Bars per symbol.")] = 3000,
+    seed: Annotated[int, typer.Option(help="Random seed (the data set is deterministic).")] = 7,
+    warmup: WarmupOption = 1000,
+    output: OutputOption = "atc_demo_signals.jsonl",
+    params: ParamsOption = None,
+    progress: ProgressOption = True,
+    backend: BackendOption = "cpu",
+    check: Annotated[
+        bool, typer.Option("--check/--no-check", help="Compare with a full recomputation.")
+    ] = True,
+    redis: RedisOption = None,
+    redis_prefix: RedisPrefixOption = "atc",
+    snapshot_dir: SnapshotDirOption = None,
+    snapshot_every: SnapshotEveryOption = None,
+    resume: ResumeOption = False,
+) -> None:
+    """Generate a deterministic multi-symbol random walk and replay it (needs nothing else)."""
+    from atc_stream.app.jobs.demo import run_demo
+
+    _run_job(
+        run_demo, symbols=symbols, bars=bars, seed=seed, warmup=warmup, output=output,
+        params=params, progress=progress, backend=backend, check=check, redis=redis,
+        redis_prefix=redis_prefix, snapshot_dir=snapshot_dir, snapshot_every=snapshot_every,
+        resume=resume,
+    )  # fmt: skip
+
+
+@app.command()
+def subscribe(
+    redis: Annotated[str, typer.Option("--redis", help="Redis URL of the publisher.")],
+    symbols: Annotated[
+        list[str] | None,
+        typer.Option("--symbols", help="Symbols to follow (repeat or comma-separate)."),
+    ] = None,
+    events: Annotated[bool, typer.Option("--events", help="Follow the events channel.")] = False,
+    batch: Annotated[
+        bool, typer.Option("--batch", help="Follow the per-step batch channel.")
+    ] = False,
+    latest: Annotated[
+        bool, typer.Option("--latest", help="First print the latest record of every stream.")
+    ] = False,
+    redis_prefix: RedisPrefixOption = "atc",
+    encoding: Annotated[str, typer.Option(help="json or msgpack (as published).")] = "json",
+    count: Annotated[int | None, typer.Option(help="Exit after COUNT messages.", min=1)] = None,
+    timeout: Annotated[
+        float | None, typer.Option(help="Exit when nothing arrived for TIMEOUT seconds.")
+    ] = None,
+) -> None:
+    """Print signals as they arrive (one JSON object per line: channel, kind, data).
+
+    With no --symbols/--events/--batch, every per-symbol channel is followed."""
+    from atc_stream.app.jobs.subscribe import run_subscribe
+
+    _run_job(
+        run_subscribe, redis=redis, symbols=symbols, events=events, batch=batch,
+        latest=latest, redis_prefix=redis_prefix, encoding=encoding, count=count,
+        timeout=timeout,
+    )  # fmt: skip
+
+
+@app.command("run-stream")
+def run_stream(
+    redis: Annotated[str, typer.Option("--redis", help="Redis URL holding the streams.")],
+    input_stream: Annotated[
+        str, typer.Option("--input-stream", help="Stream of bars (fields symbol, time, close).")
+    ],
+    output_stream: Annotated[
+        str | None,
+        typer.Option("--output-stream", help="Stream that receives one entry per (stream, bar)."),
+    ] = None,
+    group: Annotated[str, typer.Option("--group", help="Consumer group name.")] = "atc",
+    consumer: Annotated[str, typer.Option("--consumer", help="Consumer name.")] = "engine-1",
+    snapshot_dir: SnapshotDirOption = None,
+    snapshot_every: SnapshotEveryOption = None,
+    resume: ResumeOption = False,
+    stop_when_idle: Annotated[
+        float | None,
+        typer.Option("--stop-when-idle", help="Exit after SECONDS without new entries."),
+    ] = None,
+    publish: Annotated[
+        bool, typer.Option("--publish/--no-publish", help="Also publish signals over pub/sub.")
+    ] = False,
+    redis_prefix: RedisPrefixOption = "atc",
+    batch_size: Annotated[int, typer.Option(help="Entries read per batch.", min=1)] = 1000,
+    output_maxlen: Annotated[
+        int, typer.Option(help="Approximate MAXLEN of the output stream.", min=1)
+    ] = 1_000_000,
+    namespace: Annotated[
+        str, typer.Option(help="Snapshot namespace (one per engine shard).")
+    ] = "default",
+    params: ParamsOption = None,
+    backend: BackendOption = "auto",
+    interval: ResumableIntervalOption = None,
+    time_unit: Annotated[
+        TimeUnit | None,
+        typer.Option(
+            "--time-unit",
+            help="Unit of integer entry times (default: taken as they are, epoch ms by "
+            "convention; auto: by magnitude). ISO-8601 times need none.",
+        ),
+    ] = None,
+) -> None:
+    """Apply bars from a Redis Stream (consumer group), exactly once across restarts.
+
+    Outputs go to --output-stream (and pub/sub with --publish). Snapshots record the last
+    applied entry; --resume continues from there (see adapters/redis_streams.py)."""
+    from atc_stream.app.jobs.run_stream import run_stream as run
+
+    _run_job(
+        run, redis=redis, input_stream=input_stream, output_stream=output_stream, group=group,
+        consumer=consumer, snapshot_dir=snapshot_dir, snapshot_every=snapshot_every,
+        resume=resume, stop_when_idle=stop_when_idle, publish=publish,
+        redis_prefix=redis_prefix, batch_size=batch_size, output_maxlen=output_maxlen,
+        namespace=namespace, params=params, backend=backend, interval=interval,
+        time_unit=time_unit.value if time_unit is not None else None,
+    )  # fmt: skip
+
+
+@app.command()
+def plot(
+    signals: Annotated[
+        Path,
+        typer.Argument(help="Signal rows: a Parquet directory or file, JSONL or CSV."),
+    ],
+    symbol: Annotated[
+        str | None, typer.Option(help="Symbol to draw (needed when the file holds several).")
+    ] = None,
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="PNG (or SVG/PDF) to write.")
+    ] = Path("chart.png"),
+    params_id: Annotated[int, typer.Option(help="Parameter set to draw.")] = 0,
+    title: Annotated[str | None, typer.Option(help="Chart title.")] = None,
+) -> None:
+    """Chart one symbol: close with long/short events, the signal below, not-ready bars shaded."""
+    from atc_stream.app.jobs.plot import run_plot
+
+    _run_job(
+        run_plot, signals=signals, symbol=symbol, output=output, params_id=params_id,
+        title=title,
+    )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The console entry point: a usage error (bad option value, missing file, unknown
+    option) is one line on stderr and exit status 2, not a usage box."""
+    try:
+        result = app(args=argv, standalone_mode=False)
+    except typer.TyperException as exc:  # a usage error, or another error typer reports
+        ctx = getattr(exc, "ctx", None)  # set on usage errors only
+        hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
+        err(f"atc-stream: error: {exc.format_message()}{hint}")
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        err("atc-stream: interrupted")
+        sys.exit(130)
+    sys.exit(result if isinstance(result, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

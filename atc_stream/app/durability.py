@@ -1,0 +1,350 @@
+"""Durability shared by ``replay``, ``demo``, ``live`` and ``run-stream``.
+
+``Durability`` owns one run's snapshot store, periodic ``Snapshotter``, Redis publisher
+and SIGINT/SIGTERM handling; ``play_durably`` plays a bar table through an engine with
+snapshots that record, together with the state, where the output stands.
+
+Lossless resume of a file replay:
+
+- each snapshot records the output's durable position (``io.writers``: bytes of a
+  JSONL/CSV file, parts of a Parquet directory), taken on the step loop's thread at
+  the moment the state is copied, so state and output agree;
+- ``--resume`` restores the newest good snapshot, cuts the output back to its position
+  and appends;
+- input rows are skipped **by time**: a row is taken as applied when its time is at or
+  before its symbol's last applied bar time in the snapshot, so an edited or trimmed
+  input cannot make the run skip bars (a row count would);
+- the run's parameter sets, interval and input columns are checked against the
+  snapshot's; a difference stops the run (``RunError``) instead of mixing two runs.
+
+Errors meant for the user are ``RunError`` (one line; the CLI exits 2 with it).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from atc_stream.app.console import RunError, err
+
+__all__ = ["Durability", "StopRun", "play_durably", "check_resume_matches"]
+
+
+class StopRun(Exception):
+    """Raised from a result callback to end a run early (after SIGINT/SIGTERM)."""
+
+
+class Durability:
+    """Snapshots (store + periodic ``Snapshotter``), the Redis publisher and clean shutdown
+    on SIGINT/SIGTERM for one run.
+
+    ``snapshot_dir`` (else ``redis``) names the snapshot store; ``resume`` restores from
+    it. Without ``resume`` a store that already holds snapshots is refused unless
+    ``overwrite`` (a fresh run must not bury the snapshots of another one).
+    """
+
+    def __init__(
+        self,
+        *,
+        redis: str | None,
+        redis_prefix: str = "atc",
+        snapshot_dir: Path | None,
+        snapshot_every: int | None,
+        resume: bool,
+        publish: bool = True,
+        namespace: str = "default",
+        refuse_existing: bool = False,
+        events_before_ready: bool = False,
+    ) -> None:
+        self.events_before_ready = events_before_ready
+        self.redis = redis
+        self.redis_prefix = redis_prefix
+        self.snapshot_every = snapshot_every
+        self.resume = resume
+        self.publish = publish and redis is not None
+        self.store = None
+        self.snapshotter = None
+        self.publisher = None
+        self.stop_requested = False
+        self.restored = False
+        self.final_offsets: Callable[[], dict[str, Any]] | None = None
+        self._on_stop: list = []
+        target = snapshot_dir if snapshot_dir is not None else redis
+        if target is None:
+            if snapshot_every is not None or resume:
+                raise RunError("--snapshot-every and --resume need --snapshot-dir or --redis")
+            return
+        if snapshot_dir is not None or snapshot_every is not None or resume:
+            from atc_stream.state.snapshot_stores import open_snapshot_store
+
+            self.store = open_snapshot_store(target, namespace=namespace)
+        if refuse_existing and self.store is not None and not resume:
+            try:
+                existing = self.store.list()
+            except Exception as exc:  # store unreachable: reported when first used
+                existing = []
+                err(f"atc-stream: cannot list snapshots in {self.store!r}: {exc}")
+            if existing:
+                raise RunError(
+                    f"{self.store!r} already holds snapshots ({len(existing)}); add --resume "
+                    "to continue from them, or use another --snapshot-dir/--namespace "
+                    "(or delete them) to start fresh"
+                )
+
+    def restore(self, backend: str, outputs="all"):
+        """The engine of the newest good snapshot with ``--resume``; None to start fresh."""
+        if not self.resume or self.store is None:
+            return None
+        from atc_stream.engine.engine import Engine
+        from atc_stream.state.snapshot import SnapshotError
+
+        try:
+            found = self.store.latest()
+        except SnapshotError as exc:
+            raise RunError(
+                f"{exc}; to start fresh, run without --resume and with an empty "
+                "--snapshot-dir (or delete the damaged snapshots)"
+            ) from exc
+        except Exception as exc:  # a store that cannot be reached
+            raise RunError(f"cannot read snapshots from {self.store!r}: {exc}") from exc
+        if found is None:
+            err(f"atc-stream: no snapshot in {self.store!r}; starting from the beginning")
+            return None
+        engine = Engine.restore(found.decoded or found.blob, backend=backend, outputs=outputs)
+        self.restored = True
+        err(f"atc-stream: restored snapshot {found.id} ({len(engine.streams)} streams)")
+        return engine
+
+    def open_engine(
+        self, backend: str, param_sets=None, interval: str | None = None, outputs="all"
+    ):
+        """The engine to run: with ``--resume`` the restored one (``RunError`` when it does
+        not match ``param_sets``/``interval``), else a fresh one (defaults for None). Its CPU
+        kernels are compiled or loaded before it returns, so no progress rate, ETA,
+        ``--max-seconds`` or event loop includes compilation. ``outputs``: the engine's
+        output groups (``Engine(outputs=...)``); the CLI writes the full schema."""
+        from atc_stream.core.params import ATCParams
+        from atc_stream.engine.engine import Engine
+
+        engine = self.restore(backend, outputs)
+        if engine is not None:
+            check_resume_matches(engine, param_sets=param_sets, interval=interval)
+        else:
+            engine = Engine(
+                param_sets or [ATCParams()], backend=backend, interval=interval or "1m",
+                outputs=outputs,
+            )  # fmt: skip
+        _load_kernels(engine)
+        return engine
+
+    def start(self, engine) -> None:
+        if self.store is not None:
+            from atc_stream.state.snapshotter import Snapshotter
+
+            self.snapshotter = Snapshotter(
+                engine, self.store, every_bars=self.snapshot_every or 10_000
+            )
+        if self.publish:
+            from atc_stream.connectors.redis.pubsub import SignalPublisher
+
+            self.publisher = SignalPublisher(
+                self.redis, prefix=self.redis_prefix, events_before_ready=self.events_before_ready
+            )
+
+    def open_output(self, engine, output, source_name: str):
+        """The writer of ``output`` (Parquet parts carry the parameter sets): after a
+        restore, cut back to the position the snapshot recorded for ``source_name`` and
+        appended to; else new."""
+        from atc_stream.core.schema import params_metadata
+        from atc_stream.io.writers import open_writer
+
+        recorded = engine.source_offsets.get(source_name) if self.restored else None
+        return open_writer(
+            output,
+            metadata=params_metadata(engine.param_sets, engine.interval),
+            resume_from=(recorded or {}).get("output"),
+        )
+
+    def on_stop(self, callback) -> None:
+        self._on_stop.append(callback)
+
+    def _handle(self, signum, frame) -> None:
+        if self.stop_requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop at once
+        self.stop_requested = True
+        err(f"atc-stream: {signal.Signals(signum).name}: stopping after the current batch")
+        for callback in self._on_stop:
+            callback()
+
+    def __enter__(self) -> Durability:
+        self._previous = {
+            sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)
+        }
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        clean = exc_type is None or exc_type is StopRun
+        if self.snapshotter is not None:
+            snapshotter = self.snapshotter
+            if clean:  # the state matches the recorded offsets: keep it
+                try:
+                    offsets = self.final_offsets() if self.final_offsets is not None else None
+                    snapshot_id = snapshotter.close(offsets)
+                    err(f"atc-stream: final snapshot {snapshot_id}")
+                except Exception as exc:  # store down, disk full: say so, do not crash
+                    snapshotter.failures += 1
+                    snapshotter.last_error = exc
+                    err(f"atc-stream: final snapshot NOT saved ({type(exc).__name__}: {exc}); "
+                         f"the newest saved one is {snapshotter.last_id or 'none'}")  # fmt: skip
+            else:
+                snapshotter.wait()
+            if snapshotter.failures:
+                written, failed = snapshotter.snapshots_written, snapshotter.failures
+                err(f"  snapshots        {written} written, {failed} failed "
+                     f"(last error: {snapshotter.last_error})")  # fmt: skip
+        if self.publisher is not None:
+            self.publisher.close()
+            stats = self.publisher.stats()
+            err(
+                f"  redis publish    {stats['delivered']} steps delivered, "
+                f"{stats['dropped']} dropped ({stats['dropped_rows']} rows)"
+            )
+
+
+def check_resume_matches(engine, *, param_sets=None, interval: str | None = None) -> None:
+    """``RunError`` when the parameter sets or interval asked for differ from the restored
+    engine's (None: not asked for, take the snapshot's)."""
+    if param_sets is not None:
+        have = [p.to_dict() for p in engine.param_sets]
+        want = [p.to_dict() for p in param_sets]
+        if have != want:
+            raise RunError(
+                f"--params differ from the snapshot's ({len(want)} parameter set(s) asked, "
+                f"the snapshot holds {have}); resume with the snapshot's parameters, or "
+                "start fresh with another --snapshot-dir"
+            )
+    if interval is not None and engine.interval != interval:
+        raise RunError(
+            f"--interval {interval!r} differs from the snapshot's {engine.interval!r}; "
+            "resume with the snapshot's interval, or start fresh with another --snapshot-dir"
+        )
+
+
+def last_times_by_symbol(engine, names: np.ndarray) -> np.ndarray:
+    """Per symbol of ``names``: the earliest last-applied bar time over its streams
+    (``iinfo(int64).min`` for a symbol without streams, or with a stream without bars)."""
+    floor = np.iinfo(np.int64).min
+    out = np.full(len(names), floor, np.int64)
+    known = engine.symbol_slots
+    for i, name in enumerate(names.tolist()):
+        if name not in known:
+            continue
+        lasts = engine.last_bar_times(name)
+        if None not in lasts:
+            out[i] = min(lasts)
+    return out
+
+
+def play_durably(
+    engine,
+    bars,
+    *,
+    warmup: int,
+    speed: float | None,
+    progress: bool,
+    writer,
+    durability: Durability,
+    source: dict[str, Any],
+    on_result: Callable | None = None,
+):
+    """Play ``bars`` (a ``BarTable`` or a ``replay.stream.BarFileSource``) through
+    ``engine``; snapshots record each symbol's last bar time (in
+    the state) and the writer's durable position (in ``source_offsets[source['name']]``).
+
+    After a restore, rows at or before their symbol's last applied time are skipped and
+    no warmup is done (the restored streams are warm). Returns the ``ReplaySummary``.
+    """
+    from atc_stream.connectors.replay.player import BarPlayer
+
+    name = source["name"]
+    recorded = engine.source_offsets.get(name) if durability.restored else None
+    if durability.restored:
+        if recorded is None:
+            raise RunError(
+                f"the snapshot holds no {name!r} position (it was taken by another command; "
+                f"offsets: {sorted(engine.source_offsets)})"
+            )
+        if recorded.get("columns") not in (None, source.get("columns")):
+            raise RunError(
+                f"input columns {source.get('columns')} differ from the snapshot's "
+                f"{recorded.get('columns')}; resume with the same --*-column options"
+            )
+        if recorded.get("input") != source["input"]:
+            err(
+                f"atc-stream: note: the snapshot was taken on {recorded.get('input')!r}; "
+                f"continuing on {source['input']!r} after each symbol's last applied time"
+            )
+        warmup = 0
+    rows_before = int(recorded.get("rows", 0)) if recorded else 0
+    durability.start(engine)
+    player = BarPlayer(
+        engine, bars, warmup_bars=warmup, speed=speed, progress=progress,
+        events_before_ready=durability.events_before_ready,
+    )  # fmt: skip
+    snapshotter = durability.snapshotter
+
+    def offsets() -> dict[str, Any]:
+        rows = rows_before + player.summary.warmup_bars + player.summary.step_bars
+        entry = {"input": source["input"], "rows": rows, "output": writer.position()}
+        if source.get("columns") is not None:
+            entry["columns"] = source["columns"]
+        return {name: entry}
+
+    def emit(result) -> None:
+        writer.write(result)
+        if on_result is not None:
+            on_result(result)
+        if durability.publisher is not None:
+            durability.publisher.publish(result)
+        if snapshotter is not None:
+            # the output's position is taken (and made durable) only when the state is
+            # copied, so snapshot and output agree
+            snapshotter.maybe_snapshot(len(result), offsets)
+        if durability.stop_requested:
+            raise StopRun
+
+    player.on_result = emit
+    durability.final_offsets = offsets
+    applied_until = None
+    if durability.restored:  # rows at or before each symbol's last applied bar: skipped
+        names = np.array(player.source.symbol_names, dtype=object)
+        applied_until = last_times_by_symbol(engine, names)
+    with durability:
+        try:
+            summary = player.run(applied_until)
+        except StopRun:
+            summary = player.summary
+    if durability.restored:
+        err(f"atc-stream: resuming: {player.source.skipped} rows at or before their "
+             f"symbol's last applied bar skipped, {summary.step_bars} played")  # fmt: skip
+    return summary
+
+
+def _load_kernels(engine) -> None:
+    """Before a command reads input: compile/load the CPU kernels, saying so on a first run.
+
+    So progress bars, ``--max-seconds`` and the event loop never include compilation.
+    Other backends compile their own kernels; only the CPU kernels are cached here.
+    """
+    if engine.backend.name != "cpu":
+        return
+    result = engine.compile(lambda line: err(f"atc-stream: {line}"), progress=sys.stderr.isatty())
+    if result.compiled:
+        err(f"atc-stream: {result.summary()}")

@@ -1,0 +1,77 @@
+"""The ``run-stream`` job: bars from a Redis Stream through the engine, exactly once across
+restarts (``adapters.redis_streams.RedisStreamRunner``), with snapshots of the state
+and the last applied entry (``runner.Durability``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from atc_stream.app.console import OptionError, err
+
+
+def run_stream(
+    *,
+    redis: str,
+    input_stream: str,
+    output_stream: str | None,
+    group: str,
+    consumer: str,
+    snapshot_dir: Path | None,
+    snapshot_every: int | None,
+    resume: bool,
+    stop_when_idle: float | None,
+    publish: bool,
+    redis_prefix: str,
+    batch_size: int,
+    output_maxlen: int,
+    namespace: str,
+    params: Path | None,
+    backend: str,
+    interval: str | None,
+    time_unit: str | None = None,
+) -> int:
+    """Consume ``input_stream`` until SIGINT/SIGTERM or ``stop_when_idle``; the exit
+    status (1 when Redis cannot be reached)."""
+    import logging
+
+    from redis import exceptions as redis_errors
+
+    from atc_stream.app.durability import Durability
+    from atc_stream.connectors.redis.streams import RedisStreamRunner
+    from atc_stream.core.params import load_param_sets
+
+    logging.basicConfig(level=logging.WARNING, format="atc-stream: %(levelname)s %(message)s")
+    try:
+        param_sets = load_param_sets(params) if params is not None else None
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+    durability = Durability(
+        redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
+        snapshot_every=snapshot_every, resume=resume, publish=publish,
+        namespace=namespace, refuse_existing=True,
+    )  # fmt: skip
+    engine = durability.open_engine(backend, param_sets, interval)  # before reading
+    durability.start(engine)
+    try:
+        runner = RedisStreamRunner(
+            engine, redis, input_stream, group=group, consumer=consumer,
+            output_stream=output_stream, output_maxlen=output_maxlen, batch_size=batch_size,
+            snapshotter=durability.snapshotter, publisher=durability.publisher,
+            time_unit=time_unit,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+    durability.on_stop(runner.stop)
+    with durability:
+        try:
+            runner.prepare(resume=resume)
+        except redis_errors.ConnectionError as exc:
+            err(f"atc-stream: cannot reach Redis at {redis}: {exc}")
+            return 1
+        err(f"atc-stream: reading {input_stream} after entry {runner.offset} "
+            f"({engine.backend.name} backend)")  # fmt: skip
+        stats = runner.run(stop_when_idle=stop_when_idle)
+    err("atc-stream: run-stream done")
+    for line in stats.lines(engine):
+        err("  " + line)
+    return 0

@@ -1,0 +1,61 @@
+"""The ``subscribe`` job: print the signals a publisher sends over Redis pub/sub, one JSON
+object per line (``adapters.redis_pubsub.SignalSubscriber`` reconnects and counts
+malformed messages)."""
+
+from __future__ import annotations
+
+import sys
+
+from atc_stream.app.console import OptionError, err
+
+
+def run_subscribe(
+    *,
+    redis: str,
+    symbols: list[str] | None,
+    events: bool,
+    batch: bool,
+    latest: bool,
+    redis_prefix: str,
+    encoding: str,
+    count: int | None,
+    timeout: float | None,
+) -> int:
+    """Follow the channels until ``count`` messages, ``timeout`` seconds of silence or
+    Ctrl-C; the exit status (1 when no server answers at ``redis``)."""
+    import msgspec
+
+    from atc_stream.connectors.redis.pubsub import SignalSubscriber
+
+    names = [part for item in symbols or () for part in item.split(",") if part]
+    encoder = msgspec.json.Encoder()
+    out = sys.stdout.buffer
+    try:
+        sub = SignalSubscriber(
+            redis, prefix=redis_prefix, encoding=encoding, symbols=names, events=events,
+            batch=batch, as_dict=True,
+        )  # fmt: skip
+        sub.wait_ready()
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+    except Exception as exc:  # redis.ConnectionError, TimeoutError: no server there
+        err(f"atc-stream: cannot subscribe at {redis}: {exc}")
+        return 1
+    try:
+        if latest:
+            for key, record in sorted(sub.latest().items()):
+                out.write(encoder.encode({"channel": sub.latest_key, "kind": "latest",
+                                          "key": key, "data": record}) + b"\n")  # fmt: skip
+            out.flush()
+        for msg in sub.messages(timeout=timeout, limit=count):
+            out.write(encoder.encode({"channel": msg.channel, "kind": msg.kind, "data": msg.data}))
+            out.write(b"\n")
+            out.flush()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sub.close()
+        if sub.malformed or sub.reconnects:
+            err(f"atc-stream: subscribe: {sub.malformed} malformed messages skipped, "
+                f"{sub.reconnects} reconnects")  # fmt: skip
+    return 0

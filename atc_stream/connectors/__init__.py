@@ -1,0 +1,1 @@
+"""Sources and sinks: exchange feeds, Redis, and replay of bar and tick files."""

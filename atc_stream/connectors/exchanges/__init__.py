@@ -1,0 +1,1 @@
+"""Live exchange feeds: kline protocol, REST backfill, websocket session, the feed."""

@@ -1,0 +1,1 @@
+"""Redis: RESP, pub/sub signals, exactly-once Redis Streams, snapshots in Redis."""

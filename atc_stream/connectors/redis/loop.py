@@ -1,0 +1,285 @@
+"""Signals out to Redis from inside an asyncio event loop, with nothing in between.
+
+The thread publisher (``redis_pubsub.SignalPublisher``) hands each step to a thread,
+which needs the GIL to encode and send it: while the event loop is busy reading a burst
+of websocket messages, that thread waits, and every kline's signal waits with it.
+:class:`LoopPublisher` is its event-loop twin for ``atc-stream live``: ``publish``
+encodes the step and writes the commands to the connection's transport at once (a write
+that never blocks: the transport buffers what the socket cannot take yet), and a reader
+task counts the replies. Same channels, messages and counters as the thread publisher
+(:class:`~atc_stream.adapters.redis_pubsub.SignalMessages` builds both).
+
+Delivery is at-most-once, as with the thread publisher: while Redis is unreachable a
+step is dropped and counted, a reconnect task retries with exponential backoff, and the
+steps whose replies were still outstanding when the connection broke are counted as
+dropped (they may or may not have gone out). A server that stops reading fills the
+transport's buffer; past ``max_buffer_bytes`` steps are dropped and counted rather than
+held in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+from collections import deque
+from typing import Any
+
+from redis.connection import SSLConnection, UnixDomainSocketConnection, parse_url
+
+from atc_stream.connectors.redis.pubsub import SignalMessages, pack_command
+from atc_stream.core.results import StepResult
+
+log = logging.getLogger("atc_stream.redis")
+
+
+class ReplyError(Exception):
+    """An error reply from Redis (``-ERR ...``)."""
+
+
+class LoopPublisher(SignalMessages):
+    """Publishes step results to Redis from the running event loop, without a thread.
+
+    >>> publisher = LoopPublisher("redis://127.0.0.1:6379/0")
+    >>> await publisher.start()          # in the loop that will publish
+    >>> publisher.publish(result)        # encodes and writes now; never blocks
+    >>> await publisher.aclose()         # waits (within close_timeout) for the replies
+
+    Counters as ``SignalPublisher.stats()``: ``enqueued`` (steps given), ``delivered``
+    (acknowledged by Redis), ``dropped``/``dropped_rows``, ``messages``, ``errors``,
+    ``reconnects``; ``queued`` is the steps sent but not acknowledged yet.
+    """
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        connect_timeout: float = 2.0,
+        backoff_initial: float = 0.05,
+        backoff_max: float = 2.0,
+        close_timeout: float = 10.0,
+        max_buffer_bytes: int = 64 << 20,
+        **messages: Any,
+    ) -> None:
+        super().__init__(**messages)
+        if not backoff_initial > 0 or not backoff_max >= backoff_initial:
+            raise ValueError("backoff_initial must be > 0 and backoff_max >= backoff_initial")
+        self.url = url
+        self._target = parse_url(url)  # ValueError for a URL that is not redis://...
+        self.connect_timeout = connect_timeout
+        self.close_timeout = close_timeout
+        self.max_buffer_bytes = max_buffer_bytes
+        self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
+        self._writer: asyncio.StreamWriter | None = None
+        self._tasks: set[asyncio.Task] = set()
+        #: per step sent and not acknowledged yet: (replies expected, rows, messages)
+        self._in_flight: deque[tuple[int, int, int]] = deque()
+        self._settled = asyncio.Event()
+        self._closed = False
+        self._drop_logged = False
+        self.connected = False
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect (within ``connect_timeout``); if Redis is unreachable, say so once and
+        keep retrying in the background while steps are dropped and counted."""
+        try:
+            await self._connect()
+        except (OSError, asyncio.TimeoutError, ReplyError) as exc:
+            self._lost(exc)
+
+    async def aclose(self, timeout: float | None = None) -> bool:
+        """Wait (within ``timeout``, default ``close_timeout``) until every sent step is
+        acknowledged, then close; True if none was left unacknowledged."""
+        if self._closed:
+            return not self._in_flight
+        timeout = self.close_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while self._in_flight and self.connected:
+            self._settled.clear()
+            try:
+                await asyncio.wait_for(self._settled.wait(), deadline - time.monotonic())
+            except (asyncio.TimeoutError, ValueError):
+                break
+        self._closed = True
+        flushed = not self._in_flight
+        self._drop_in_flight("closing before Redis acknowledged them")
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self.connected = False
+        return flushed
+
+    def close(self, timeout: float | None = None) -> bool:
+        """For callers outside the loop once it has ended: a publisher not closed with
+        ``aclose`` counts what was still unacknowledged as dropped."""
+        flushed = not self._in_flight
+        if not self._closed:
+            self._closed = True
+            self._drop_in_flight("closing before Redis acknowledged them")
+        return flushed
+
+    def stats(self) -> dict[str, int]:
+        return self._counts(len(self._in_flight))
+
+    # -- publishing --------------------------------------------------------------------
+
+    def publish(self, result: StepResult) -> bool:
+        """Encode ``result`` and write it to Redis now; False (counted in ``dropped``)
+        when Redis is unreachable or not reading."""
+        if self._closed:
+            raise RuntimeError("publish() after close()")
+        if len(result) == 0:
+            return True
+        self.enqueued += 1
+        self._seq += 1
+        writer = self._writer
+        if not self.connected or writer is None:
+            self._count_dropped(1, len(result), "redis unreachable")
+            return False
+        if writer.transport.get_write_buffer_size() > self.max_buffer_bytes:
+            self._count_dropped(1, len(result), "redis is not reading (write buffer full)")
+            return False
+        encoded = self._encode([(self._seq, result)])
+        batches = self._batch_commands(encoded)
+        if batches:  # out first: Redis delivers it while the fan-out is still being packed
+            writer.write(b"".join(batches))
+        fanout, messages = self._fanout_commands(encoded)
+        writer.write(b"".join(fanout))
+        self._in_flight.append((len(batches) + len(fanout), len(result), len(batches) + messages))
+        return True
+
+    def write(self, result: StepResult) -> None:
+        """Sink protocol: same as :meth:`publish`."""
+        self.publish(result)
+
+    # -- connection --------------------------------------------------------------------
+
+    async def _connect(self) -> None:
+        target = self._target
+        connection_class = target.get("connection_class")
+        if connection_class is UnixDomainSocketConnection:
+            opening = asyncio.open_unix_connection(target["path"])
+        else:
+            context = ssl.create_default_context() if connection_class is SSLConnection else None
+            opening = asyncio.open_connection(
+                target.get("host", "localhost"), int(target.get("port", 6379)), ssl=context
+            )
+        reader, writer = await asyncio.wait_for(opening, self.connect_timeout)
+        try:
+            setup = []
+            if target.get("password") is not None:
+                auth = [target["username"]] if target.get("username") else []
+                setup.append(pack_command([b"AUTH", *auth, target["password"]]))
+            if target.get("db"):
+                setup.append(pack_command([b"SELECT", int(target["db"])]))
+            setup.append(pack_command([b"PING"]))
+            writer.write(b"".join(setup))
+            for _ in setup:
+                reply = await asyncio.wait_for(read_reply(reader), self.connect_timeout)
+                if isinstance(reply, ReplyError):
+                    raise reply
+        except BaseException:
+            writer.close()
+            raise
+        self._writer = writer
+        self.connected = True
+        self._spawn(self._read_replies(reader))
+
+    async def _read_replies(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                replies, rows, messages = await self._next_step_replies(reader)
+                failure = next((r for r in replies if isinstance(r, ReplyError)), None)
+                self._in_flight.popleft()
+                if failure is None:
+                    self.delivered += 1
+                    self.messages += messages
+                else:
+                    self.errors += 1
+                    log.error("cannot publish signal messages (%s); dropping them", failure)
+                    self._count_dropped(1, rows, f"publish failed ({failure})")
+                if not self._in_flight:
+                    self._settled.set()
+        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+            if not self._closed:
+                self._lost(exc)
+
+    async def _next_step_replies(self, reader: asyncio.StreamReader):
+        first = await read_reply(reader)  # wait here, so a broken idle connection shows
+        if not self._in_flight:
+            raise ValueError(f"unexpected reply from redis: {first!r}")
+        count, rows, messages = self._in_flight[0]
+        replies = [first] + [await read_reply(reader) for _ in range(count - 1)]
+        return replies, rows, messages
+
+    def _lost(self, exc: BaseException) -> None:
+        """The connection failed: count what it took with it, and reconnect with backoff."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if self.connected or not self.errors:
+            log.warning("redis publish failed (%s); reconnecting with backoff", exc or "EOF")
+        self.connected = False
+        self.errors += 1
+        self._drop_in_flight(f"redis connection lost ({exc or 'EOF'})")
+        self._spawn(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        backoff = self._backoff_initial
+        while not self._closed:
+            await asyncio.sleep(backoff)
+            try:
+                await self._connect()
+            except (OSError, asyncio.TimeoutError, ReplyError):
+                backoff = min(backoff * 2, self._backoff_max)
+                continue
+            self.reconnects += 1
+            log.warning("redis publish resumed")
+            return
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _drop_in_flight(self, why: str) -> None:
+        if self._in_flight:
+            rows = sum(r for _, r, _ in self._in_flight)
+            self._count_dropped(len(self._in_flight), rows, why)
+            self._in_flight.clear()
+        self._settled.set()
+
+    def _count_dropped(self, steps: int, rows: int, why: str) -> None:
+        self.dropped += steps
+        self.dropped_rows += rows
+        if not self._drop_logged:
+            self._drop_logged = True
+            log.warning("dropping signal messages: %s (further drops are only counted)", why)
+
+
+async def read_reply(reader: asyncio.StreamReader) -> Any:
+    """One reply in the Redis protocol (RESP2): int, bytes, None, list or ``ReplyError``."""
+    line = await reader.readuntil(b"\r\n")
+    kind, body = line[:1], line[1:-2]
+    if kind == b"+":
+        return body
+    if kind == b"-":
+        return ReplyError(body.decode(errors="replace"))
+    if kind == b":":
+        return int(body)
+    if kind == b"$":
+        size = int(body)
+        if size < 0:
+            return None
+        return (await reader.readexactly(size + 2))[:-2]
+    if kind == b"*":
+        size = int(body)
+        return None if size < 0 else [await read_reply(reader) for _ in range(size)]
+    raise ValueError(f"not a redis reply: {line[:40]!r}")

@@ -1,0 +1,1 @@
+"""Replay of bar and tick files through the engine, in memory bounded by streams."""

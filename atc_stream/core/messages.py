@@ -1,0 +1,106 @@
+"""msgspec structs of the one output schema: a signal row, and the Redis record around it.
+
+The fields are generated from ``atc_stream.schema.COLUMN_TYPES``, so JSONL lines, Redis
+messages and the Arrow/Parquet columns cannot drift apart. Kept out of the engine's import
+path (msgspec is not needed to compute).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from atc_stream.core.results import StepResult
+from atc_stream.core.schema import COLUMN_TYPES, COLUMNS, SCHEMA_VERSION
+
+# JSON types of the logical column types; not-available floats are null.
+_FIELD_TYPES = {"str": str, "int": int, "float": float | None, "bool": bool, "time": int}
+
+#: One (stream, bar) row with every schema column, in order (a JSONL line).
+SignalRow = msgspec.defstruct(
+    "SignalRow",
+    [(name, _FIELD_TYPES[kind]) for name, kind in COLUMN_TYPES.items()],
+    gc=False,
+    module=__name__,
+)
+
+
+class SignalRecord(SignalRow, gc=False):
+    """A :data:`SignalRow` plus the schema version ``v``: the message on Redis channels."""
+
+    v: int = SCHEMA_VERSION
+
+    @property
+    def key(self) -> str:
+        """The stream key string (the field name in the ``latest`` hash)."""
+        return f"{self.symbol}:{self.interval}:{self.params_id}"
+
+
+_STRUCTS: dict[tuple[type, tuple[str, ...]], type] = {}
+
+
+def _struct_for(base: type, columns: tuple[str, ...]) -> type:
+    """``base`` itself for every column; else a struct of the same name with only
+    ``columns`` (a result of fewer requested outputs), made once per column set."""
+    if columns == COLUMNS:
+        return base
+    struct = _STRUCTS.get((base, columns))
+    if struct is None:
+        fields = [(name, _FIELD_TYPES[COLUMN_TYPES[name]]) for name in columns]
+        namespace = {}
+        if base is SignalRecord:
+            fields.append(("v", int, SCHEMA_VERSION))
+            namespace["key"] = SignalRecord.key
+        struct = msgspec.defstruct(
+            base.__name__, fields, gc=False, module=__name__, namespace=namespace
+        )
+        _STRUCTS[(base, columns)] = struct
+    return struct
+
+
+def record_type(columns: tuple[str, ...]) -> type:
+    """The Redis record struct of rows with ``columns`` (``SignalRecord`` for all)."""
+    return _struct_for(SignalRecord, tuple(columns))
+
+
+def records_from_result(result: StepResult) -> list[SignalRecord]:
+    """The :class:`SignalRecord` of every row of ``result`` (Redis messages); a result of
+    fewer requested outputs gives records of only its columns (plus ``v``)."""
+    return _structs(result, SignalRecord)
+
+
+def rows_from_result(result: StepResult) -> list[SignalRow]:
+    """The :data:`SignalRow` of every row of ``result`` (JSONL lines), with the result's
+    columns (every schema column, or the requested subset)."""
+    return _structs(result, SignalRow)
+
+
+_ROW_ENCODER = msgspec.json.Encoder()
+#: What a SignalRecord's JSON adds to its SignalRow's: ``v``, its last field.
+_VERSION_FIELD = b',"v":%d}' % SCHEMA_VERSION
+
+
+def encoded_rows(result: StepResult) -> list[bytes]:
+    """The JSON of every row's :data:`SignalRow`, encoded once per result.
+
+    A live step hands one result to the JSONL writer and the Redis publisher; both use
+    these bytes (the publisher through :func:`record_json`), so no row is built or
+    encoded twice on the latency path.
+    """
+    cached = result._encoded_rows
+    if cached is None:
+        cached = [_ROW_ENCODER.encode(row) for row in rows_from_result(result)]
+        result._encoded_rows = cached
+    return cached
+
+
+def record_json(row_json: bytes) -> bytes:
+    """The JSON of a :class:`SignalRecord` from its row's JSON: the same fields, then ``v``
+    (byte for byte what encoding the record gives)."""
+    return row_json[:-1] + _VERSION_FIELD
+
+
+def _structs(result: StepResult, base: type) -> list:
+    if len(result) == 0:
+        return []
+    struct = _struct_for(base, result.column_names)
+    return [struct(*row) for row in zip(*result.column_values(), strict=True)]

@@ -1,0 +1,266 @@
+"""Result and rejection types returned by the engine (no numba, no I/O)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from atc_stream.core import output_row, schema
+
+
+@dataclass(frozen=True, order=True)
+class StreamKey:
+    """One stream: a symbol at one bar interval under one parameter set."""
+
+    symbol: str
+    interval: str
+    params_id: int
+
+    def __str__(self) -> str:
+        return f"{self.symbol}:{self.interval}:{self.params_id}"
+
+
+class UnknownStreamError(KeyError, ValueError):
+    """A stream key (or symbol) that is not registered. A ``KeyError`` (lookups) and a
+    ``ValueError`` (bad argument), so either ``except`` catches it; the message names
+    the key and the registered streams."""
+
+    def __str__(self) -> str:  # KeyError would show the message quoted
+        return str(self.args[0]) if self.args else ""
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """One input that was left out, with why and the offending value."""
+
+    index: int  #: position of the input in its batch (or bar position in a warmup history)
+    reason: str
+    detail: str
+    symbol: str | None = None
+
+
+class PendingStep:
+    """A submitted step (``Engine.step_async``): :meth:`result` waits for its outputs.
+
+    The engine's state already includes the step. The result is built once; asking
+    again returns the same object. Nothing is lost by never asking.
+    """
+
+    def __init__(self, build: Callable[[], StepResult]) -> None:
+        self._build: Callable[[], StepResult] | None = build
+        self._result: StepResult | None = None
+
+    def result(self) -> StepResult:
+        if self._result is None:
+            self._result = self._build()
+            self._build = None
+        return self._result
+
+
+class StepResult:
+    """Outputs of one ``step``/``preview``/``warmup`` call: one row per (stream, bar) applied.
+
+    ``outputs`` is either the kernel output rows ``[row, OUT_*]`` (``core/output_row.py``)
+    or the typed fields of the requested output ``groups`` (``schema.kernel_fields``:
+    ``bar_index`` int64, ``signal``/``layers``/``equities``/``growth`` float64,
+    ``long``/``short`` bool). ``groups`` are the output groups the rows carry
+    (``schema.OUTPUT_GROUPS``; default all): :meth:`columns` / :meth:`records` give the
+    key columns plus those groups' columns, in schema order, and reading a property of a
+    group that was not requested raises ``OutputNotRequestedError`` naming the fix.
+    ``ready_from`` is, per row, the first ready bar of the row's parameter set.
+    ``rejected`` lists the inputs that were left out, with reasons.
+    """
+
+    def __init__(
+        self,
+        keys_by_slot: list[StreamKey | None],
+        slots: np.ndarray,
+        times: np.ndarray,
+        closes: np.ndarray,
+        outputs: np.ndarray | dict[str, np.ndarray],
+        rejected: list[Rejection] | None = None,
+        provisional: bool = False,
+        ready_from: np.ndarray | None = None,
+        groups: tuple[str, ...] = schema.ALL_OUTPUTS,
+    ) -> None:
+        self._keys_by_slot = keys_by_slot
+        self.slots = slots
+        self.times = times
+        self.closes = closes
+        self.groups = tuple(groups)
+        if isinstance(outputs, np.ndarray):
+            outputs = schema.kernel_fields(outputs, self.groups)
+        self.fields: dict[str, np.ndarray] = outputs
+        self.rejected = rejected or []
+        self.provisional = provisional
+        if ready_from is None:  # unknown parameter sets: no row claims to be ready
+            ready_from = np.full(slots.shape[0], np.iinfo(np.int64).max, np.int64)
+        self.ready_from = ready_from
+        self._column_values: list[list[Any]] | None = None
+        self._encoded_rows: list[bytes] | None = None  # JSON rows (messages.encoded_rows)
+
+    def __len__(self) -> int:
+        return self.slots.shape[0]
+
+    def __repr__(self) -> str:
+        kind = "preview" if self.provisional else "step"
+        return f"<StepResult {kind}: {len(self)} rows, {len(self.rejected)} rejected>"
+
+    def take(self, rows: np.ndarray) -> StepResult:
+        """The result of only these rows (same outputs, rejections and kind)."""
+        return StepResult(
+            self._keys_by_slot, self.slots[rows], self.times[rows], self.closes[rows],
+            {name: values[rows] for name, values in self.fields.items()},
+            self.rejected, self.provisional, self.ready_from[rows], self.groups,
+        )  # fmt: skip
+
+    @property
+    def keys(self) -> list[StreamKey]:
+        return [self._keys_by_slot[s] for s in self.slots]
+
+    @property
+    def symbols(self) -> list[str]:
+        return [k.symbol for k in self.keys]
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        """The schema columns of these rows (all of ``schema.COLUMNS`` or a subset)."""
+        return schema.columns_for(self.groups)
+
+    def _field(self, name: str, group: str) -> np.ndarray:
+        values = self.fields.get(name)
+        if values is None:
+            raise schema.OutputNotRequestedError(
+                f"the {group!r} outputs were not requested (this result carries "
+                f"{list(self.groups)}); ask with Engine(outputs=[..., {group!r}]) or "
+                f"Engine(outputs='all') / engine.request_outputs({group!r}, ...)"
+            )
+        return values
+
+    @property
+    def outputs(self) -> np.ndarray:
+        """The kernel output rows ``[row, OUT_*]`` as float64 (built on demand; the
+        columns of groups that were not requested are NaN)."""
+        n = len(self)
+        out = np.full((n, output_row.N_OUT), np.nan)
+        out[:, output_row.OUT_BAR_INDEX] = self.fields["bar_index"]
+        for name, values in self.fields.items():
+            if name == "long":
+                out[:, output_row.OUT_LONG] = values
+            elif name == "short":
+                out[:, output_row.OUT_SHORT] = values
+            elif name != "bar_index":
+                cols = schema.FLOAT_FIELD_COLUMNS[name]
+                out[:, cols[0] : cols[-1] + 1] = values.reshape(n, len(cols))
+        return out
+
+    @property
+    def signal(self) -> np.ndarray:
+        """Final signal (Average_Signal) per row; NaN while the stream is before cutout."""
+        return self._field("signal", "signal")
+
+    @property
+    def layer1_signals(self) -> np.ndarray:
+        """Layer-1 signal per family, shape (rows, 6), families in ``FAMILIES`` order."""
+        return self._field("layers", "layers")
+
+    @property
+    def layer2_equities(self) -> np.ndarray:
+        """Layer-2 equity per family, shape (rows, 6)."""
+        return self._field("equities", "equities")
+
+    @property
+    def long_events(self) -> np.ndarray:
+        return self._field("long", "events")
+
+    @property
+    def short_events(self) -> np.ndarray:
+        return self._field("short", "events")
+
+    @property
+    def growth(self) -> np.ndarray:
+        """exp(λ·(bar_index − cutout)) of each row's bar; NaN before cutout."""
+        return self._field("growth", "growth")
+
+    @property
+    def bar_index(self) -> np.ndarray:
+        return self.fields["bar_index"]
+
+    @property
+    def ready(self) -> np.ndarray:
+        """True where the row comes from full windows (docs/spec.md, "Readiness")."""
+        return self.bar_index >= self.ready_from
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """The columns of these rows (:attr:`column_names`: every column of
+        :data:`atc_stream.schema.COLUMNS` or the requested subset), in schema order.
+
+        ``symbol``/``interval`` are object arrays of str; ``time`` is int64 epoch ms;
+        discrete columns bool/int64, continuous ones float64.
+        """
+        keys = self.keys
+        n = len(keys)
+        kernel = schema.columns_from_fields(self.fields, self.ready_from, self.groups)
+        columns: dict[str, np.ndarray] = {
+            "symbol": np.array([k.symbol for k in keys], dtype=object).reshape(n),
+            "interval": np.array([k.interval for k in keys], dtype=object).reshape(n),
+            "params_id": np.array([k.params_id for k in keys], np.int64).reshape(n),
+            "time": np.asarray(self.times, np.int64),
+            "close": np.asarray(self.closes, np.float64),
+            "provisional": np.full(n, self.provisional),
+        }
+        columns.update(kernel)
+        return {name: columns[name] for name in self.column_names}
+
+    def column_values(self) -> list[list[Any]]:
+        """Per column (:attr:`column_names` order), the plain Python values of every row;
+        NaN becomes None.
+
+        Column-wise, so that no per-row list is created (that would wake the cyclic
+        garbage collector thousands of times per step). Built once per result: a live
+        step hands the same result to the file writer and the Redis publisher.
+        """
+        if self._column_values is not None:
+            return self._column_values
+        columns = self.columns()
+        lists = []
+        for name, values in columns.items():
+            if schema.COLUMN_TYPES[name] == "float":
+                missing = np.isnan(values)
+                if missing.any():  # rare once streams are warm: skip the boxing otherwise
+                    values = values.astype(object)
+                    values[missing] = None
+            lists.append(values.tolist())
+        self._column_values = lists
+        return lists
+
+    def records(self) -> list[dict[str, Any]]:
+        """One JSON-ready dict per row, keys in schema order (NaN becomes None)."""
+        names = self.column_names
+        rows = zip(*self.column_values(), strict=True)
+        return [dict(zip(names, row, strict=True)) for row in rows]
+
+    def to_pandas(self):
+        """A pandas DataFrame of :meth:`columns`: one row per (stream, bar), ``time`` as
+        tz-aware UTC timestamps (``datetime64[ms, UTC]``)."""
+        from atc_stream.core.frames import to_pandas
+
+        return to_pandas(self.columns())
+
+    def to_arrow(self):
+        """A ``pyarrow.Table`` of :meth:`columns` with ``schema.arrow_schema()`` of
+        :attr:`column_names` (UTC times)."""
+        import pyarrow as pa
+
+        arrow_schema = schema.arrow_schema(columns=self.column_names)
+        columns = self.columns()
+        arrays = [
+            pa.array(columns[f.name], type=pa.int64()).cast(f.type)
+            if f.name == "time"
+            else pa.array(columns[f.name], type=f.type)
+            for f in arrow_schema
+        ]
+        return pa.Table.from_arrays(arrays, schema=arrow_schema)

@@ -1,0 +1,873 @@
+"""Engine: the streams registry, warmup/step/preview, bad-input policy and backend choice.
+
+An ``Engine`` keeps one slot of state per stream (symbol x interval x parameter
+set) in a ``StateStore`` and applies batches of closed bars to all of them with
+one backend call. A bar for a symbol fans out to every parameter set the symbol is
+registered with. Bad inputs never raise and never touch a stream: each is counted
+per reason in ``Engine.rejections``, logged once per reason, and reported in the
+call's result, while the valid part of the batch still applies.
+
+This module imports no I/O libraries (redis, websockets, msgspec), so the core
+runs on a bare GPU machine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import numbers
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from atc_stream.core import inputs, output_row, schema
+from atc_stream.core.params import ATCParams
+from atc_stream.core.results import (
+    PendingStep,
+    Rejection,
+    StepResult,
+    StreamKey,
+    UnknownStreamError,
+)
+from atc_stream.kernels import batch
+from atc_stream.kernels.prepare import PrepareReport, kernels_loaded, prepare_kernels
+from atc_stream.state import layout as L
+from atc_stream.state.arrays import StateStore
+
+log = logging.getLogger("atc_stream")
+
+#: Reasons raised before batch planning (Python-level input shape/type checks).
+MALFORMED_UPDATE = "malformed_update"
+BAD_TIME_TYPE = "bad_time_type"
+BAD_CLOSE_TYPE = "bad_close_type"
+UNKNOWN_SYMBOL = "unknown_symbol"
+BAD_HISTORY = "bad_history"
+
+#: Exact types ``_parse_bars`` accepts without ``numbers`` ABC checks (~0.5 us each).
+#: uint64 is left out: its values above int64 must take the checked path.
+_FAST_INT_TYPES = frozenset(
+    {int, np.int64, np.int32, np.int16, np.int8, np.uint32, np.uint16, np.uint8}
+)
+_FAST_REAL_TYPES = _FAST_INT_TYPES | {float, np.float64, np.float32}
+
+#: Streams per warmup call chunk unless the backend sets ``warmup_chunk`` (bounds the
+#: padded history arrays; drives the progress bar).
+WARMUP_CHUNK = 1024
+
+
+def make_backend(
+    name: str, store: StateStore, threads: int | None = None, cuda_graph: bool = False
+):
+    """The backend object for ``name`` ("cpu", "cuda" or "auto").
+
+    ``threads`` is the CPU backend's thread count (None: chosen per call);
+    ``cuda_graph`` turns on the CUDA backend's graph of the steady step.
+
+    "cuda" also runs under numba's simulator (``NUMBA_ENABLE_CUDASIM=1``) and raises
+    ``RuntimeError`` naming the missing piece when CUDA cannot run here. "auto" picks
+    CUDA only for at least ``kernels.cuda.AUTO_MIN_STREAMS`` streams (the store's
+    capacity or stream count, whichever is larger) and only when ``cuda_available()``'s
+    probe passes; otherwise the CPU, with one warning per process naming the missing
+    piece when a CUDA driver is there but something else is not (no driver at all is
+    the normal CPU machine: logged at INFO). ``Engine.move_to("auto")`` decides again.
+    """
+    if name not in ("cpu", "cuda", "auto"):
+        raise ValueError(f"backend must be 'cpu', 'cuda' or 'auto', got {name!r}")
+    if name == "cuda" or (name == "auto" and _enough_streams_for_cuda(store)):
+        from atc_stream.kernels import cuda_available
+
+        available, why = cuda_available(allow_simulator=name == "cuda")
+        if available:
+            from atc_stream.kernels.cuda import CudaBackend
+
+            return CudaBackend(store, cuda_graph=cuda_graph)
+        if name == "cuda":
+            raise RuntimeError(f"backend='cuda' was asked for but CUDA is unavailable: {why}")
+        _note_cpu_fallback(why)
+    from atc_stream.kernels.cpu import CpuBackend
+
+    return CpuBackend(store, threads)
+
+
+def _enough_streams_for_cuda(store: StateStore) -> bool:
+    from atc_stream.kernels import AUTO_MIN_STREAMS
+
+    return max(store.capacity, store.n_streams) >= AUTO_MIN_STREAMS
+
+
+_fallback_noted = False
+
+
+def _is_symbol(symbol: Any) -> bool:
+    """A non-empty str without NUL (NumPy's str arrays would drop trailing NULs, merging
+    "AB\\0" into "AB")."""
+    return isinstance(symbol, str) and bool(symbol) and "\x00" not in symbol
+
+
+def _note_cpu_fallback(why: str) -> None:
+    global _fallback_noted
+    if _fallback_noted:
+        return
+    _fallback_noted = True
+    no_driver = why.startswith(("no CUDA driver", "NUMBA_ENABLE_CUDASIM"))
+    log.log(
+        logging.INFO if no_driver else logging.WARNING,
+        "backend='auto': using the CPU, CUDA is unavailable: %s",
+        why,
+    )
+
+
+class Engine:
+    """Exact incremental ATC for many streams.
+
+    >>> eng = Engine(ATCParams())
+    >>> eng.warmup({"BTCUSDT": (times, closes)})
+    >>> res = eng.step([("BTCUSDT", next_time, 64210.5)])
+    """
+
+    def __init__(
+        self,
+        params: ATCParams | Sequence[ATCParams] | None = None,
+        *,
+        backend: str = "auto",
+        interval: str = "1m",
+        capacity: int = 64,
+        threads: int | None = None,
+        outputs: str | Sequence[str] | None = None,
+        cuda_graph: bool = False,
+    ) -> None:
+        """``outputs``: the output groups ``step``/``preview``/``warmup`` return
+        (``schema.OUTPUT_GROUPS``: "signal", "events", "layers", "equities", "growth", or
+        "all"); default ``schema.DEFAULT_OUTPUTS``, the signal and the events. See
+        :attr:`outputs`.
+
+        ``cuda_graph``: on the CUDA backend, replay the steady step (the same streams
+        every step, one bar each) as one captured CUDA graph (needs CuPy on a real
+        device; otherwise, or when a capture fails, one warning and ordinary launches).
+        Off by default; results are identical either way. Ignored on the CPU."""
+        from atc_stream.kernels.threads import check_threads
+
+        self._outputs = schema.resolve_outputs(outputs)
+        self.threads = check_threads(threads)
+        self.store = StateStore(capacity)
+        self.interval = interval
+        self._keys_by_slot: list[StreamKey | None] = [None] * self.store.capacity
+        self._slot_of: dict[StreamKey, int] = {}
+        self._symbol_slots: dict[str, np.ndarray] = {}
+        self._slot_lists_of: dict[str, np.ndarray] | None = None  # see _slot_lists
+        self._slot_lists_cache: dict[str, list[int]] = {}
+        self._single_slot: dict[str, int] | None = None
+        self.rejections: Counter[str] = Counter()
+        self._source_offsets: dict[str, Any] = {}
+        self._logged_reasons: set[str] = set()
+        param_sets = [ATCParams()] if params is None else params
+        if isinstance(param_sets, ATCParams):
+            param_sets = [param_sets]
+        for p in param_sets:
+            self.add_params(p)
+        self.cuda_graph = cuda_graph
+        self.backend = make_backend(backend, self.store, self.threads, cuda_graph)
+
+    @staticmethod
+    def compile(
+        report: Callable[[str], None] | None = None, *, progress: bool = False
+    ) -> PrepareReport:
+        """Compile (first run) or load from the on-disk cache every CPU kernel now.
+
+        Later processes load in well under a second; call this before timing-sensitive
+        work. ``report`` (e.g. ``print``) gets a line before a first-run compile;
+        ``progress`` shows the phase as a progress bar. Returns a
+        ``kernels.prepare.PrepareReport``.
+        """
+        return prepare_kernels(_exercise_kernels, report, progress=progress)
+
+    def move_to(self, backend: str) -> None:
+        """Move the live state to another backend ("cpu", "cuda" or "auto"); results are unchanged.
+
+        The state is pulled from the current backend into the host store, then pushed
+        to the new one. Raises like the constructor when the backend is unavailable
+        (the engine then stays where it was).
+        """
+        self.backend.pull_state()
+        new = make_backend(backend, self.store, self.threads, self.cuda_graph)
+        new.push_state()
+        old, self.backend = self.backend, new
+        close = getattr(old, "close", None)
+        if close is not None and old is not new:
+            close()
+
+    # -- parameter sets and streams -----------------------------------------------
+
+    @property
+    def param_sets(self) -> list[ATCParams]:
+        return list(self.store.params.params)
+
+    def add_params(self, params: ATCParams) -> int:
+        """Register a parameter set; return its ``params_id``."""
+        if not isinstance(params, ATCParams):
+            raise ValueError(f"params must be an ATCParams, got {type(params).__name__}")
+        return self.store.add_params(params)
+
+    def add_symbol(self, symbol: str, params_ids: Iterable[int] | None = None) -> list[StreamKey]:
+        """Add one stream per parameter set (all by default) for ``symbol``; existing ones stay."""
+        if not _is_symbol(symbol):
+            raise ValueError(f"symbol must be a non-empty str without NUL, got {symbol!r}")
+        ids = range(len(self.store.params)) if params_ids is None else list(params_ids)
+        return [self.add_stream(symbol, params_id) for params_id in ids]
+
+    def add_stream(self, symbol: str, params_id: int = 0) -> StreamKey:
+        if not 0 <= params_id < len(self.store.params):
+            raise ValueError(f"params_id {params_id} is not a registered parameter set")
+        key = StreamKey(symbol, self.interval, params_id)
+        if key in self._slot_of:
+            return key
+        slot = self.store.allocate(params_id)
+        if self.store.capacity > len(self._keys_by_slot):
+            self._keys_by_slot.extend([None] * (self.store.capacity - len(self._keys_by_slot)))
+        self._keys_by_slot[slot] = key
+        self._slot_of[key] = slot
+        self._set_symbol_slots(symbol, [*self._symbol_slots.get(symbol, ()), slot])
+        return key
+
+    def remove_symbol(self, symbol: str) -> None:
+        for slot in self._symbol_slots.get(symbol, ()):
+            self.remove_stream(self._keys_by_slot[slot])
+
+    def remove_stream(self, key: StreamKey) -> None:
+        slot = self._slot_index(key)
+        del self._slot_of[key]
+        self.store.release(slot)
+        self._keys_by_slot[slot] = None
+        self._set_symbol_slots(key.symbol, [s for s in self._symbol_slots[key.symbol] if s != slot])
+
+    def _set_symbol_slots(self, symbol: str, slots) -> None:
+        self._slot_lists_of = None
+        if len(slots):
+            self._symbol_slots[symbol] = np.array(sorted(slots), np.int64)
+        else:
+            self._symbol_slots.pop(symbol, None)
+
+    @property
+    def streams(self) -> list[StreamKey]:
+        return sorted(self._slot_of)
+
+    @property
+    def symbols(self) -> list[str]:
+        return sorted(self._symbol_slots)
+
+    def slot_of(self, key: StreamKey) -> int:
+        return self._slot_index(key)
+
+    def _slot_index(self, key: StreamKey) -> int:
+        """The slot of ``key``, or ``UnknownStreamError`` naming it and what is registered."""
+        slot = self._slot_of.get(key) if isinstance(key, StreamKey) else None
+        if slot is None:
+            known = ", ".join(str(k) for k in self.streams[:5]) or "none"
+            more = f" (+{len(self._slot_of) - 5} more)" if len(self._slot_of) > 5 else ""
+            hint = "" if isinstance(key, StreamKey) else "; pass a StreamKey (engine.streams)"
+            raise UnknownStreamError(f"unknown stream {key!r}{hint}; registered: {known}{more}")
+        return slot
+
+    def slots_of(self, symbol: str) -> np.ndarray:
+        """Slots of every stream of ``symbol`` (one per parameter set it is registered with)."""
+        slots = self._symbol_slots.get(symbol)
+        if slots is None:
+            raise UnknownStreamError(f"unknown symbol {symbol!r}; registered: {self.symbols[:5]}")
+        return slots
+
+    @property
+    def symbol_slots(self) -> Mapping[str, np.ndarray]:
+        """``symbol -> slots of its streams`` (read-only view; one slot per parameter set)."""
+        return MappingProxyType(self._symbol_slots)
+
+    def last_bar_times(self, symbol: str) -> list[int | None]:
+        """Open time of the last applied bar of each stream of ``symbol`` (``slots_of``
+        order; None for a stream that has seen no bar). Read from the host counters,
+        which every backend keeps current, so no device copy."""
+        lasts = self.store.counters[self.slots_of(symbol), L.LAST_TIME].tolist()
+        return [None if last == L.NO_TIME else last for last in lasts]
+
+    def stream_state(self, key: StreamKey) -> dict[str, Any]:
+        """A stream's position: bar_index (bars seen), whether its last bar was ready
+        (docs/spec.md, "Readiness"), last bar time, growth factor of its last bar.
+
+        Read from the host counters, which every backend keeps current, so no device copy.
+        """
+        from atc_stream.kernels.cpu import growth_factor
+
+        slot = self._slot_index(key)
+        counters = self.store.counters[slot]
+        last = int(counters[L.LAST_TIME])
+        bar_index = int(counters[L.BAR_INDEX])
+        params = self.store.params.params[int(counters[L.PARAM_ROW])]
+        last_bar = bar_index - 1
+        active = bar_index > 0 and last_bar >= params.cutout
+        return {
+            "bar_index": bar_index,
+            "ready": bool(last_bar >= self.store.params.ready_bars[int(counters[L.PARAM_ROW])]),
+            "last_time": None if last == L.NO_TIME else last,
+            "growth": growth_factor(params.lam, last_bar, params.cutout) if active else math.nan,
+        }
+
+    # -- bad input ------------------------------------------------------------------
+
+    def _reject(self, rejected: list[Rejection], index: int, reason: str, detail: str, symbol=None):
+        self.rejections[reason] += 1
+        if reason not in self._logged_reasons:
+            self._logged_reasons.add(reason)
+            log.warning("rejected input (%s): %s (further ones are only counted)", reason, detail)
+        rejected.append(Rejection(index, reason, detail, symbol))
+
+    def _parse_input(self, bars, time_unit, columns):
+        """``bars`` in any accepted form (``inputs.bars_from``) as ``_parse_bars`` columns:
+        ``(slots, times, closes, origin, rejected)``."""
+        converted = inputs.bars_from(bars, columns=columns, time_unit=time_unit)
+        rejected: list[Rejection] = []
+        parsed = self._parse_bars(bars if converted is None else converted, rejected)
+        return (*parsed, rejected)
+
+    def _parse_bars(self, bars: Iterable[Any], rejected: list[Rejection]):
+        """Fan ``(symbol, time, close)`` items out to slots; reject malformed ones.
+
+        A batch of well-formed tuples of exact common types (``int``/NumPy integer
+        times, ``float``/``int``/NumPy closes, registered ``str`` symbols) is split into
+        columns and converted in C (~0.1 us per item); anything else takes the per-item
+        path, which applies the full checks and rejects with the same reasons.
+        """
+        if not isinstance(bars, (list, tuple)):
+            bars = list(bars)
+        fast = self._parse_columns(bars)
+        return fast if fast is not None else self._parse_items(bars, rejected)
+
+    def _slot_lists(self) -> dict[str, list[int]]:
+        """``symbol -> [slot, ...]`` as Python ints, rebuilt when the registry changes.
+
+        Also sets ``_single_slot``: ``symbol -> slot`` when every symbol has one stream
+        (one parameter set), else None.
+        """
+        if self._slot_lists_of is not self._symbol_slots:
+            lists = {s: v.tolist() for s, v in self._symbol_slots.items()}
+            single = all(len(v) == 1 for v in lists.values())
+            self._single_slot = {s: v[0] for s, v in lists.items()} if single else None
+            self._slot_lists_cache = lists
+            self._slot_lists_of = self._symbol_slots
+        return self._slot_lists_cache
+
+    def _parse_columns(self, bars):
+        """The column fast path of ``_parse_bars``; None when any item needs the full checks."""
+        if not bars or set(map(type, bars)) != {tuple} or set(map(len, bars)) != {3}:
+            return None
+        symbols, bar_times, closes = zip(*bars, strict=True)
+        if not set(map(type, bar_times)) <= _FAST_INT_TYPES:
+            return None
+        if not set(map(type, closes)) <= _FAST_REAL_TYPES:
+            return None
+        slot_lists = self._slot_lists()
+        # registered symbols are str keys: a lookup finds only str (or str-subclass)
+        # symbols, and an unhashable one raises TypeError (the per-item path rejects it)
+        if self._single_slot is not None:  # one stream per symbol: nothing to fan out
+            try:
+                firsts = list(map(self._single_slot.get, symbols))
+            except TypeError:
+                return None
+            if None in firsts:
+                return None
+            n = len(firsts)
+            return (
+                np.array(firsts, np.int64), np.array(bar_times, np.int64),
+                np.array(closes, np.float64), np.arange(n, dtype=np.int64),
+            )  # fmt: skip
+        try:
+            lists = list(map(slot_lists.get, symbols))
+        except TypeError:
+            return None
+        if None in lists:
+            return None
+        times_array = np.array(bar_times, np.int64)
+        closes_array = np.array(closes, np.float64)
+        counts = np.fromiter(map(len, lists), np.int64, len(lists))
+        slots = np.fromiter(itertools.chain.from_iterable(lists), np.int64, int(counts.sum()))
+        if slots.shape[0] == len(lists):  # one stream per symbol: nothing to fan out
+            return slots, times_array, closes_array, np.arange(len(lists), dtype=np.int64)
+        origin = np.repeat(np.arange(len(lists), dtype=np.int64), counts)
+        return slots, times_array[origin], closes_array[origin], origin
+
+    def _parse_items(self, bars, rejected):
+        """Per-item checks of ``_parse_bars``: every rejection reason is decided here."""
+        slot_lists = self._slot_lists()
+        slots: list[int] = []
+        times: list[int] = []
+        closes: list[float] = []
+        origin: list[int] = []
+        for index, item in enumerate(bars):
+            try:
+                symbol, bar_time, close = item
+            except (TypeError, ValueError):
+                self._reject(
+                    rejected, index, MALFORMED_UPDATE, f"not (symbol, time, close): {item!r}"
+                )
+                continue
+            if type(bar_time) not in _FAST_INT_TYPES and (
+                not isinstance(bar_time, numbers.Integral) or isinstance(bar_time, bool)
+            ):
+                self._reject(rejected, index, BAD_TIME_TYPE, f"time {bar_time!r}", str(symbol))
+                continue
+            if type(close) not in _FAST_REAL_TYPES and (
+                not isinstance(close, numbers.Real) or isinstance(close, bool)
+            ):
+                self._reject(rejected, index, BAD_CLOSE_TYPE, f"close {close!r}", str(symbol))
+                continue
+            symbol_slots = slot_lists.get(symbol) if isinstance(symbol, str) else None
+            if symbol_slots is None:
+                self._reject(rejected, index, UNKNOWN_SYMBOL, f"symbol {symbol!r}", str(symbol))
+                continue
+            for slot in symbol_slots:
+                slots.append(slot)
+                times.append(int(bar_time))
+                closes.append(float(close))
+                origin.append(index)
+        return (
+            np.array(slots, np.int64),
+            np.array(times, np.int64),
+            np.array(closes, np.float64),
+            np.array(origin, np.int64),
+        )
+
+    def _report_codes(self, reasons, slots, times, closes, origin, rejected) -> None:
+        """Report planner rejections once per input, not once per stream it fans out to."""
+        reported: set[tuple[int, int]] = set()
+        for u in np.flatnonzero(reasons != batch.ACCEPTED):
+            if (origin[u], reasons[u]) in reported:
+                continue
+            reported.add((origin[u], reasons[u]))
+            key = self._keys_by_slot[slots[u]] if 0 <= slots[u] < len(self._keys_by_slot) else None
+            self._reject(
+                rejected,
+                int(origin[u]),
+                batch.REASON_NAMES[int(reasons[u])],
+                f"slot {slots[u]} time {times[u]} close {float(closes[u])!r}",
+                key.symbol if key else None,
+            )
+
+    # -- step / preview -------------------------------------------------------------
+
+    def step(
+        self,
+        bars: Iterable[tuple[str, int, float]] | Any,
+        *,
+        time_unit: str | None = None,
+        columns: Mapping[str, str] | None = None,
+    ) -> StepResult:
+        """Apply closed bars ``(symbol, bar_time, close)``; several per symbol, in time order.
+
+        ``bars`` may also be a long pandas DataFrame / Arrow table (``symbol``, ``time``,
+        ``close`` columns, renamed by ``columns``) or ``{symbol: Series}`` with a time
+        index; times may be datetimes (naive = UTC) or integer epochs in ``time_unit``
+        (see ``atc_stream.inputs``). A form that cannot be converted exactly raises
+        ``ValueError``; bad values in a good form are rejected and counted as usual.
+        The result carries the output groups of :attr:`outputs` (default: signal and
+        events).
+        """
+        return self._step(*self._parse_input(bars, time_unit, columns)).result()
+
+    def step_async(
+        self,
+        bars: Iterable[tuple[str, int, float]] | Any,
+        *,
+        time_unit: str | None = None,
+        columns: Mapping[str, str] | None = None,
+    ) -> PendingStep:
+        """:meth:`step` without waiting for the outputs: ``.result()`` gives the
+        ``StepResult``.
+
+        The state advances now (a following step, preview, warmup or snapshot sees this
+        step applied); on CUDA the next step's inputs are validated, planned and staged
+        while this step's copies and kernels are in flight (double-buffered pinned
+        buffers, ``kernels/cuda_io.py``). On the CPU the step runs to completion before
+        returning. Results are identical to :meth:`step`'s.
+        """
+        return self._step(*self._parse_input(bars, time_unit, columns))
+
+    def step_arrays_async(self, slots, times, closes, inputs=None) -> PendingStep:
+        """:meth:`step_arrays` without waiting (see :meth:`step_async`)."""
+        return self._step(*self._array_input(slots, times, closes, inputs))
+
+    def step_arrays(self, slots, times, closes, inputs=None) -> StepResult:
+        """Array fast path: ``slots`` from ``slot_of``/``slots_of``; no per-item Python work.
+
+        ``inputs[u]`` is the position of the input update ``u`` came from, when one input
+        fans out to several slots (default: its own position); rejections count per input.
+        """
+        return self._step(*self._array_input(slots, times, closes, inputs)).result()
+
+    @staticmethod
+    def _array_input(slots, times, closes, inputs):
+        slots, times, closes = _as_update_arrays(slots, times, closes)
+        inputs = np.arange(slots.shape[0]) if inputs is None else np.asarray(inputs, np.int64)
+        if inputs.shape != slots.shape:
+            raise ValueError(
+                f"inputs must have the shape of slots {slots.shape}, got {inputs.shape}"
+            )
+        return slots, times, closes, inputs, []
+
+    def _plan(self, slots, times, closes, reasons):
+        """``batch.plan_rounds``, or its steady-case shortcut: while a batch's slots are
+        those of the last batch that was one round with every update accepted (each
+        stream once), the rounds are known and only the checks run
+        (``batch.check_unique_step``: no per-slot scratch, fewer scattered reads)."""
+        store = self.store
+        n = slots.shape[0]
+        unique = self._unique_slots
+        if unique is not None and unique.shape[0] == n and np.array_equal(unique, slots):
+            n_ok = batch.check_unique_step(
+                store.counters, store.in_use, slots, times, closes, reasons
+            )
+            if n_ok == n:
+                if self._all_rows.shape[0] != n:
+                    self._all_rows = np.arange(n, dtype=np.int64)
+                return self._all_rows, np.array([0, n], np.int64)
+            order = np.flatnonzero(reasons == batch.ACCEPTED)
+            return order, np.array([0, n_ok] if n_ok else [0], np.int64)
+        order, round_starts = batch.plan_rounds(
+            store.counters, store.in_use, store.pending_last, store.pending_count,
+            slots, times, closes, reasons,
+        )  # fmt: skip
+        one_round_all_accepted = order.shape[0] == n and round_starts.shape[0] == 2
+        self._unique_slots = slots.copy() if one_round_all_accepted and n > 1 else None
+        return order, round_starts
+
+    _unique_slots: np.ndarray | None = None
+    _all_rows = np.zeros(0, np.int64)
+
+    def _step(self, slots, times, closes, origin, rejected) -> PendingStep:
+        reasons = np.zeros(slots.shape[0], np.int64)
+        order, round_starts = self._plan(slots, times, closes, reasons)
+        if order.shape[0] != slots.shape[0]:
+            self._report_codes(reasons, slots, times, closes, origin, rejected)
+        submit = getattr(self.backend, "step_outputs_async", None)
+        args = (slots, times, closes, order, round_starts, self._outputs)
+        pending = submit(*args) if submit is not None else None
+        fields = None if submit is not None else self.backend.step_outputs(*args)
+        if order.shape[0] != slots.shape[0]:  # rejected updates have no row
+            keep = np.sort(order)
+            slots, times, closes = slots[keep], times[keep], closes[keep]
+        else:
+            keep = None
+        # the result's rows are fixed now (a later step may reuse or free a slot)
+        ready_from = self.store.params.ready_bars[self.store.counters[slots, L.PARAM_ROW]]
+        outputs, keys_by_slot = self._outputs, self._keys_by_slot
+
+        def result() -> StepResult:
+            out = pending.wait() if pending is not None else fields
+            if keep is not None:
+                out = {name: values[keep] for name, values in out.items()}
+            return StepResult(
+                keys_by_slot, slots, times, closes, out, rejected, False, ready_from, outputs
+            )
+
+        return PendingStep(result)
+
+    def _result(self, slots, times, closes, out, rejected, provisional=False) -> StepResult:
+        """``out``: kernel output rows or typed fields (``schema.kernel_fields``)."""
+        ready_from = self.store.params.ready_bars[self.store.counters[slots, L.PARAM_ROW]]
+        return StepResult(
+            self._keys_by_slot, slots, times, closes, out, rejected, provisional, ready_from,
+            self._outputs,
+        )  # fmt: skip
+
+    def preview(
+        self,
+        bars: Iterable[tuple[str, int, float]] | Any,
+        *,
+        time_unit: str | None = None,
+        columns: Mapping[str, str] | None = None,
+    ) -> StepResult:
+        """Outputs for in-progress bars as if they closed now; state is not changed.
+
+        Accepts the same forms as :meth:`step`.
+        """
+        return self._preview(*self._parse_input(bars, time_unit, columns))
+
+    def preview_arrays(self, slots, times, closes) -> StepResult:
+        slots, times, closes = _as_update_arrays(slots, times, closes)
+        return self._preview(slots, times, closes, np.arange(slots.shape[0]), [])
+
+    def _preview(self, slots, times, closes, origin, rejected) -> StepResult:
+        store = self.store
+        reasons = np.zeros(slots.shape[0], np.int64)
+        batch.check_previews(store.counters, store.in_use, slots, times, closes, reasons)
+        accepted = reasons == batch.ACCEPTED
+        if not accepted.all():
+            self._report_codes(reasons, slots, times, closes, origin, rejected)
+        fields = self.backend.preview_outputs(slots, times, closes, accepted, self._outputs)
+        if not accepted.all():
+            fields = {name: values[accepted] for name, values in fields.items()}
+        return self._result(
+            slots[accepted], times[accepted], closes[accepted], fields, rejected, True
+        )
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The output groups every result carries, in canonical order.
+
+        Each row always has the key columns (``schema.KEY_COLUMNS``: symbol, interval,
+        params_id, time, close, bar_index, provisional); the groups add ``signal``
+        ("signal"), ``ready``/``long``/``short`` ("events", bool), the six
+        ``<family>_signal`` ("layers"), the six ``<family>_equity`` ("equities") and
+        ``growth``. Default: signal and events. The values of a requested column are
+        bit-identical whatever else is requested. On CUDA only the requested columns
+        are copied back from the device (events as one byte each). Assign a group
+        name, a list of them, or "all" (the CLI writes all).
+        """
+        return self._outputs
+
+    @outputs.setter
+    def outputs(self, value: str | Sequence[str] | None) -> None:
+        self._outputs = schema.resolve_outputs(value)
+
+    def request_outputs(self, *groups: str) -> None:
+        """Return only these output groups from now on (none given: all); see :attr:`outputs`."""
+        self.outputs = groups or "all"
+
+    # -- warmup -----------------------------------------------------------------------
+
+    def warmup(
+        self,
+        history: Mapping[str, tuple[Sequence[int], Sequence[float]]] | Any,
+        *,
+        progress: bool = False,
+        time_unit: str | None = None,
+        columns: Mapping[str, str] | None = None,
+    ) -> StepResult:
+        """Apply each symbol's history ``(times, closes)`` in one batched pass per chunk.
+
+        ``history`` may also be ``{symbol: Series}`` (time index), or a long pandas
+        DataFrame / Arrow table with ``symbol``, ``time``, ``close`` columns (renamed by
+        ``columns``); times as in :meth:`step` (``time_unit`` for integer epochs).
+        Symbols not registered yet are added (one stream per parameter set). Equal to
+        calling ``step`` bar by bar; streams that already hold state continue from it.
+        Bad bars are rejected as in ``step`` and the rest of the history still applies;
+        a form that cannot be converted exactly raises ``ValueError``.
+        Returns the outputs of each stream's last applied bar.
+        """
+        history = inputs.history_from(history, columns=columns, time_unit=time_unit)
+        rejected: list[Rejection] = []
+        jobs = []  # (slot, times, closes) with only accepted bars
+        for symbol, series in history.items():
+            parsed = self._parse_history(symbol, series, rejected)
+            if parsed is None:
+                continue
+            times, closes = parsed
+            if symbol not in self._symbol_slots:
+                self.add_symbol(symbol)
+            for slot in self._symbol_slots[symbol]:
+                jobs.append((int(slot), *self._accepted_history(slot, times, closes, rejected)))
+        results = []
+        chunk = getattr(self.backend, "warmup_chunk", WARMUP_CHUNK)
+        chunks = range(0, len(jobs), chunk)
+        if progress:
+            from tqdm import tqdm
+
+            self._load_kernels_first()
+            chunks = tqdm(chunks, desc="warmup", unit="chunk", leave=False)
+        for start in chunks:
+            results.append(self._warmup_chunk(jobs[start : start + chunk]))
+        if not results:
+            empty = np.zeros(0, np.int64)
+            return self._result(
+                empty, empty, np.zeros(0), np.zeros((0, output_row.N_OUT)), rejected
+            )
+        slots, times, closes, outs = (np.concatenate(parts) for parts in zip(*results, strict=True))
+        applied = ~np.isnan(outs[:, output_row.OUT_BAR_INDEX])
+        return self._result(
+            slots[applied], times[applied], closes[applied], outs[applied], rejected
+        )
+
+    def _load_kernels_first(self) -> None:
+        """A phase of its own before a progress bar, so its rate and ETA leave compiling
+        (or loading) the kernels out."""
+        if getattr(self.backend, "name", None) != "cpu":
+            return
+        if not kernels_loaded():
+            self.compile(progress=True)
+
+    def _parse_history(self, symbol, series, rejected):
+        try:
+            times, closes = series
+            times = np.asarray(times)
+            closes = np.asarray(closes, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            self._reject(rejected, -1, BAD_HISTORY, f"{symbol!r}: {exc}", str(symbol))
+            return None
+        if not _is_symbol(symbol):
+            self._reject(rejected, -1, BAD_HISTORY, f"symbol {symbol!r}", None)
+            return None
+        if times.ndim != 1 or closes.shape != times.shape or times.dtype.kind not in "iu":
+            self._reject(
+                rejected, -1, BAD_HISTORY,
+                f"{symbol!r}: times must be 1-D integers and closes the same shape "
+                f"(got {times.dtype}{times.shape}, {closes.shape})",
+                symbol,
+            )  # fmt: skip
+            return None
+        return times.astype(np.int64), closes
+
+    def _accepted_history(self, slot, times, closes, rejected):
+        reasons = np.zeros(times.shape[0], np.int64)
+        last_time = self.store.counters[slot, L.LAST_TIME]
+        batch.check_history(self.store.in_use, slot, times, closes, last_time, reasons)
+        ok = reasons == batch.ACCEPTED
+        if not ok.all():
+            self._report_codes(
+                reasons, np.full(times.shape[0], slot), times, closes,
+                np.arange(times.shape[0]), rejected,
+            )  # fmt: skip
+            return times[ok], closes[ok]
+        return times, closes
+
+    def _warmup_chunk(self, jobs):
+        n = len(jobs)
+        longest = max((len(t) for _, t, _ in jobs), default=0)
+        slots = np.array([slot for slot, _, _ in jobs], np.int64)
+        counts = np.array([len(t) for _, t, _ in jobs], np.int64)
+        times = np.zeros((n, max(longest, 1)), np.int64)
+        closes = np.ones((n, max(longest, 1)), np.float64)
+        for s, (_, t, c) in enumerate(jobs):
+            times[s, : len(t)] = t
+            closes[s, : len(c)] = c
+        out = self.backend.warmup(slots, times, closes, counts, False)[:, 0]
+        last = np.maximum(counts - 1, 0)
+        rows = np.arange(n)
+        return slots, times[rows, last], closes[rows, last], out
+
+    # -- snapshots (format: state/snapshot.py; stores: state/stores.py) ---------------
+
+    @property
+    def source_offsets(self) -> dict[str, Any]:
+        """Where each input stands (Redis Stream ID, file row, ...): callers update it;
+        saved in every snapshot and restored by ``restore``."""
+        return self._source_offsets
+
+    @source_offsets.setter
+    def source_offsets(self, value: Mapping[str, Any]) -> None:
+        self._source_offsets = dict(value)
+
+    def capture_snapshot(self, source_offsets: Mapping[str, Any] | None = None, *, copy=True):
+        """Copy the state (pulled from the device first) for ``snapshot.encode_snapshot``.
+
+        Only array copies: cheap enough for the step loop; encoding can run elsewhere.
+        ``source_offsets`` are merged into ``self.source_offsets`` first.
+        """
+        from atc_stream.state.snapshot import capture_state, normalize_offsets
+
+        if source_offsets:
+            self.source_offsets.update(normalize_offsets(source_offsets))
+        self.backend.pull_state()
+        s = self.store
+        # free slots after the last live one are left out, so a snapshot's size follows
+        # the streams, not the capacity (slot numbers stay as they are)
+        live = np.flatnonzero(s.in_use)
+        n = int(live[-1]) + 1 if live.size else 1
+        return capture_state(
+            params=s.params.params, interval=self.interval,
+            backend=getattr(self.backend, "name", type(self.backend).__name__),
+            registry=self._slot_of, ring=s.ring[:n], values=s.values[:n],
+            counters=s.counters[:n], in_use=s.in_use[:n],
+            param_lengths=s.params.lengths, param_values=s.params.values,
+            ring_capacity=s.ring_capacity, source_offsets=self.source_offsets,
+            rejections=self.rejections, copy=copy,
+        )  # fmt: skip
+
+    def snapshot(
+        self, source_offsets: Mapping[str, Any] | None = None, compression: str = "zlib"
+    ) -> bytes:
+        """A versioned, checksummed blob of the whole state; ``Engine.restore`` reads it."""
+        from atc_stream.state.snapshot import encode_snapshot
+
+        return encode_snapshot(self.capture_snapshot(source_offsets, copy=False), compression)
+
+    @classmethod
+    def restore(
+        cls,
+        blob,
+        backend: str = "auto",
+        threads: int | None = None,
+        outputs: str | Sequence[str] | None = None,
+        cuda_graph: bool = False,
+    ) -> Engine:
+        """The engine a snapshot blob was taken from; ``SnapshotError`` if it does not verify.
+
+        ``outputs`` and ``cuda_graph`` as in the constructor (a snapshot holds state, not
+        these choices).
+
+        ``blob`` may also be an already verified ``state.snapshot.Snapshot`` (a store's
+        ``latest().decoded``), so that a blob is decoded once.
+        """
+        from atc_stream.state.snapshot import Snapshot, decode_snapshot
+
+        snap = blob if isinstance(blob, Snapshot) else decode_snapshot(blob)
+        h = snap.header
+        eng = cls(
+            snap.params, backend=backend, interval=h.interval, capacity=h.capacity,
+            threads=threads, outputs=outputs, cuda_graph=cuda_graph,
+        )  # fmt: skip
+        store = eng.store
+        reshaped = False
+        for name in ("ring", "values", "counters", "in_use"):
+            current = getattr(store, name)
+            if current.shape == snap.arrays[name].shape:
+                np.copyto(current, snap.arrays[name])  # keeps the backend's host buffers
+            else:
+                setattr(store, name, snap.arrays[name])
+                reshaped = True
+        if reshaped:
+            store.ring_capacity = h.ring_capacity
+            store.generation += 1
+            old, eng.backend = (
+                eng.backend,
+                make_backend(backend, store, eng.threads, eng.cuda_graph),
+            )
+            getattr(old, "close", lambda: None)()
+        by_symbol: dict[str, list[int]] = {}
+        for key, slot in h.registry.items():
+            eng._keys_by_slot[slot] = key
+            eng._slot_of[key] = slot
+            by_symbol.setdefault(key.symbol, []).append(slot)
+        eng._symbol_slots = {sym: np.array(sorted(v), np.int64) for sym, v in by_symbol.items()}
+        eng.rejections.update(h.rejections)
+        eng.source_offsets = h.source_offsets
+        eng.backend.push_state()
+        return eng
+
+
+def _as_update_arrays(slots, times, closes):
+    slots = np.ascontiguousarray(slots, dtype=np.int64)
+    times = np.ascontiguousarray(times, dtype=np.int64)
+    closes = np.ascontiguousarray(closes, dtype=np.float64)
+    if slots.ndim != 1 or times.shape != slots.shape or closes.shape != slots.shape:
+        raise ValueError(
+            "slots, times and closes must be 1-D arrays of one length, got shapes "
+            f"{slots.shape}, {times.shape}, {closes.shape}"
+        )
+    return slots, times, closes
+
+
+def _exercise_kernels(threads: int, tick: Callable[[], object]) -> None:
+    """Every CPU kernel an engine calls, once, with the argument types of real calls
+    (``kernels.prepare``'s exercise: ``kernels.prepare.CALLS_PER_EXERCISE`` calls)."""
+    engine = Engine(backend="cpu", capacity=2, threads=threads)
+    times = np.arange(3, dtype=np.int64)
+    engine.warmup({"A": (times, np.array([1.0, 2.0, 3.0])), "B": (times, np.ones(3))})
+    tick()
+    # two streams per call: with one, every call runs (and loads) only the serial driver
+    both = np.concatenate([engine.slots_of("A"), engine.slots_of("B")])
+    engine.step_arrays(both, [3, 3], [4.0, 2.0])
+    tick()
+    engine.preview_arrays(both, [4, 4], [5.0, 3.0])
+    tick()
+    engine.stream_state(engine.streams[0])
+    tick()

@@ -1,0 +1,182 @@
+"""The state store: per-stream state arrays, slots, the parameter table and growth.
+
+``StateStore`` owns the host copy of every state array described in
+``state/layout.py``: slots are handed out and taken back at any time, capacity and
+ring length grow without losing any stream's state, and the parameter table lets
+one kernel launch serve many parameter sets. Backends that keep state elsewhere
+(the GPU) mirror these arrays; ``generation`` tells them when shapes changed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from atc_stream.core.params import ATCParams
+from atc_stream.core.schema import ready_bar
+from atc_stream.state import layout as L
+
+
+class ParameterTable:
+    """Parameter sets as two small arrays, one row per set (``param_lengths``, ``param_values``)."""
+
+    def __init__(self) -> None:
+        self.params: list[ATCParams] = []
+        self.lengths = np.zeros((0, L.N_LENGTH_COLUMNS), np.int64)
+        self.values = np.zeros((0, L.N_PARAM_VALUES), np.float64)
+        #: first ready bar per row (``schema.ready_bar``), for the ``ready`` column
+        self.ready_bars = np.zeros(0, np.int64)
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+    def add(self, params: ATCParams) -> int:
+        """Row of ``params``, adding it if it is new."""
+        if params in self.params:
+            return self.params.index(params)
+        lengths = np.zeros((1, L.N_LENGTH_COLUMNS), np.int64)
+        lengths[0, : L.CUTOUT_COLUMN] = np.array(params.lengths, np.int64).ravel()
+        lengths[0, L.CUTOUT_COLUMN] = params.cutout
+        values = np.zeros((1, L.N_PARAM_VALUES), np.float64)
+        values[0, L.PV_WEIGHT : L.PV_WEIGHT + 6] = params.weights
+        values[0, L.PV_LAM] = params.lam
+        values[0, L.PV_DECAY] = params.decay
+        values[0, L.PV_CUT] = params.cut
+        values[0, L.PV_LONG] = params.long_threshold
+        values[0, L.PV_SHORT] = params.short_threshold
+        self.params.append(params)
+        self.ready_bars = np.append(self.ready_bars, np.int64(ready_bar(params)))
+        self.lengths = np.concatenate([self.lengths, lengths])
+        self.values = np.concatenate([self.values, values])
+        return len(self.params) - 1
+
+    @property
+    def ring_capacity_needed(self) -> int:
+        """Closes a stream must remember: its longest window plus one (KAMA reads c[L])."""
+        return max((p.max_length for p in self.params), default=0) + 1
+
+
+class StateStore:
+    """Host state arrays indexed ``[slot, field]``, plus slot allocation and growth."""
+
+    def __init__(self, capacity: int = 64) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.params = ParameterTable()
+        self.ring_capacity = 1
+        self.ring = np.full((capacity, 2), np.nan)
+        self.values = np.zeros((capacity, L.N_VALUE_FIELDS))
+        self.counters = np.zeros((capacity, L.N_COUNTER_FIELDS), np.int64)
+        self.in_use = np.zeros(capacity, np.bool_)
+        # per-slot scratch for batch planning (kernels/batch.py); always zero between calls
+        self.pending_last = np.zeros(capacity, np.int64)
+        self.pending_count = np.zeros(capacity, np.int64)
+        #: bumped whenever array shapes or the parameter table change
+        self.generation = 0
+        #: every slot below this one is in use (so allocation never rescans them)
+        self._free_hint = 0
+
+    # -- capacity ---------------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        return self.in_use.shape[0]
+
+    @property
+    def n_streams(self) -> int:
+        return int(self.in_use.sum())
+
+    @property
+    def bytes_per_stream(self) -> int:
+        """State bytes one slot occupies (ring, values, counters, scratch)."""
+        return (
+            self.ring.strides[0]
+            + self.values.strides[0]
+            + self.counters.strides[0]
+            + self.in_use.itemsize
+            + self.pending_last.itemsize
+            + self.pending_count.itemsize
+        )
+
+    def reserve(self, capacity: int) -> None:
+        """Grow to at least ``capacity`` slots (doubling), keeping every stream's state."""
+        if capacity <= self.capacity:
+            return
+        new = max(capacity, 2 * self.capacity)
+        extra = new - self.capacity
+        self.ring = np.concatenate([self.ring, np.full((extra, self.ring.shape[1]), np.nan)])
+        self.values = np.concatenate([self.values, np.zeros((extra, self.values.shape[1]))])
+        self.counters = np.concatenate(
+            [self.counters, np.zeros((extra, self.counters.shape[1]), np.int64)]
+        )
+        self.in_use = np.concatenate([self.in_use, np.zeros(extra, np.bool_)])
+        self.pending_last = np.concatenate([self.pending_last, np.zeros(extra, np.int64)])
+        self.pending_count = np.concatenate([self.pending_count, np.zeros(extra, np.int64)])
+        self.generation += 1
+
+    def _grow_ring(self, ring_capacity: int) -> None:
+        """Lengthen every ring to ``ring_capacity`` closes, keeping the newest closes."""
+        old = self.ring_capacity
+        if ring_capacity <= old:
+            return
+        heads = self.counters[:, L.RING_HEAD]
+        # the `old` newest closes of each slot, oldest first (one slice of the doubled ring)
+        newest = self.ring[np.arange(self.capacity)[:, None], heads[:, None] + 1 + np.arange(old)]
+        ring = np.full((self.capacity, 2 * ring_capacity), np.nan)
+        ring[:, ring_capacity - old : ring_capacity] = newest
+        ring[:, 2 * ring_capacity - old :] = newest
+        self.ring = ring
+        self.ring_capacity = ring_capacity
+        self.counters[:, L.RING_HEAD] = ring_capacity - 1
+        self.generation += 1
+
+    # -- parameter sets -------------------------------------------------------------
+
+    def add_params(self, params: ATCParams) -> int:
+        n_before = len(self.params)
+        row = self.params.add(params)
+        if len(self.params) != n_before:
+            self._grow_ring(self.params.ring_capacity_needed)
+            self.generation += 1
+        return row
+
+    # -- slots ----------------------------------------------------------------------
+
+    def allocate(self, param_row: int) -> int:
+        """A fresh slot (the lowest free one) initialised for parameter row ``param_row``."""
+        if not 0 <= param_row < len(self.params):
+            raise ValueError(f"param_row {param_row} is not in the parameter table")
+        slot = self._free_hint
+        while slot < self.capacity and self.in_use[slot]:
+            slot += 1
+        if slot == self.capacity:
+            self.reserve(self.capacity + 1)
+        self.reset_slot(slot, param_row)
+        self.in_use[slot] = True
+        self._free_hint = slot + 1
+        return slot
+
+    def release(self, slot: int) -> None:
+        if not self.in_use[slot]:
+            raise ValueError(f"slot {slot} is not in use")
+        self.in_use[slot] = False
+        self.reset_slot(slot, 0)
+        self._free_hint = min(self._free_hint, slot)
+
+    def reset_slot(self, slot: int, param_row: int) -> None:
+        """State of a stream that has seen no bar (docs/spec.md initial values)."""
+        self.ring[slot] = np.nan
+        values = self.values[slot]
+        values[:] = 0.0  # sig, a, KAMA, DEMA seed sum start at 0
+        ma = values[L.MA_BASE : L.FAMILY_BASE].reshape(-1, L.MA_FIELDS)
+        ma[:, L.MA_PREV] = np.nan
+        ma[:, L.MA_EQUITY] = np.nan
+        fam = values[L.FAMILY_BASE : L.STREAM_BASE].reshape(-1, L.FAMILY_FIELDS)
+        fam[:, L.FAM_SIGNAL_PREV] = np.nan
+        fam[:, L.FAM_EQUITY] = np.nan
+        values[L.AVG_PREV] = np.nan
+        values[L.GROWTH] = np.nan
+        counters = self.counters[slot]
+        counters[:] = 0
+        counters[L.RING_HEAD] = self.ring_capacity - 1
+        counters[L.LAST_TIME] = L.NO_TIME
+        counters[L.PARAM_ROW] = param_row
