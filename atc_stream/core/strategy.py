@@ -1,0 +1,112 @@
+"""Strategy: the validated trading rules of one strategy stream (docs/spec.md, "Backtest")."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from atc_stream.core.params import _is_bool, _is_int, _is_real
+
+#: The values of ``Strategy.direction``, and the side code each one allows.
+DIRECTIONS: tuple[str, ...] = ("long_short", "long_only", "short_only")
+#: Why a trade ended (``reason`` column of a trade), in code order (0, 1, 2, 3).
+EXIT_REASONS: tuple[str, ...] = ("signal", "stop", "take_profit", "time")
+
+_FLOAT_FIELDS = ("stop", "take_profit", "fee_bps", "slippage_bps")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """How a stream trades its ATC events: direction, stop, take-profit, time exit, costs.
+
+    ``stop`` and ``take_profit`` are fractions of the entry price (0 = none), ``max_hold``
+    a number of bars (0 = none), ``fee_bps`` and ``slippage_bps`` basis points. Invalid
+    values raise ``ValueError`` naming the field.
+    """
+
+    direction: str = "long_short"
+    stop: float = 0.0
+    take_profit: float = 0.0
+    max_hold: int = 0
+    fee_bps: float = 0.0
+    slippage_bps: float = 0.0
+
+    def __post_init__(self) -> None:
+        if type(self.direction).__name__ == "str_":
+            object.__setattr__(self, "direction", str(self.direction))
+        if self.direction not in DIRECTIONS:
+            raise ValueError(f"direction must be one of {list(DIRECTIONS)}, got {self.direction!r}")
+        for name in _FLOAT_FIELDS:
+            value = getattr(self, name)
+            if not _is_real(value) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+            object.__setattr__(self, name, float(value))
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value!r}")
+        if not self.stop < 1:
+            raise ValueError(f"stop must be < 1 (a fraction of the entry price), got {self.stop!r}")
+        if self.direction != "long_only" and not self.take_profit < 1:
+            raise ValueError(
+                f"take_profit must be < 1 for a strategy that can go short (the price "
+                f"cannot fall by 100 %), got {self.take_profit!r}"
+            )
+        if not self.slippage_bps < 10_000:
+            raise ValueError(f"slippage_bps must be < 10000, got {self.slippage_bps!r}")
+        if _is_bool(self.max_hold) or not _is_int(self.max_hold) or self.max_hold < 0:
+            raise ValueError(f"max_hold must be an int >= 0 (bars), got {self.max_hold!r}")
+        object.__setattr__(self, "max_hold", int(self.max_hold))
+
+    @property
+    def fee(self) -> float:
+        """``f`` of the spec: ``fee_bps / 10000.0``."""
+        return self.fee_bps / 10000.0
+
+    @property
+    def slippage(self) -> float:
+        """``s`` of the spec: ``slippage_bps / 10000.0``."""
+        return self.slippage_bps / 10000.0
+
+    @property
+    def long_target(self) -> int:
+        """The side a long event asks for: +1, or 0 for ``short_only``."""
+        return 0 if self.direction == "short_only" else 1
+
+    @property
+    def short_target(self) -> int:
+        """The side a short event asks for: -1, or 0 for ``long_only``."""
+        return 0 if self.direction == "long_only" else -1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Strategy:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown strategy parameter(s): {', '.join(unknown)}")
+        return cls(**data)
+
+
+def load_strategies(path: str | os.PathLike) -> list[Strategy]:
+    """Strategies from a TOML file: ``[[strategy]]`` tables (or one table of fields).
+
+    ``ValueError`` (one line) for a file that cannot be read or holds invalid values.
+    """
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"cannot read strategies from {path}: {exc}") from None
+    items = data.get("strategy", data)
+    items = items if isinstance(items, list) else [items]
+    try:
+        return [Strategy.from_dict(item) for item in items]
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
