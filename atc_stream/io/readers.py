@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from atc_stream.core.errors import first_line
 from atc_stream.core.inputs import EPOCH_BANDS, UNIT_TO_MS
 
 #: Cells longer than this are rejected (``oversized_field``); no valid cell comes close.
@@ -452,7 +453,7 @@ def _csv_batches(path: Path, columns, bad: BadRows):
     try:
         reader = pcsv.open_csv(path, **csv_text_options(columns, rejected))
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read CSV: {_first_line(exc)}") from None
+        raise InputError(f"{path}: cannot read CSV: {first_line(exc)}") from None
     names = reader.schema.names
     missing = [c for c in (time_column, close_column) if c not in names]
     if missing:
@@ -468,7 +469,7 @@ def _csv_batches(path: Path, columns, bad: BadRows):
             break
         except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
             raise InputError(
-                f"{path}: unreadable after data row {rows_before}: {_first_line(exc)}"
+                f"{path}: unreadable after data row {rows_before}: {first_line(exc)}"
             ) from None
         if unterminated:
             raise InputError(
@@ -504,7 +505,7 @@ def _parquet_batches(path: Path, columns):
         parquet = pq.ParquetFile(path)
         names = parquet.schema_arrow.names
     except (pa.ArrowInvalid, OSError) as exc:
-        raise InputError(f"{path}: cannot read Parquet: {_first_line(exc)}") from None
+        raise InputError(f"{path}: cannot read Parquet: {first_line(exc)}") from None
     missing = [c for c in (time_column, close_column) if c not in names]
     if missing:
         raise InputError(
@@ -523,16 +524,9 @@ def _parquet_batches(path: Path, columns):
             yield batch, line_of
             rows_before += batch.num_rows
     except (pa.ArrowInvalid, OSError) as exc:
-        raise InputError(
-            f"{path}: unreadable after row {rows_before}: {_first_line(exc)}"
-        ) from None
+        raise InputError(f"{path}: unreadable after row {rows_before}: {first_line(exc)}") from None
     finally:
         parquet.close()
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 def infer_interval(table) -> str | None:

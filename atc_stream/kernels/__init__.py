@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import threading
 
+from atc_stream.core.errors import first_line
+
 #: ``backend="auto"`` picks CUDA only from this many streams on. Placeholder, NOT
 #: measured (no GPU was lent): run ``benchmarks/bench_cuda.py`` on a GPU machine and
 #: set it where the CUDA step latency crosses below the CPU's.
@@ -24,8 +26,7 @@ def cuda_simulated() -> bool:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:200] if text else ''}"
+    return f"{type(exc).__name__}: {first_line(exc)[:200]}"
 
 
 _INSTALL_HINT = (

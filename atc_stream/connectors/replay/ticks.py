@@ -45,6 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
+from atc_stream.core.errors import first_line
 from atc_stream.core.inputs import EPOCH_BANDS, UNIT_TO_MS
 from atc_stream.core.intervals import interval_ms as _interval_ms
 from atc_stream.core.timetext import ISO_REGEX, iso_parts, text_to_ms
@@ -290,7 +291,7 @@ def _csv_columns(path: Path, roles: dict, bad):
         with open(path, newline="", encoding="utf-8-sig") as f:
             header = next(csv.reader(f), None)
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise InputError(f"{path}: cannot read CSV header: {_first_line(exc)}") from None
+        raise InputError(f"{path}: cannot read CSV header: {first_line(exc)}") from None
     if not header:
         raise InputError(f"{path.name}: empty file (no header line)")
     _missing_column(path, header, roles)
@@ -328,7 +329,7 @@ def _read_csv_text(path: Path, columns: list[str], *, threads: bool):
             path, **csv_text_options(columns, rejected, threads=threads, only=True)
         )
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read CSV: {_first_line(exc)}") from None
+        raise InputError(f"{path}: cannot read CSV: {first_line(exc)}") from None
     return table, sorted(rejected.invalid), sorted(rejected.unterminated)
 
 
@@ -344,14 +345,9 @@ def _parquet_columns(path: Path, roles: dict):
         present = [name for name in dict.fromkeys(roles.values()) if name in names]
         table = dataset.to_table(columns=present)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise InputError(f"{path}: cannot read Parquet: {_first_line(exc)}") from None
+        raise InputError(f"{path}: cannot read Parquet: {first_line(exc)}") from None
     columns = {name: table.column(name).combine_chunks() for name in present}
     return columns, lambda i: f"row {int(i) + 1}"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 def _parse_ticks(path, columns, roles, line_of, default_symbol, time_unit, bad) -> TickTable:
