@@ -6,8 +6,9 @@ machine), so 20 kills as fresh processes would take minutes. This driver compile
 (an uninterrupted reference replay, in this process), then **forks** one child per
 attempt: the child runs the real
 CLI (``app(args)``) with the compiled kernels already in memory and the parent kills it
-with SIGKILL at a random moment -- or as soon as a snapshot file is being written -- and
-forks the next one with ``--resume``. Numba's ``workqueue`` threading layer is used
+with SIGKILL -- once its output has grown past a random point (plus a random few
+milliseconds), or as soon as a snapshot file is being written -- and forks the next one
+with ``--resume``. Numba's ``workqueue`` threading layer is used
 because GNU OpenMP is not fork-safe.
 
 The spec (JSON): ``args`` (replay arguments without -o/--resume), ``reference`` (output
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import select
 import signal
 import sys
 import time
@@ -66,6 +68,10 @@ def main() -> None:
         run_spec(spec)
 
 
+#: Longest an attempt may run before it counts as hung (killed, reported as "timeout").
+ATTEMPT_SECONDS = 120.0
+
+
 def run_spec(spec: dict) -> None:
     from atc_stream.app.cli import app
 
@@ -76,18 +82,9 @@ def run_spec(spec: dict) -> None:
     except SystemExit as exc:
         assert not exc.code, exc.code
     full_seconds = time.perf_counter() - started
-    # duration of one run with snapshots, measured by a child that is not killed
-    snaps = Path(spec["snaps"])
+    snaps, out = Path(spec["snaps"]), Path(spec["out"])
     every = ["--snapshot-every", str(spec.get("snapshot_every", 150))]
     base = [*spec["args"], "-o", spec["out"], "--snapshot-dir", str(snaps), *every]
-    timing = Path(str(snaps) + "-timing")
-    t0 = time.perf_counter()
-    pid = os.fork()
-    if pid == 0:
-        out = str(timing / ("out" + Path(spec["out"]).suffix))
-        run_child([*spec["args"], "-o", out, "--snapshot-dir", str(timing), *every])
-    os.waitpid(pid, 0)
-    run_seconds = max(time.perf_counter() - t0, 0.05)
     full_size = output_size(Path(spec["reference"]))
 
     statuses = []
@@ -95,35 +92,71 @@ def run_spec(spec: dict) -> None:
     rng.shuffle(plan)
     for attempt, how in enumerate([*plan, "finish"]):
         args = base + (["--resume"] if attempt else [])
+        # kill points follow the run's progress, not the clock: a random share of the
+        # output still to write (a resumed run first cuts the output back, then passes it)
+        before = output_size(out)
+        target = before + rng.uniform(0.0, 0.9) * (full_size - before)
         pid = os.fork()
         if pid == 0:
             run_child(args)
+        deadline = time.monotonic() + ATTEMPT_SECONDS
+        code = None
         if how == "random":
-            # a random moment of what is left to do (resumed runs have less to do)
-            left = 1.0 - output_size(Path(spec["out"])) / full_size
-            time.sleep(rng.uniform(0.0, run_seconds * max(left, 0.1)))
+            code = poll_until(pid, lambda t=target: output_size(out) >= t, deadline, 0.001)
+            if code is None:
+                time.sleep(rng.uniform(0.0, 0.005))  # a random instant after that point
         elif how == "snapshot":
-            deadline = time.perf_counter() + 2 * run_seconds
-            while not writing_snapshot(snaps) and time.perf_counter() < deadline:
-                time.sleep(0.0002)
-        if how != "finish":
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        _, status = os.waitpid(pid, 0)
-        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            code = poll_until(pid, lambda: writing_snapshot(snaps), deadline, 0.0002)
+        if code is None and how != "finish":
+            kill(pid)
+        if code is None:
+            code = wait_exit(pid, deadline)
         statuses.append([how, code])
-    print(
-        json.dumps(
-            {
-                "out": spec["out"],
-                "statuses": statuses,
-                "run_seconds": run_seconds,
-                "full": full_seconds,
-            }
-        )
-    )
+    print(json.dumps({"out": spec["out"], "statuses": statuses, "full": full_seconds}))
+
+
+def poll(pid: int) -> int | None:
+    """The exit status of child ``pid`` (minus the signal that killed it), None if alive."""
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done == 0:
+        return None
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def poll_until(pid: int, condition, deadline: float, every: float) -> int | None:
+    """Check ``condition`` every ``every`` s until it holds (None), the child ends (its
+    status) or ``deadline`` (``time.monotonic``) passes (None)."""
+    while not condition():
+        code = poll(pid)
+        if code is not None:
+            return code
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(every)
+    return None
+
+
+def wait_exit(pid: int, deadline: float) -> int | str:
+    """Wait for child ``pid`` to end (woken by its pidfd, no polling) and return its
+    status; a child still running at ``deadline`` is killed and reported as "timeout"."""
+    fd = os.pidfd_open(pid)
+    try:
+        ended, _, _ = select.select([fd], [], [], max(deadline - time.monotonic(), 0.0))
+    finally:
+        os.close(fd)
+    if not ended:
+        kill(pid)
+        os.waitpid(pid, 0)
+        return "timeout"
+    _, status = os.waitpid(pid, 0)
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ loads the kernels once, then **forks** one child per attempt that runs the real 
   not yet fsynced or renamed: ``os.fsync`` of a ``.tmp`` file in the snapshot directory
   is the trigger), at its n-th snapshot;
 - ``fault``: by itself at an injected point of the batch loop
-  (``ATC_STREAM_FAULT=point:n``, see ``adapters/redis_streams.py``);
+  (``ATC_STREAM_FAULT=point:n``, see ``connectors/redis/streams.py``);
 - ``finish``: the last attempt, not killed, ends with ``--stop-when-idle``.
 
 Every attempt after the first runs with ``--resume``. The spec (JSON): ``url``, ``args``
@@ -33,7 +33,8 @@ from pathlib import Path
 
 os.environ["NUMBA_THREADING_LAYER"] = "workqueue"  # GNU OpenMP is not fork-safe
 
-from crash_driver import run_child as run_cli_child  # noqa: E402  (this script's folder)
+from crash_driver import kill, poll, wait_exit  # noqa: E402  (this script's folder)
+from crash_driver import run_child as run_cli_child  # noqa: E402
 
 
 def run_child(args: list[str], how: str, n: int, snaps: Path) -> None:
@@ -97,37 +98,18 @@ def main() -> None:
         code = None
         if how == "random":
             while out_len() < min(before + n, spec["total"]):
-                code = _poll(pid)
+                code = poll(pid)
                 if code is not None or time.monotonic() > deadline:
                     break
                 time.sleep(0.002)
-            time.sleep(rng.uniform(0, 0.01))
-            _kill(pid)
+            if code is None:
+                time.sleep(rng.uniform(0, 0.01))  # a random instant after that point
+                kill(pid)
         # the others kill themselves (or finish); a hung child is killed at the deadline
-        while code is None:
-            code = _poll(pid)
-            if code is None and time.monotonic() > deadline:
-                _kill(pid)
-                os.waitpid(pid, 0)
-                code = "timeout"
-            time.sleep(0.002)
+        if code is None:
+            code = wait_exit(pid, deadline)
         results.append([how, n, code, out_len()])
     print(json.dumps(results))
-
-
-def _poll(pid: int) -> int | None:
-    """The exit status of child ``pid`` (minus the signal that killed it), None if alive."""
-    done, status = os.waitpid(pid, os.WNOHANG)
-    if done == 0:
-        return None
-    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Lossless resume of ``atc-stream replay`` across SIGKILLs (issue 10).
+"""Lossless resume of ``atc-stream replay`` across SIGKILLs.
 
 A bar file is replayed with snapshots into a JSONL file, a CSV file and a Parquet
 directory. The process is killed with SIGKILL at random moments (and once while a

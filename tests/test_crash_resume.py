@@ -1,5 +1,4 @@
-"""Exactly-once Redis Streams processing across SIGKILLs (issues 4 and 10), with a real
-redis-server.
+"""Exactly-once Redis Streams processing across SIGKILLs, with a real redis-server.
 
 20 symbols x 300 bars go into an input stream; ``atc-stream run-stream`` is killed with
 SIGKILL 25 times and restarted with ``--resume`` each time: at 20 random instants (from
@@ -11,7 +10,7 @@ kernels once and forks one child per run (the real CLI), so each kill costs a fr
 of a second rather than a fresh process's start-up. At the end the output stream must
 hold every (stream, bar) exactly once, equal to an uninterrupted engine run: no bar
 lost, none applied twice, no duplicate output (the design writes none; see
-``atc_stream/adapters/redis_streams.py``).
+``atc_stream/connectors/redis/streams.py``).
 """
 
 from __future__ import annotations

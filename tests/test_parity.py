@@ -1,4 +1,4 @@
-"""Step, preview, warmup and compute equal the reference bit for bit (issue 2)."""
+"""Step, preview, warmup and compute equal the reference bit for bit."""
 
 from __future__ import annotations
 

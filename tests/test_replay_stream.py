@@ -1,4 +1,4 @@
-"""Streamed replay of bar files (issue 10, memory bounded by streams): the file source
+"""Streamed replay of bar files in memory bounded by streams: the file source
 (two passes, external sort with spills for unsorted files) gives exactly the rows of the
 in-memory table path, whatever the order of the file's rows.
 
@@ -232,20 +232,21 @@ def test_sort_files_of_a_killed_replay_are_removed_by_the_next(tmp_path, table, 
     spills.mkdir()
     killed = subprocess.Popen(
         [sys.executable, "-c", (
-            "import sys, time\n"
+            "import sys\n"
             "from atc_stream.connectors.replay.stream import BarFileSource\n"
             "source = BarFileSource(sys.argv[1], chunk_rows=80, merge_rows=9,\n"
             "                       spill_dir=sys.argv[2])\n"
             "blocks = source.blocks(exclude_warm=False)  # held: its sort stays open\n"
             "next(blocks)\n"
             "print('sorting', flush=True)\n"
-            "time.sleep(60)\n"
+            "sys.stdin.read()  # blocks until killed (or the test's end closes the pipe)\n"
         ), str(path), str(spills)],
-        stdout=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
-    assert killed.stdout.readline().strip() == "sorting"
-    killed.send_signal(signal.SIGKILL)
-    killed.wait(10)
+    with killed:
+        assert killed.stdout.readline().strip() == "sorting"
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(10)
     left = list(spills.iterdir())
     assert len(left) == 1 and any(left[0].iterdir())  # its runs are still there
     host = socket.gethostname().replace("-", "_")

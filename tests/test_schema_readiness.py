@@ -1,4 +1,4 @@
-"""One output schema and readiness (issue 11, items 3 and 4).
+"""One output schema and readiness.
 
 - The same bars through ``compute``, ``StepResult.to_pandas()``/``to_arrow()``, the
   JSONL and Parquet sinks and Redis messages give the same columns and the same values.
