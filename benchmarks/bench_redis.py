@@ -105,7 +105,7 @@ def symbol_names(n: int) -> list[str]:
 def producer(url, n_symbols, closes, first_bar, last_bar, interval, start_at, conn) -> None:
     import redis
 
-    from atc_stream.connectors.redis.pubsub import pack_command, send_packed
+    from atc_stream.connectors.redis.resp import pack_command, send_packed
 
     client = redis.Redis.from_url(url)
     names = [s.encode() for s in symbol_names(n_symbols)]

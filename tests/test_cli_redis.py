@@ -1,5 +1,5 @@
-"""CLI options of issue 4: --redis, --snapshot-dir, --snapshot-every, --resume, SIGTERM,
-and the run-stream / subscribe commands (real redis-server, real subprocesses)."""
+"""The CLI with Redis: --redis, --snapshot-dir, --snapshot-every, --resume, SIGTERM, and
+the run-stream / subscribe commands (real redis-server, real subprocesses)."""
 
 from __future__ import annotations
 

@@ -11,8 +11,10 @@ import pytest
 from redis_fixtures import free_port, private_redis, redis_server, redis_url  # noqa: F401
 from test_redis_pubsub import Collector, step_results
 
-from atc_stream.connectors.redis.loop import LoopPublisher, ReplyError, read_reply
+from atc_stream.connectors.redis.loop import LoopPublisher
 from atc_stream.connectors.redis.pubsub import SignalPublisher, SignalSubscriber
+from atc_stream.connectors.redis.resp import ReplyError, read_reply
+from atc_stream.connectors.retry import DEFAULT_BACKOFF, Backoff
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
 
@@ -79,7 +81,7 @@ def test_same_messages_and_latest_as_the_thread_publisher(redis_url):  # noqa: F
 def test_outage_is_survived_and_counted(private_redis):  # noqa: F811
     results = step_results(6, 45, seed=3)
     before, during, after = results[:15], results[15:30], results[30:]
-    publisher = LoopPublisher(private_redis.url, backoff_initial=0.02, backoff_max=0.2)
+    publisher = LoopPublisher(private_redis.url, backoff=Backoff(0.02, 0.2))
 
     async def run():
         await publisher.start()
@@ -118,7 +120,7 @@ def test_outage_is_survived_and_counted(private_redis):  # noqa: F811
 def test_unreachable_redis_at_start_drops_counts_and_warns_once(caplog):
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     results = step_results(3, 10, seed=5)
-    publisher = LoopPublisher(url, backoff_initial=0.02, backoff_max=0.05)
+    publisher = LoopPublisher(url, backoff=Backoff(0.02, 0.05))
 
     async def run():
         await publisher.start()  # no exception: live keeps running without Redis
@@ -170,8 +172,6 @@ def test_bad_url_and_options_are_refused():
         LoopPublisher("http://127.0.0.1:6379")
     with pytest.raises(ValueError, match="prefix"):
         LoopPublisher("redis://127.0.0.1:1/0", prefix="")
-    with pytest.raises(ValueError, match="backoff"):
-        LoopPublisher("redis://127.0.0.1:1/0", backoff_initial=0)
 
 
 def test_packed_commands_are_the_protocol_of_the_documented_arguments():
@@ -219,3 +219,23 @@ def test_packed_commands_are_the_protocol_of_the_documented_arguments():
     assert hset_args[:2] == [b"HSET", b"px:latest"]
     assert dict(zip(hset_args[2::2], hset_args[3::2], strict=True)) == latest
     assert messages == len(items) + (len(expected) - 3) // 2 + len(latest)
+
+
+def test_every_redis_retry_loop_waits_on_the_shared_backoff_policy(redis_url):  # noqa: F811
+    """Both publishers, the subscriber and the stream runner retry on ``DEFAULT_BACKOFF``
+    unless their caller passes another ``Backoff``."""
+    from atc_stream import Engine
+    from atc_stream.connectors.redis.streams import RedisStreamRunner
+
+    policy = Backoff(0.01, 0.04, jitter=0.0)
+    for chosen in (None, policy):
+        kwargs = {} if chosen is None else {"backoff": chosen}
+        expected = DEFAULT_BACKOFF if chosen is None else chosen
+        with SignalPublisher(redis_url, **kwargs) as thread_publisher:
+            assert thread_publisher.backoff is expected
+        assert LoopPublisher(redis_url, **kwargs).backoff is expected
+        with SignalSubscriber(redis_url, **kwargs) as subscriber:
+            assert subscriber.backoff is expected
+        runner = RedisStreamRunner(Engine(backend="cpu"), redis_url, "bars", **kwargs)
+        assert runner.backoff is expected
+        runner.client.close()

@@ -1,4 +1,4 @@
-"""Signals over Redis pub/sub (issue 4), against a real redis-server (no mocks)."""
+"""Signals over Redis pub/sub, against a real redis-server (no mocks)."""
 
 from __future__ import annotations
 
@@ -15,16 +15,11 @@ import pytest
 from redis_fixtures import private_redis, redis_server, redis_url  # noqa: F401
 
 from atc_stream import ATCParams, Engine
-from atc_stream.connectors.redis.pubsub import (
-    SCHEMA_VERSION,
-    SignalBatch,
-    SignalPublisher,
-    SignalRecord,
-    SignalSubscriber,
-    records_from_result,
-)
+from atc_stream.connectors.redis.pubsub import SignalBatch, SignalPublisher, SignalSubscriber
 from atc_stream.connectors.replay.player import random_walk_table
-from atc_stream.core.schema import COLUMNS
+from atc_stream.connectors.retry import Backoff
+from atc_stream.core.messages import SignalRecord, records_from_result
+from atc_stream.core.schema import COLUMNS, SCHEMA_VERSION
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(300)]
 
@@ -207,7 +202,7 @@ def test_slow_and_killed_subscribers_do_not_slow_the_step_loop(redis_url):  # no
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    time.sleep(1.0)
+    _wait_for_subscriber(redis_url, "atc:batch", killed)
     eng = engine()
     with SignalPublisher(redis_url) as pub:
         half = len(batches) // 2
@@ -224,6 +219,20 @@ def test_slow_and_killed_subscribers_do_not_slow_the_step_loop(redis_url):  # no
     # publish() only enqueues: it never waits for Redis or a subscriber (generous bounds)
     assert slow_worst < 0.25 and base_worst < 0.25
     assert slow < 3 * base + 2.0
+
+
+def _wait_for_subscriber(url: str, channel: str, proc: subprocess.Popen, limit: float = 60) -> None:
+    """Return once ``channel`` has a subscriber (the process ``proc`` subscribing)."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + limit
+    try:
+        while client.pubsub_numsub(channel)[0][1] == 0:
+            assert time.monotonic() < deadline and proc.poll() is None, "no subscriber came"
+            time.sleep(0.05)
+    finally:
+        client.close()
 
 
 def test_full_queue_drops_and_counts_instead_of_blocking(private_redis):  # noqa: F811
@@ -247,7 +256,7 @@ def test_full_queue_drops_and_counts_instead_of_blocking(private_redis):  # noqa
 def test_redis_outage_is_survived_and_counted(private_redis):  # noqa: F811
     results = step_results(10, 60, seed=4)
     before, during, after = results[:20], results[20:40], results[40:]
-    pub = SignalPublisher(private_redis.url, backoff_initial=0.02, backoff_max=0.2)
+    pub = SignalPublisher(private_redis.url, backoff=Backoff(0.02, 0.2))
     sub = SignalSubscriber(private_redis.url, batch=True)
     sub.wait_ready()
     for r in before:
@@ -294,13 +303,7 @@ def test_subscribe_cli_prints_messages(redis_url, results):  # noqa: F811
         ],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
-    import redis
-
-    client = redis.Redis.from_url(redis_url)
-    deadline = time.monotonic() + 20
-    while client.pubsub_numsub("atc:signal:SYM002")[0][1] == 0:  # wait for the subscriber
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.05)
+    _wait_for_subscriber(redis_url, "atc:signal:SYM002", proc)
     with SignalPublisher(redis_url) as pub:
         for result in results[:5]:
             pub.publish(result)

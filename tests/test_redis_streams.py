@@ -1,4 +1,4 @@
-"""Redis Streams in/out (issue 4): the runner in-process, against a real redis-server."""
+"""Redis Streams in and out: the runner in-process, against a real redis-server."""
 
 from __future__ import annotations
 
@@ -9,11 +9,7 @@ import pytest
 from redis_fixtures import redis_server, redis_url  # noqa: F401
 
 from atc_stream import ATCParams, Engine
-from atc_stream.connectors.redis.pubsub import (
-    SignalPublisher,
-    SignalSubscriber,
-    records_from_result,
-)
+from atc_stream.connectors.redis.pubsub import SignalPublisher, SignalSubscriber
 from atc_stream.connectors.redis.streams import (
     MALFORMED_CLOSE,
     MALFORMED_MISSING_FIELD,
@@ -25,6 +21,7 @@ from atc_stream.connectors.redis.streams import (
     source_key,
 )
 from atc_stream.connectors.replay.player import random_walk_table
+from atc_stream.core.messages import records_from_result
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(300)]
 

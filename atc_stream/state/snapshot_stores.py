@@ -297,7 +297,11 @@ class RedisSnapshotStore:
 
     def load(self, snapshot_id: str) -> bytes | None:
         """The stored bytes of one snapshot (not verified); None if there is no such blob."""
-        return self.client.get(self.blob_key(snapshot_id))
+        blob = self.client.get(self.blob_key(snapshot_id))
+        if blob is None or isinstance(blob, bytes):
+            return blob
+        # __init__ refuses a decode_responses client, so text means one was swapped in
+        raise TypeError(f"snapshot {snapshot_id!r}: the Redis client answered text, not bytes")
 
     def delete(self, snapshot_id: str) -> None:
         with self.client.pipeline(transaction=True) as pipe:

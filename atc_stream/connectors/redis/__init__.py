@@ -1,1 +1,1 @@
-"""Redis: RESP, pub/sub signals, exactly-once Redis Streams, snapshots in Redis."""
+"""Redis: the wire protocol (RESP), pub/sub signals, exactly-once Redis Streams."""

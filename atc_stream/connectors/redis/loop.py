@@ -1,20 +1,6 @@
-"""Signals out to Redis from inside an asyncio event loop, with nothing in between.
+"""Signals out to Redis from inside an asyncio event loop, with no thread in between.
 
-The thread publisher (``redis_pubsub.SignalPublisher``) hands each step to a thread,
-which needs the GIL to encode and send it: while the event loop is busy reading a burst
-of websocket messages, that thread waits, and every kline's signal waits with it.
-:class:`LoopPublisher` is its event-loop twin for ``atc-stream live``: ``publish``
-encodes the step and writes the commands to the connection's transport at once (a write
-that never blocks: the transport buffers what the socket cannot take yet), and a reader
-task counts the replies. Same channels, messages and counters as the thread publisher
-(:class:`~atc_stream.adapters.redis_pubsub.SignalMessages` builds both).
-
-Delivery is at-most-once, as with the thread publisher: while Redis is unreachable a
-step is dropped and counted, a reconnect task retries with exponential backoff, and the
-steps whose replies were still outstanding when the connection broke are counted as
-dropped (they may or may not have gone out). A server that stops reading fills the
-transport's buffer; past ``max_buffer_bytes`` steps are dropped and counted rather than
-held in memory.
+Why, and how delivery works: docs/design/redis-pubsub.md.
 """
 
 from __future__ import annotations
@@ -28,14 +14,12 @@ from typing import Any
 
 from redis.connection import SSLConnection, UnixDomainSocketConnection, parse_url
 
-from atc_stream.connectors.redis.pubsub import SignalMessages, pack_command
+from atc_stream.connectors.redis.pubsub import SignalMessages
+from atc_stream.connectors.redis.resp import ReplyError, pack_command, read_reply
+from atc_stream.connectors.retry import DEFAULT_BACKOFF, Backoff
 from atc_stream.core.results import StepResult
 
 log = logging.getLogger("atc_stream.redis")
-
-
-class ReplyError(Exception):
-    """An error reply from Redis (``-ERR ...``)."""
 
 
 class LoopPublisher(SignalMessages):
@@ -48,7 +32,8 @@ class LoopPublisher(SignalMessages):
 
     Counters as ``SignalPublisher.stats()``: ``enqueued`` (steps given), ``delivered``
     (acknowledged by Redis), ``dropped``/``dropped_rows``, ``messages``, ``errors``,
-    ``reconnects``; ``queued`` is the steps sent but not acknowledged yet.
+    ``reconnects``; ``queued`` is the steps sent but not acknowledged yet. A lost
+    connection is re-established on the ``backoff`` schedule.
     """
 
     def __init__(
@@ -56,22 +41,18 @@ class LoopPublisher(SignalMessages):
         url: str = "redis://127.0.0.1:6379/0",
         *,
         connect_timeout: float = 2.0,
-        backoff_initial: float = 0.05,
-        backoff_max: float = 2.0,
+        backoff: Backoff = DEFAULT_BACKOFF,
         close_timeout: float = 10.0,
         max_buffer_bytes: int = 64 << 20,
         **messages: Any,
     ) -> None:
         super().__init__(**messages)
-        if not backoff_initial > 0 or not backoff_max >= backoff_initial:
-            raise ValueError("backoff_initial must be > 0 and backoff_max >= backoff_initial")
         self.url = url
         self._target = parse_url(url)  # ValueError for a URL that is not redis://...
         self.connect_timeout = connect_timeout
         self.close_timeout = close_timeout
         self.max_buffer_bytes = max_buffer_bytes
-        self._backoff_initial = backoff_initial
-        self._backoff_max = backoff_max
+        self.backoff = backoff
         self._writer: asyncio.StreamWriter | None = None
         self._tasks: set[asyncio.Task] = set()
         #: per step sent and not acknowledged yet: (replies expected, rows, messages)
@@ -232,13 +213,12 @@ class LoopPublisher(SignalMessages):
         self._spawn(self._reconnect())
 
     async def _reconnect(self) -> None:
-        backoff = self._backoff_initial
+        retry = self.backoff.schedule()
         while not self._closed:
-            await asyncio.sleep(backoff)
+            await asyncio.sleep(retry.next())
             try:
                 await self._connect()
             except (OSError, asyncio.TimeoutError, ReplyError):
-                backoff = min(backoff * 2, self._backoff_max)
                 continue
             self.reconnects += 1
             log.warning("redis publish resumed")
@@ -262,24 +242,3 @@ class LoopPublisher(SignalMessages):
         if not self._drop_logged:
             self._drop_logged = True
             log.warning("dropping signal messages: %s (further drops are only counted)", why)
-
-
-async def read_reply(reader: asyncio.StreamReader) -> Any:
-    """One reply in the Redis protocol (RESP2): int, bytes, None, list or ``ReplyError``."""
-    line = await reader.readuntil(b"\r\n")
-    kind, body = line[:1], line[1:-2]
-    if kind == b"+":
-        return body
-    if kind == b"-":
-        return ReplyError(body.decode(errors="replace"))
-    if kind == b":":
-        return int(body)
-    if kind == b"$":
-        size = int(body)
-        if size < 0:
-            return None
-        return (await reader.readexactly(size + 2))[:-2]
-    if kind == b"*":
-        size = int(body)
-        return None if size < 0 else [await read_reply(reader) for _ in range(size)]
-    raise ValueError(f"not a redis reply: {line[:40]!r}")

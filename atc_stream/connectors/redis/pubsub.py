@@ -1,56 +1,6 @@
-"""Signals out to Redis pub/sub (and a "latest" hash), plus a small subscriber helper.
+"""Signals out to Redis pub/sub (and a "latest" hash), and the subscriber that reads them.
 
-This is the only module besides ``redis_streams`` (and the snapshot store) that imports
-``redis``; the engine and kernels never do.
-
-Channels and keys (``prefix`` defaults to ``"atc"``)
-------------------------------------------------------
-
-``{prefix}:signal:{symbol}``
-    one message per (stream, bar): an encoded :class:`SignalRecord`. A symbol that
-    is registered with several parameter sets gets one message per set
-    (``params_id`` tells them apart).
-``{prefix}:batch``
-    one message per engine step: an encoded :class:`SignalBatch` holding every record
-    of that step, in the step's row order, with a per-publisher sequence number
-    ``seq`` (1, 2, 3, ...; a gap means steps were dropped).
-``{prefix}:events``
-    one message per record whose bar raised a long or short event (a
-    :class:`SignalRecord` with ``long`` or ``short`` true); nothing when the engine
-    was not asked for the "events" outputs.
-``{prefix}:latest`` (a hash)
-    field = stream key ``"{symbol}:{interval}:{params_id}"``, value = the encoded
-    latest :class:`SignalRecord` of that stream, for late joiners (read it with
-    ``HGETALL`` or :meth:`SignalSubscriber.latest`).
-
-Message schema (version :data:`SCHEMA_VERSION`; full description in
-``docs/messages.md``). Encoding is msgspec JSON by default (UTF-8 objects, NaN written
-as ``null``) or MessagePack (``encoding="msgpack"``, the same field names)::
-
-    SignalRecord {every column of atc_stream.schema.COLUMNS (symbol, interval,
-                  params_id, time, close, bar_index, signal, ready, long, short,
-                  <family>_signal, <family>_equity, growth, provisional), v: int}
-    SignalBatch  {v: int, seq: int, published_at: int (ns since epoch),
-                  count: int, records: [SignalRecord, ...]}
-
-The record's fields are the schema's columns (``atc_stream/messages.py``, the JSONL line)
-plus ``v``; an engine asked for fewer outputs (``Engine(outputs=...)``) publishes records
-of only its columns (``schema.columns_for``), read with ``SignalSubscriber(outputs=...)``.
-A reader should accept unknown fields (msgspec does) so that later minor versions
-can add fields without breaking it.
-
-Delivery
---------
-
-:meth:`SignalPublisher.publish` never blocks the step loop: it puts the
-``StepResult`` into a bounded queue and returns. A background thread turns queued
-results into messages and sends them pipelined (one round trip per group of steps).
-If the queue is full, the step is dropped and counted (``dropped``); while Redis is
-unreachable the thread retries with exponential backoff, and every step it could not
-send is counted as dropped too. Pub/sub is at-most-once: a subscriber that needs
-every bar uses the batch ``seq`` to notice gaps and the Redis Streams output
-(``adapters/redis_streams.py``) or the latest hash to catch up. :meth:`close`
-flushes what is queued, within a timeout.
+Channels, message schema and delivery: docs/design/redis-pubsub.md.
 """
 
 from __future__ import annotations
@@ -59,15 +9,16 @@ import logging
 import queue
 import threading
 import time
+import types
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import msgspec
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
+from atc_stream.connectors.redis.resp import CRLF, bulk, fail_fast_client, send_packed
+from atc_stream.connectors.retry import DEFAULT_BACKOFF, Backoff
 from atc_stream.core.messages import (
     SignalRecord,
     encoded_rows,
@@ -76,7 +27,7 @@ from atc_stream.core.messages import (
     records_from_result,
 )
 from atc_stream.core.results import StepResult, StreamKey
-from atc_stream.core.schema import SCHEMA_VERSION
+from atc_stream.core.schema import SCHEMA_VERSION, columns_for, resolve_outputs
 
 log = logging.getLogger("atc_stream.redis")
 
@@ -105,15 +56,13 @@ class _BatchOut(msgspec.Struct, kw_only=True):
 
 def _message_types(outputs: str | Sequence[str]) -> tuple[type, type]:
     """The record and batch structs of a publisher whose engine returns ``outputs``."""
-    from atc_stream.core.schema import columns_for, resolve_outputs
-
     record = record_type(columns_for(resolve_outputs(outputs)))
     if record is SignalRecord:
         return SignalRecord, SignalBatch
     batch = msgspec.defstruct(
         "SignalBatch",
         [("v", int, SCHEMA_VERSION), ("seq", int), ("published_at", int), ("count", int),
-         ("records", list[record])],
+         ("records", types.GenericAlias(list, (record,)))],  # list[record], made at runtime
         kw_only=True, module=__name__,
     )  # fmt: skip
     return record, batch
@@ -131,83 +80,23 @@ def signal_channel(prefix: str, symbol: str) -> str:
     return f"{prefix}:signal:{symbol}"
 
 
-def _client(url: str, socket_timeout: float) -> redis.Redis:
-    """A client that fails fast (no built-in retries: the caller owns the retry policy)."""
-    return redis.Redis.from_url(
-        url,
-        socket_timeout=socket_timeout,
-        socket_connect_timeout=socket_timeout,
-        retry=Retry(NoBackoff(), 0),
-    )
-
-
-def _bulk(data: bytes) -> bytes:
-    """One RESP bulk string."""
-    return b"$%d\r\n%s\r\n" % (len(data), data)
-
-
-def pack_command(args: Sequence[bytes | str | int]) -> bytes:
-    """One command in the Redis protocol (RESP). Much cheaper than redis-py's generic
-    packing for commands with thousands of arguments."""
-    parts = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        if isinstance(arg, str):
-            arg = arg.encode()
-        elif isinstance(arg, int):
-            arg = b"%d" % arg
-        parts.append(_bulk(arg))
-    return b"".join(parts)
-
-
-def send_packed(client: redis.Redis, commands: Sequence[bytes]) -> list[Any]:
-    """Send pre-packed commands in one write and read their replies (a raw pipeline).
-
-    Raises ``redis.ResponseError`` for the first error reply and ``redis.ConnectionError``
-    when the server is unreachable; the connection is dropped on any failure so that
-    no unread reply is left behind.
-    """
-    pool = client.connection_pool
-    conn = pool.get_connection()
-    try:
-        conn.send_packed_command(list(commands))
-        replies = []
-        error = None
-        for _ in commands:
-            try:
-                replies.append(conn.read_response(disconnect_on_error=True))
-            except redis.ResponseError as exc:  # keep reading: the stream stays in sync
-                error = error or exc
-                replies.append(exc)
-        if error is not None:
-            raise error
-        return replies
-    except (redis.ConnectionError, redis.TimeoutError, OSError):
-        conn.disconnect()
-        raise
-    finally:
-        pool.release(conn)
-
-
 #: PUBLISH every (channel, message) pair of ARGV in one command (Lua scripts run atomically).
 PUBLISH_SCRIPT = (
     b"for i = 1, #ARGV, 2 do redis.call('PUBLISH', ARGV[i], ARGV[i + 1]) end return #ARGV / 2"
 )
 
 
-_CRLF = b"\r\n"
-
-
 #: ``EVAL <PUBLISH_SCRIPT> 0`` without the argument count that precedes it
-_EVAL_PUBLISH = _bulk(b"EVAL") + _bulk(PUBLISH_SCRIPT) + _bulk(b"0")
-_HSET = _bulk(b"HSET")
-_PUBLISH = b"*3\r\n" + _bulk(b"PUBLISH")  # then the channel and the message
+_EVAL_PUBLISH = bulk(b"EVAL") + bulk(PUBLISH_SCRIPT) + bulk(b"0")
+_HSET = bulk(b"HSET")
+_PUBLISH = b"*3\r\n" + bulk(b"PUBLISH")  # then the channel and the message
 
 
 class SignalMessages:
-    """What goes out for a step: the channels, records, events and latest fields of the
-    module docstring, as packed Redis commands, and the delivery counters (``stats()``).
-    Shared by the thread publisher (:class:`SignalPublisher`) and the event-loop one
-    (``redis_loop.LoopPublisher``)."""
+    """What goes out for a step: the channels, records, events and latest fields of
+    docs/design/redis-pubsub.md, as packed Redis commands, and the delivery counters
+    (``stats()``). Shared by the thread publisher (:class:`SignalPublisher`) and the
+    event-loop one (``loop.LoopPublisher``)."""
 
     def __init__(
         self,
@@ -234,9 +123,9 @@ class SignalMessages:
         self.batch_channel = f"{prefix}:batch"
         self.events_channel = f"{prefix}:events"
         self.latest_key = f"{prefix}:latest"
-        self._batch_bulk = _bulk(self.batch_channel.encode())
-        self._events_bulk = _bulk(self.events_channel.encode())
-        self._latest_key_bulk = _bulk(self.latest_key.encode())
+        self._batch_bulk = bulk(self.batch_channel.encode())
+        self._events_bulk = bulk(self.events_channel.encode())
+        self._latest_key_bulk = bulk(self.latest_key.encode())
         #: RESP bulk strings of each stream's channel and latest-hash field, made once
         self._channels: dict[str, bytes] = {}
         self._fields: dict[tuple[str, str, int], bytes] = {}
@@ -291,7 +180,7 @@ class SignalMessages:
                 )
             )
             head = b"$%d\r\n" % len(message)
-            commands.append(b"".join((_PUBLISH, self._batch_bulk, head, message, _CRLF)))
+            commands.append(b"".join((_PUBLISH, self._batch_bulk, head, message, CRLF)))
         return commands
 
     def _fanout_commands(self, encoded: Sequence[tuple]) -> tuple[list[bytes], int]:
@@ -308,13 +197,13 @@ class SignalMessages:
                 channel_of = self._channels.get
                 for symbol, head, data in zip(symbols, heads, records, strict=True):
                     channel = channel_of(symbol) or self._symbol_channel(symbol)
-                    publish += (channel, head, data, _CRLF)
+                    publish += (channel, head, data, CRLF)
                 n_publish += len(records)
             if self.events and "events" in result.groups:  # else no long/short columns
                 flags = zip(columns["long"], columns["short"], columns["ready"], strict=True)
                 for (long, short, ready), head, data in zip(flags, heads, records, strict=True):
                     if (long or short) and (ready or self.events_before_ready):
-                        publish += (self._events_bulk, head, data, _CRLF)
+                        publish += (self._events_bulk, head, data, CRLF)
                         n_publish += 1
             if self.latest:
                 field_of = self._fields.get
@@ -328,19 +217,19 @@ class SignalMessages:
         if latest:
             parts = [b"*%d\r\n" % (2 + 2 * len(latest)), _HSET, self._latest_key_bulk]
             for field, (head, data) in latest.items():
-                parts += (field, head, data, _CRLF)
+                parts += (field, head, data, CRLF)
             commands.append(b"".join(parts))
         return commands, n_publish + len(latest)
 
     def _symbol_channel(self, symbol: str) -> bytes:
-        bulk = _bulk(signal_channel(self.prefix, symbol).encode())
-        self._channels[symbol] = bulk
-        return bulk
+        channel = bulk(signal_channel(self.prefix, symbol).encode())
+        self._channels[symbol] = channel
+        return channel
 
     def _latest_field(self, key: tuple[str, str, int]) -> bytes:
-        bulk = _bulk(str(StreamKey(*key)).encode())  # the stream key, as SignalRecord.key
-        self._fields[key] = bulk
-        return bulk
+        field = bulk(str(StreamKey(*key)).encode())  # the stream key, as SignalRecord.key
+        self._fields[key] = field
+        return field
 
     def _encoded_records(self, result: StepResult) -> list[bytes]:
         """Every row's record, encoded; JSON reuses the rows the file writer encoded."""
@@ -363,7 +252,8 @@ class SignalPublisher(SignalMessages):
 
     Up to ``max_steps_per_send`` queued steps go out in one round trip (one Lua script
     that publishes them, plus one HSET); the cap keeps each script short, since Redis
-    serves nobody else while a script runs.
+    serves nobody else while a script runs. While Redis is unreachable the thread PINGs
+    it on the ``backoff`` schedule.
     """
 
     def __init__(
@@ -380,8 +270,7 @@ class SignalPublisher(SignalMessages):
         latest: bool = True,
         max_steps_per_send: int = 16,
         socket_timeout: float = 2.0,
-        backoff_initial: float = 0.05,
-        backoff_max: float = 2.0,
+        backoff: Backoff = DEFAULT_BACKOFF,
         close_timeout: float = 10.0,
     ) -> None:
         super().__init__(
@@ -392,15 +281,12 @@ class SignalPublisher(SignalMessages):
             raise ValueError(f"queue_size must be an int >= 1, got {queue_size!r}")
         if max_steps_per_send < 1:
             raise ValueError(f"max_steps_per_send must be >= 1, got {max_steps_per_send!r}")
-        if not backoff_initial > 0 or not backoff_max >= backoff_initial:
-            raise ValueError("backoff_initial must be > 0 and backoff_max >= backoff_initial")
         self.url = url
         self.close_timeout = close_timeout
-        self._client = _client(url, socket_timeout)
+        self.backoff = backoff
+        self._client = fail_fast_client(url, socket_timeout)
         self._queue: queue.Queue[tuple[int, StepResult]] = queue.Queue(maxsize=queue_size)
         self._max_steps = max_steps_per_send
-        self._backoff_initial = backoff_initial
-        self._backoff_max = backoff_max
         self._lock = threading.Condition()
         self._closing = threading.Event()
         self._abandon = threading.Event()
@@ -524,14 +410,14 @@ class SignalPublisher(SignalMessages):
 
     def _outage(self, exc: BaseException) -> None:
         """Redis is unreachable: drop (and count) every step queued meanwhile, and PING
-        with exponential backoff until it answers (or ``close``)."""
+        on the ``backoff`` schedule until it answers (or ``close``)."""
         with self._lock:
             self.errors += 1
             self.connected = False
         log.warning("redis publish failed (%s); reconnecting with backoff", exc)
-        backoff = self._backoff_initial
+        retry = self.backoff.schedule()
         while True:
-            deadline = time.monotonic() + backoff
+            deadline = time.monotonic() + retry.next()
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -547,7 +433,6 @@ class SignalPublisher(SignalMessages):
             try:
                 self._client.ping()
             except (redis.RedisError, OSError):
-                backoff = min(backoff * 2, self._backoff_max)
                 continue
             with self._lock:
                 self.connected = True
@@ -582,7 +467,8 @@ class SignalSubscriber:
     per-symbol channel (pattern ``{prefix}:signal:*``). ``channels``/``patterns`` add
     raw channel names or glob patterns. ``outputs``: the output groups of the engine
     whose results are published (``Engine(outputs=...)``; the CLI publishes "all"), so
-    that records of fewer columns decode.
+    that records of fewer columns decode. A lost connection is re-established on the
+    ``backoff`` schedule.
 
     >>> with SignalSubscriber(url, symbols=["BTCUSDT"], events=True) as sub:
     ...     for msg in sub.messages(timeout=5):
@@ -603,6 +489,7 @@ class SignalSubscriber:
         patterns: Iterable[str] = (),
         as_dict: bool = False,
         outputs: str | Sequence[str] = "all",
+        backoff: Backoff = DEFAULT_BACKOFF,
     ) -> None:
         codec = _codec(encoding)
         self.prefix = prefix
@@ -613,7 +500,9 @@ class SignalSubscriber:
         record, batch_type = _message_types(outputs)
         self._record_decoder = codec.Decoder(record)
         self._batch_decoder = codec.Decoder(batch_type)
-        self._client = redis.Redis.from_url(url)
+        self.backoff = backoff
+        self._retry = backoff.schedule()
+        self._client = fail_fast_client(url)
         self._pubsub = self._client.pubsub()
         #: messages that did not decode (skipped, counted; the first one is logged)
         self.malformed = 0
@@ -636,7 +525,6 @@ class SignalSubscriber:
             self._pubsub.psubscribe(*globs)
         self._pending_confirmations = len(names) + len(globs)
         self._buffer: deque[dict] = deque()
-        self._backoff = 0.0
 
     def wait_ready(self, timeout: float = 5.0) -> None:
         """Block until the server confirmed every subscription (messages published after
@@ -669,16 +557,15 @@ class SignalSubscriber:
         return Message(channel, kind, value)
 
     def _poll(self, timeout: float) -> None:
-        """One ``get_message``; a lost connection is re-established with backoff (messages
-        published while it was down are lost: pub/sub keeps nothing)."""
+        """One ``get_message``; a lost connection is re-established on the ``backoff``
+        schedule (messages published while it was down are lost: pub/sub keeps nothing)."""
         try:
             self._take(self._pubsub.get_message(timeout=timeout))
-            self._backoff = 0.0
+            self._retry.reset()
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-            if not self._backoff:
+            if self._retry.attempt == 0:
                 log.warning("subscriber lost its connection (%s); reconnecting with backoff", exc)
-            self._backoff = min(max(2 * self._backoff, 0.1), 5.0)
-            time.sleep(min(self._backoff, max(timeout, 0.01)))
+            time.sleep(min(self._retry.next(), max(timeout, 0.01)))
             try:
                 self._resubscribe()
             except (redis.ConnectionError, redis.TimeoutError, OSError):
@@ -748,7 +635,8 @@ class SignalSubscriber:
         out = {}
         for field, data in self._client.hgetall(self.latest_key).items():
             value = self._record_decoder.decode(data)
-            out[field.decode()] = msgspec.to_builtins(value) if self.as_dict else value
+            key = field.decode() if isinstance(field, bytes) else field
+            out[key] = msgspec.to_builtins(value) if self.as_dict else value
         return out
 
     def close(self) -> None:

@@ -1,95 +1,6 @@
 """Bars in from a Redis Stream, signals out to a Redis Stream, exactly once across crashes.
 
-Input: a stream whose entries have the fields ``symbol`` (str), ``time`` (bar open
-time: an integer, epoch ms by convention, or ISO-8601 / RFC 3339 such as
-``2024-03-01T12:30:00Z``; see ``parse_bar_time``) and ``close`` (a decimal number),
-read with a consumer group (``XREADGROUP``; the group is created with ``MKSTREAM``
-when missing). Unknown symbols are registered on first sight (one stream per parameter
-set). Each read batch is applied with one ``Engine.step``. An entry that is not a bar
-(missing field, ``time`` neither an integer nor an ISO time, ``close`` not a number,
-empty symbol) is counted in ``RunStats.malformed`` (by reason), logged once per
-reason, acknowledged and skipped; bars the engine refuses (non-finite close, duplicate
-or out-of-order time) are counted in ``Engine.rejections`` as usual. Nothing in an
-entry can crash the loop.
-
-Output (optional): one entry per (stream, bar) appended to the output stream
-(``XADD ... MAXLEN ~ output_maxlen``) with the fields::
-
-    src   the ID of the input entry the bar came from
-    key   the stream key "symbol:interval:params_id"
-    time  the bar time
-    data  the msgspec-JSON SignalRecord (schema: adapters/redis_pubsub.py, docs/messages.md)
-
-Signals can also go to pub/sub through a ``SignalPublisher`` (at most once there).
-
-Exactly once across crashes (SIGKILL at any instant)
-----------------------------------------------------
-
-The loop for one batch is::
-
-    1. XREADGROUP >            entries e1..en (IDs increase)
-    2. Engine.step             state advances in memory only
-    3. one Lua script          XADD every output row (tagged src = its entry's ID)
-                               and XACK e1..en -- atomically: all or nothing
-    4. Snapshotter             offset := en; when due, copy the state together with
-                               that offset and write it durably in the background
-
-Three facts make it exact:
-
-* **State is recovered from the snapshot plus the input log, never from the PEL.**
-  A snapshot holds the state *and* the ID of the last entry applied to it (source
-  offset ``redis-stream:<input key>``), captured together between two batches. On
-  ``--resume`` the runner restores the newest good snapshot (offset ``O``; ``0-0``
-  when there is none), then ``XGROUP SETID <group> O``: the group re-delivers every
-  entry after ``O`` -- acknowledged or not -- and nothing at or before it. So
-  whatever the store falls back to, and whenever the previous process died, each
-  bar after ``O`` is applied exactly once on top of the state that ends at ``O``.
-  Entries at or before ``O`` that still sit in the pending list (this loop acks each
-  batch before its snapshot, but another consumer name or tool may leave some) are
-  acknowledged at resume; any that are delivered anyway (re-reading this consumer's
-  pending list after a connection error) are dropped by ID, and the engine drops a
-  bar whose time is not after its stream's last bar time as the second safety net.
-  ``XACK`` therefore only trims the pending list; correctness does not depend on
-  when it happens. (The input stream must keep the entries after the newest
-  snapshot: trim it by ID below the offset, or with a
-  MAXLEN far above the snapshot interval. A trim past the offset is detected at
-  resume through ``max-deleted-entry-id`` and logged as a lost-bars error.)
-* **Outputs of a batch are written atomically and tagged with their input ID.** A
-  Lua script runs entirely or not at all (a process killed while sending it never
-  completes the command), so the output stream always ends on a whole batch. At
-  resume the runner reads the ``src`` of the last output entry (the *output mark*
-  ``M``). Replayed entries with ID ``<= M`` -- applied after the snapshot but before
-  the crash, whose outputs were already written -- are re-applied to rebuild the
-  state but their rows are not written again; rows of entries after ``M`` are
-  written as usual. IDs increase, so the output stream holds every (stream, bar)
-  exactly once and in order: **readers need no de-duplication.**
-* **Replays give the same numbers.** The engine is deterministic and a bar's output
-  depends only on the stream's state before it, not on how entries are cut into
-  batches, so re-applied bars produce the rows that were (or would have been)
-  written before.
-
-Crash windows: before step 3 nothing outside the process changed (re-delivered and
-re-applied after resume); between 3 and a durable snapshot the outputs exist and the
-replay suppresses them by the mark; during a snapshot write the old snapshot stays
-the newest (atomic rename / one Lua script in the stores) and the case before
-applies; after it, resume starts from the new offset. Pub/sub messages (at most
-once) of replayed rows with ID ``<= M`` are not re-sent either.
-
-Scope: this covers crashes of the engine process. Redis itself must keep its data
-(AOF/RDB persistence or a replica) -- a Redis that restarts empty has lost the input
-and output streams. A Lua script is not rolled back if a command inside it fails
-(e.g. Redis out of memory with ``maxmemory`` set); such an error stops the loop
-(it is raised) rather than being retried.
-
-Redis Cluster: the output script touches both streams, so give the input and output
-keys the same hash tag (``{shard1}:bars``, ``{shard1}:signals``).
-
-One consumer per group: the state is per process, so a group must not split one
-symbol's bars between engines (shard by input stream instead).
-
-Fault injection for tests: ``ATC_STREAM_FAULT="<point>:<n>"`` SIGKILLs the process
-the n-th time it reaches ``<point>``: ``after_read``, ``after_step``, ``after_output``
-or ``after_snapshot`` (after a started snapshot write is durable).
+The input and output format and the exactly-once argument: docs/design/redis-streams.md.
 """
 
 from __future__ import annotations
@@ -106,11 +17,11 @@ from typing import Any
 import msgspec
 import numpy as np
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
-from atc_stream.connectors.redis.pubsub import pack_command, records_from_result, send_packed
+from atc_stream.connectors.redis.resp import fail_fast_client, pack_command, send_packed
+from atc_stream.connectors.retry import DEFAULT_BACKOFF, Backoff, BackoffSchedule
 from atc_stream.core.inputs import TIME_UNITS
+from atc_stream.core.messages import records_from_result
 from atc_stream.core.results import StepResult
 from atc_stream.core.timetext import epoch_to_ms, text_to_ms
 from atc_stream.engine.engine import Engine
@@ -274,7 +185,8 @@ class RedisStreamRunner:
     ``engine`` is a fresh engine or one restored from the newest snapshot
     (``Engine.restore``); its ``source_offsets`` say where the input resumes.
     ``time_unit`` is the unit of integer entry times (None: taken as they are, epoch ms
-    by convention; ``auto``: by magnitude; see ``parse_bar_time``).
+    by convention; ``auto``: by magnitude; see ``parse_bar_time``). Redis outages are
+    waited out on the ``backoff`` schedule.
     """
 
     def __init__(
@@ -293,6 +205,7 @@ class RedisStreamRunner:
         snapshotter: Any = None,
         publisher: Any = None,
         time_unit: str | None = None,
+        backoff: Backoff = DEFAULT_BACKOFF,
     ) -> None:
         if time_unit is not None and time_unit not in TIME_UNITS:
             raise ValueError(f"time_unit must be None, auto, s, ms, us or ns, got {time_unit!r}")
@@ -314,11 +227,8 @@ class RedisStreamRunner:
         self.engine = engine
         if isinstance(redis_url_or_client, str):
             # no hidden retries: a lost XREADGROUP reply must surface (see _check_pending)
-            self.client = redis.Redis.from_url(
-                redis_url_or_client,
-                socket_timeout=max(10.0, 5 * block_ms / 1000),
-                socket_connect_timeout=5.0,
-                retry=Retry(NoBackoff(), 0),
+            self.client = fail_fast_client(
+                redis_url_or_client, max(10.0, 5 * block_ms / 1000), connect_timeout=5.0
             )
         else:
             self.client = redis_url_or_client
@@ -333,6 +243,7 @@ class RedisStreamRunner:
         self.snapshotter = snapshotter
         self.time_unit = time_unit
         self.publisher = publisher
+        self.backoff = backoff
         self.source = source_key(input_stream)
         self.stats = RunStats()
         self.output_mark: tuple[int, int] | None = None
@@ -365,7 +276,8 @@ class RedisStreamRunner:
 
     def prepare(self, resume: bool = False) -> None:
         """Create the group if missing; with ``resume``, rewind it to the engine's offset,
-        acknowledge stale pending entries and read the output mark (see module doc)."""
+        acknowledge stale pending entries and read the output mark
+        (docs/design/redis-streams.md)."""
         offset = self.offset
         try:
             self.client.xgroup_create(
@@ -379,11 +291,7 @@ class RedisStreamRunner:
         self.client.xgroup_setid(self.input_stream, self.group, offset)
         self._ack_stale_pending(offset)
         self._check_trimmed()
-        if self.output_stream is not None:
-            last = self.client.xrevrange(self.output_stream, "+", "-", count=1)
-            if last:
-                src = last[0][1].get(b"src")
-                self.output_mark = parse_id(src) if src else None
+        self.output_mark = self._last_output_src()
         log.info(
             "resuming %s after entry %s (output mark %s)",
             self.input_stream,
@@ -426,14 +334,13 @@ class RedisStreamRunner:
         *,
         stop_when_idle: float | None = None,
         max_entries: int | None = None,
-        backoff_max: float = 5.0,
     ) -> RunStats:
         """Read and apply batches until ``stop()``, ``stop_when_idle`` seconds without
-        input, or ``max_entries`` entries read. Redis outages are waited out (retries
-        with exponential backoff up to ``backoff_max`` seconds)."""
+        input, or ``max_entries`` entries read. Redis outages are waited out (retried on
+        the ``backoff`` schedule)."""
         started = time.perf_counter()
         idle_since = time.monotonic()
-        backoff = 0.05
+        retry = self.backoff.schedule()
         try:
             while not self._stop:
                 count = self.batch_size
@@ -444,11 +351,10 @@ class RedisStreamRunner:
                 try:
                     entries = self._read(count)
                 except (redis.ConnectionError, redis.TimeoutError) as exc:
-                    self._connection_error(exc, backoff)
-                    backoff = min(backoff * 2, backoff_max)
+                    self._connection_error(exc, retry)
                     idle_since = time.monotonic()
                     continue
-                backoff = 0.05
+                retry.reset()
                 if not entries:
                     if self.snapshotter is not None:
                         self.snapshotter.maybe_snapshot(0)
@@ -478,7 +384,7 @@ class RedisStreamRunner:
             reply = self.client.xreadgroup(
                 self.group, self.consumer, {self.input_stream: "0"}, count=count
             )
-            entries = reply[0][1] if reply else []
+            entries = _group_entries(reply)
             if entries:
                 return entries
             self._check_pending = False
@@ -495,21 +401,23 @@ class RedisStreamRunner:
         reply = self.client.xreadgroup(
             self.group, self.consumer, {self.input_stream: ">"}, count=count, block=self.block_ms
         )
-        return reply[0][1] if reply else []
+        return _group_entries(reply)
 
-    def _connection_error(self, exc: Exception, backoff: float) -> None:
+    def _connection_error(self, exc: Exception, retry: BackoffSchedule) -> None:
+        """Count the failure and wait for the next attempt (cut short by ``stop()``)."""
         self.connection_errors += 1
         self._check_pending = True
-        if self.connection_errors == 1 or backoff >= 1.0:
-            log.warning("redis unreachable (%s); retrying in %.2f s", exc, backoff)
-        deadline = time.monotonic() + backoff
+        delay = retry.next()
+        if self.connection_errors == 1 or delay >= 1.0:
+            log.warning("redis unreachable (%s); retrying in %.2f s", exc, delay)
+        deadline = time.monotonic() + delay
         while not self._stop and time.monotonic() < deadline:
-            time.sleep(min(0.05, backoff))
+            time.sleep(min(0.05, delay))
 
     def process(self, entries: list) -> StepResult:
-        """Apply one batch of ``(id, fields)`` entries, write its outputs and ack it
-        (steps 2-4 above). ``fields`` is a dict of bytes (redis-py) or a flat list of
-        str (the msgpack read path)."""
+        """Apply one batch of ``(id, fields)`` entries, write its outputs and ack it (steps
+        2-4 of docs/design/redis-streams.md). ``fields`` is a dict of bytes (redis-py) or a
+        flat list of str (the msgpack read path)."""
         self._faults.hit("after_read")
         self.stats.batches += 1
         self.stats.entries += len(entries)
@@ -581,23 +489,28 @@ class RedisStreamRunner:
         else:  # a deleted entry still in the pending list comes back without fields
             raw_symbol = raw_time = raw_close = None
         if raw_symbol is None or raw_time is None or raw_close is None:
-            return self._malformed(MALFORMED_MISSING_FIELD, entry_id, fields)
+            self._malformed(MALFORMED_MISSING_FIELD, entry_id, fields)
+            return None
         if isinstance(raw_symbol, bytes):
             try:
                 raw_symbol = raw_symbol.decode()
             except UnicodeDecodeError:
                 raw_symbol = ""
         if not raw_symbol or not raw_symbol.isprintable():
-            return self._malformed(MALFORMED_SYMBOL, entry_id, fields)
+            self._malformed(MALFORMED_SYMBOL, entry_id, fields)
+            return None
         bar_time = parse_bar_time(raw_time, self.time_unit)
         if bar_time is None:
-            return self._malformed(MALFORMED_TIME, entry_id, fields)
+            self._malformed(MALFORMED_TIME, entry_id, fields)
+            return None
         close = parse_close(raw_close)
         if close is None:
-            return self._malformed(MALFORMED_CLOSE, entry_id, fields)
+            self._malformed(MALFORMED_CLOSE, entry_id, fields)
+            return None
         return raw_symbol, bar_time, close
 
-    def _malformed(self, reason: str, entry_id: bytes, fields: Any) -> None:
+    def _malformed(self, reason: str, entry_id: bytes | str, fields: Any) -> None:
+        """Count an entry that is not a bar; log the first one of each reason."""
         self.stats.malformed[reason] += 1
         if reason not in self._logged:
             self._logged.add(reason)
@@ -607,7 +520,6 @@ class RedisStreamRunner:
                 reason,
                 fields,
             )
-        return None
 
     def _unwritten(self, result: StepResult, src_of) -> tuple[StepResult, list[bytes]]:
         """The rows of ``result`` not yet in the output (see the output mark), with the
@@ -632,7 +544,7 @@ class RedisStreamRunner:
         """``_write``, retried through Redis outages. The script is atomic, so after a
         failure either the whole batch is in the output stream (its reply was lost) or
         none of it; the last output entry's ``src`` tells which."""
-        backoff = 0.05
+        retry = self.backoff.schedule()
         while True:
             try:
                 self._write(out, ids)
@@ -640,8 +552,7 @@ class RedisStreamRunner:
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 if self._stop:
                     raise
-                self._connection_error(exc, backoff)
-                backoff = min(backoff * 2, 5.0)
+                self._connection_error(exc, retry)
             try:
                 if self._batch_written(out[1]):
                     self.client.xack(self.input_stream, self.group, *ids)
@@ -651,12 +562,19 @@ class RedisStreamRunner:
                 continue
 
     def _batch_written(self, srcs: list[bytes]) -> bool:
-        if self.output_stream is None or not srcs:
+        if not srcs:
             return False
+        mark = self._last_output_src()
+        return mark is not None and mark >= max(parse_id(s) for s in srcs)
+
+    def _last_output_src(self) -> tuple[int, int] | None:
+        """The ``src`` of the last output entry (the output mark); None without one."""
+        if self.output_stream is None:
+            return None
         last = self.client.xrevrange(self.output_stream, "+", "-", count=1)
-        if not last or b"src" not in last[0][1]:
-            return False
-        return parse_id(last[0][1][b"src"]) >= max(parse_id(s) for s in srcs)
+        fields = last[0][1] if last else None
+        src = fields.get(b"src") if fields else None
+        return None if src is None else parse_id(src)
 
     def _write(self, out: tuple[StepResult, list[bytes]], ids: list[bytes]) -> None:
         """XADD the rows and XACK ``ids`` in one atomic script (or just XACK)."""
@@ -693,20 +611,39 @@ def read_outputs(
     (``record``: the decoded SignalRecord as a dict, with the columns the engine was
     asked for), oldest first."""
     decoder = msgspec.json.Decoder()
-    out = []
+    out: list[dict[str, Any]] = []
     start = "-"
     while True:
         chunk = client.xrange(output_stream, start, "+", count=count)
         if not chunk:
             return out
         for entry_id, fields in chunk:
+            # only pending-list reads return IDs or fields of deleted entries as None
+            assert entry_id is not None and fields is not None
             out.append(
                 {
-                    "id": entry_id.decode(),
-                    "src": fields[b"src"].decode(),
-                    "key": fields[b"key"].decode(),
+                    "id": _text(entry_id),
+                    "src": _text(fields[b"src"]),
+                    "key": _text(fields[b"key"]),
                     "time": int(fields[b"time"]),
                     "record": decoder.decode(fields[b"data"]),
                 }
             )
-        start = "(" + chunk[-1][0].decode()
+        start = "(" + out[-1]["id"]
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _group_entries(reply: object) -> list[Any]:
+    """The ``(id, fields)`` entries of the one stream in an XREADGROUP reply: redis-py's
+    RESP2 shape ``[[key, entries]]``, or nothing."""
+    if not reply:
+        return []
+    if not isinstance(reply, list):
+        raise TypeError(
+            f"XREADGROUP replied with a {type(reply).__name__}: the runner needs a client "
+            "speaking RESP2 (redis-py's default, protocol=2)"
+        )
+    return list(reply[0][1])
