@@ -22,6 +22,7 @@ from atc_stream.core.output_row import (
     OUT_SHORT,
     OUT_SIGNAL,
 )
+from atc_stream.core.params import LENGTHS_PER_FAMILY, N_FAMILIES
 from atc_stream.state.layout import (
     AVG_PREV,
     BAR_INDEX,
@@ -58,8 +59,6 @@ WMA = 2
 DEMA = 3
 LSMA = 4
 KAMA = 5
-N_FAMILIES = 6
-LENGTHS_PER_FAMILY = 9
 
 KAMA_FAST = 0.666
 KAMA_SLOW = 0.064

@@ -48,11 +48,9 @@ def _cache_misses() -> int:
 
 
 def _pool_threads() -> int:
-    from numba import config
+    from atc_stream.kernels.threads import available_cpus, numba_config
 
-    from atc_stream.kernels.threads import available_cpus
-
-    return max(2, min(available_cpus(), config.NUMBA_NUM_THREADS))
+    return max(2, min(available_cpus(), numba_config().NUMBA_NUM_THREADS))
 
 
 #: kernel calls one exercise makes (the progress bar's unit)
