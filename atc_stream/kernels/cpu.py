@@ -1,13 +1,6 @@
 """CPU drivers: the core update compiled with ``numba.njit``, serial and parallel over streams.
 
-Every driver loops ``prange`` over streams (one stream's state is one contiguous row
-in C order, so its windows are contiguous in cache) and calls the same core
-functions as the CUDA drivers. ``error_model="numpy"`` makes float division follow
-IEEE (x/0 → inf/nan) like the GPU, instead of raising.
-
-Each driver is compiled twice from one Python function: ``parallel=True`` and serial
-(``prange`` is then ``range``); ``kernels/threads.py`` picks one per call. All are
-cached on disk under a key covering every kernel source (``kernels/cache.py``).
+Design: docs/design/kernels.md, "CPU drivers".
 """
 
 from __future__ import annotations

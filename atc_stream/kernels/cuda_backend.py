@@ -58,7 +58,7 @@ def _launch_shape(count: int, threads: int = THREADS_PER_BLOCK) -> tuple[int, in
 
 
 class CudaBackend:
-    """Runs the CUDA kernels on device-resident state; same interface as ``CpuBackend``.
+    """Runs the CUDA kernels on device-resident state; a ``kernels.backend.Backend``.
 
     ``step``/``preview``/``warmup`` take and return host arrays, exactly like the CPU
     backend (float64 only). ``pull_state``/``push_state`` move the whole state between

@@ -206,7 +206,7 @@ def pack_outputs_kernel(out, n, spec, k, floats, flags, events):
     packed column ``c0`` is the C-order ``(n, w)`` block ``floats[n*c0 : n*(c0 + w)]``).
     With ``events``, ``flags[u]`` = long and ``flags[n + u]`` = short, one byte each
     (0/1, read on the host as bool). ``bar_index`` is not copied: the host knows it
-    (``_commit_step``)."""
+    (``cuda_host.commit_step``)."""
     u: int = cuda.grid(1)  # type: ignore[call-arg]
     if u < n:
         for j in range(k):

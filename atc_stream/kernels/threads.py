@@ -1,16 +1,6 @@
 """Threading policy for the CPU drivers: how many threads one call should use.
 
-Every CPU driver exists twice, serial and ``parallel=True`` (``kernels/cpu.py``);
-results are bit-identical because each stream is computed by the same code on one
-thread either way. Waking a thread pool costs far more than a small batch's work
-(measured on a 2-vCPU VM: a 1,000-symbol step took 1.4 ms on one thread and 7.5 ms
-with two sleeping omp threads), so a call goes parallel only when its work is
-large enough to repay the wake-up on every thread it adds, and never on more
-threads than the CPUs this process may actually use (affinity mask and cgroup
-CPU quota, not ``os.cpu_count()``).
-
-The thread count is chosen per call; ``threads=N`` (Engine, ``compute``, ``--threads``)
-fixes it instead, ``threads=1`` meaning the serial drivers.
+Design: docs/design/kernels.md, "Threads".
 """
 
 from __future__ import annotations
