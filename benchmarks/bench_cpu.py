@@ -497,7 +497,7 @@ def step_breakdown(eng, slots, next_bar, repeats, t_arrays, t_items, t_kernel, k
 
     from atc_stream.core import output_row
     from atc_stream.core.results import StepResult
-    from atc_stream.engine.engine import _as_update_arrays
+    from atc_stream.engine.parsing import as_update_arrays
     from atc_stream.kernels import batch
 
     n = slots.shape[0]
@@ -517,7 +517,7 @@ def step_breakdown(eng, slots, next_bar, repeats, t_arrays, t_items, t_kernel, k
 
     items_list = [(k.symbol, int(tk[0]), float(c)) for k, c in zip(eng.streams, ck, strict=True)]
     parts = [
-        ("`_as_update_arrays` (dtype/shape checks)", lambda _: _as_update_arrays(slots, tk, ck)),
+        ("`as_update_arrays` (dtype/shape checks)", lambda _: as_update_arrays(slots, tk, ck)),
         ("`np.zeros` reasons", lambda _: np.zeros(n, np.int64)),
         (
             "`batch.plan_rounds` (validate + rounds)",

@@ -22,7 +22,7 @@ step latency, 1,000 / 10,000 / 100,000 streams, one new bar for every stream:
 warmup throughput, 100 x 1,500 / 10,000 x 2,000 / 100,000 x 2,000 (streams x bars):
     ``backend.warmup`` on fresh state, last-bar outputs only (what ``Engine.warmup``
     calls per chunk), for the CPU and both CUDA warmup kernels (global / local state),
-    plus ``Engine.warmup`` itself (chunks of ``engine.WARMUP_CHUNK`` streams) at the
+    plus ``Engine.warmup`` itself (chunks of the backend's ``warmup_chunk`` streams) at the
     middle size.
 
 host-side cost per step, 10,000 / 100,000 streams (``--host-costs``; no GPU needed):
@@ -69,7 +69,7 @@ from atc_stream import schema  # noqa: E402
 from atc_stream.core import output_row
 from atc_stream.core.output_row import N_OUT  # noqa: E402
 from atc_stream.core.params import ATCParams  # noqa: E402
-from atc_stream.engine.engine import WARMUP_CHUNK, Engine  # noqa: E402
+from atc_stream.engine.engine import Engine  # noqa: E402
 from atc_stream.kernels import batch, cpu, cuda_available  # noqa: E402
 from atc_stream.state import layout as L  # noqa: E402
 from atc_stream.state.arrays import StateStore  # noqa: E402
@@ -306,7 +306,7 @@ def warmup_rows(n: int, t: int, backends: list[str], repeats: int, largest: bool
             if path == "cpu":
                 backend = cpu.CpuBackend(store)
             else:
-                from atc_stream.kernels.cuda import CudaBackend
+                from atc_stream.kernels.cuda_backend import CudaBackend
 
                 # keep one backend (its compiled kernels, pinned buffers) across repeats
                 backend = state.get("backend")
@@ -358,7 +358,7 @@ def engine_warmup_row(n: int, t: int, backend: str, repeats: int) -> Row:
             samples.append(time.perf_counter() - t0)
     return Row(
         f"warmup, {n:,} x {t:,}", f"{backend} Engine.warmup", float(np.median(samples)), n * t,
-        "bar", repeats, f"chunks of {WARMUP_CHUNK} streams",
+        "bar", repeats, f"chunks of {eng.backend.warmup_chunk} streams",
     )  # fmt: skip
 
 
@@ -386,10 +386,12 @@ def host_cost_rows(n: int, repeats: int) -> list[Row]:
     Buffers are ordinary host memory here (pinned on a GPU machine: same memcpy cost);
     the kernels and transfers are left out. "after" is the issue-12 head before the
     requested outputs (17 float64 columns copied out); "now" copies only the typed
-    requested fields; ``_commit_step`` is timed on its own (arrival order before,
+    requested fields; ``commit_step`` is timed on its own (arrival order before,
     plan order now); the last row is the engine's whole host path per step.
     """
-    from atc_stream.kernels import cuda as kc
+    from atc_stream.kernels import cuda_host
+    from atc_stream.kernels.cuda_io import IoSet
+    from atc_stream.kernels.cuda_kernels import pack_layout
 
     work = f"host per step, {n:,} streams"
     rng = np.random.default_rng(n)
@@ -421,7 +423,7 @@ def host_cost_rows(n: int, repeats: int) -> list[Row]:
         return device_out_c.copy()
 
     def after_new_plan():
-        kc._build_plan(slots, order, starts, plan, where)
+        cuda_host.build_plan(slots, order, starts, plan, where)
         t_in[:] = times
         c_in[:] = closes
         return device_out_c.copy()
@@ -450,7 +452,7 @@ def host_cost_rows(n: int, repeats: int) -> list[Row]:
     def typed_outputs(groups):
         """Now: inputs staged, then the requested fields copied out of packed buffers."""
         k = schema.float_columns(groups).shape[0]
-        layout = kc.pack_layout(groups)[1]
+        layout = pack_layout(groups)[1]
         io = types.SimpleNamespace(
             packed=types.SimpleNamespace(host=rng.normal(size=n * max(k, 1))),
             flags=types.SimpleNamespace(host=np.zeros(2 * n, np.uint8)),
@@ -461,7 +463,7 @@ def host_cost_rows(n: int, repeats: int) -> list[Row]:
             assert np.array_equal(cached, slots)  # the plan on the device is reused
             t_in[:] = times
             c_in[:] = closes
-            return kc.CudaBackend._host_fields(io, n, groups, layout, bar_index)
+            return IoSet.fields(io, n, groups, layout, bar_index)
 
         return run
 
@@ -472,13 +474,13 @@ def host_cost_rows(n: int, repeats: int) -> list[Row]:
         step_times = np.zeros(n, np.int64)
         walk = np.empty(2 * n, np.int64)
         if in_plan_order:
-            kc._build_plan(slots, order, starts, walk, np.full(n, -1, np.int64))
+            cuda_host.build_plan(slots, order, starts, walk, np.full(n, -1, np.int64))
         else:
             walk[:n], walk[n:] = slots[order], order  # arrival order, as before
 
         def run():
             step_times[:] += 1
-            kc._commit_step(counters, shadow, walk, n, step_times, 0, bar_index)
+            cuda_host.commit_step(counters, shadow, walk, n, step_times, 0, bar_index)
 
         return run
 
@@ -490,8 +492,8 @@ def host_cost_rows(n: int, repeats: int) -> list[Row]:
         ("now: signal + events, typed", typed_outputs(schema.DEFAULT_OUTPUTS),
          "steady case, default outputs"),
         ("now: all outputs, typed", typed_outputs(schema.ALL_OUTPUTS), "steady case"),
-        ("before: _commit_step in arrival order", commit(False), "host counters"),
-        ("now: _commit_step in plan order", commit(True), "host counters + bar_index"),
+        ("before: commit_step in arrival order", commit(False), "host counters"),
+        ("now: commit_step in plan order", commit(True), "host counters + bar_index"),
         ("before: plan_rounds (engine)", planning(), "validation + rounds"),
         ("now: check_unique_step (engine, steady)", checks_only(), "slots as last step"),
         ("Engine.step_arrays host path, no device", engine_host_path(n), "default outputs"),
@@ -503,11 +505,12 @@ def host_cost_rows(n: int, repeats: int) -> list[Row]:
 
 def engine_host_path(n: int) -> Callable[[], object]:
     """``Engine.step_arrays`` with the device replaced by its host share: validation (the
-    steady shortcut), the cached-plan check, ``_find_changed``, staging,
-    ``_commit_step``, the typed fields copied out of packed buffers, the ``StepResult``
+    steady shortcut), the cached-plan check, ``find_changed``, staging,
+    ``commit_step``, the typed fields copied out of packed buffers, the ``StepResult``
     (no kernels, no transfers)."""
-    from atc_stream.kernels import cuda as kc
-    from atc_stream.kernels.cuda_io import PendingOutputs
+    from atc_stream.kernels import cuda_host
+    from atc_stream.kernels.cuda_io import IoSet, PendingOutputs
+    from atc_stream.kernels.cuda_kernels import pack_layout
 
     eng = Engine(ATCParams(), backend="cpu", capacity=n)
     for i in range(n):
@@ -517,14 +520,14 @@ def engine_host_path(n: int) -> Callable[[], object]:
     closes = rng.uniform(10, 100, n)
     groups = eng.outputs
     k = schema.float_columns(groups).shape[0]
-    layout = kc.pack_layout(groups)[1]
+    layout = pack_layout(groups)[1]
     io = types.SimpleNamespace(
         packed=types.SimpleNamespace(host=rng.normal(size=n * max(k, 1))),
         flags=types.SimpleNamespace(host=np.zeros(2 * n, np.uint8)),
     )
     store, cached = eng.store, slots.copy()
     plan = np.empty(2 * n, np.int64)  # the cached plan's host copy, built once
-    kc._build_plan(slots, np.arange(n), np.array([0, n]), plan, np.full(n, -1, np.int64))
+    cuda_host.build_plan(slots, np.arange(n), np.array([0, n]), plan, np.full(n, -1, np.int64))
     shadow = np.ascontiguousarray(store.counters[:, [L.BAR_INDEX, L.LAST_TIME, L.PARAM_ROW]])
     changed = np.zeros(n, np.int64)
     t_in, c_in = np.empty(n, np.int64), np.empty(n)
@@ -534,10 +537,10 @@ def engine_host_path(n: int) -> Callable[[], object]:
             assert np.array_equal(cached, slots)
             t_in[:] = times
             c_in[:] = closes
-            kc._find_changed(store.counters, shadow, plan, n, changed)  # CudaBackend._sync
+            cuda_host.find_changed(store.counters, shadow, plan, n, changed)  # DeviceState.sync
             bar_index = np.full(n, -1, np.int64)
-            kc._commit_step(store.counters, shadow, plan, n, times, 0, bar_index)
-            fields = kc.CudaBackend._host_fields(io, n, groups, layout, bar_index)
+            cuda_host.commit_step(store.counters, shadow, plan, n, times, 0, bar_index)
+            fields = IoSet.fields(io, n, groups, layout, bar_index)
             return PendingOutputs.ready(fields)
 
     eng.backend = HostShare()

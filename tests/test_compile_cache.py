@@ -8,6 +8,7 @@ the cache must land in the user cache directory (``XDG_CACHE_HOME``).
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -139,6 +140,95 @@ def test_cache_key_covers_every_kernel_source():
 
     names = {p.relative_to(cache._PACKAGE).as_posix() for p in cache.kernel_source_files()}
     assert {"kernels/core.py", "kernels/cpu.py", "kernels/batch.py", "state/layout.py"} <= names
+
+
+def _imported_package_files(path: Path, package: Path) -> set[str]:
+    """Files of ``atc_stream`` modules that ``path`` imports (``from atc_stream.x import y``
+    names module ``x/y.py`` when it exists, else ``x.py``)."""
+    files = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith(
+            "atc_stream."
+        ):
+            continue
+        base = package.joinpath(*node.module.split(".")[1:])
+        for alias in node.names:
+            module = base / f"{alias.name}.py"
+            files.add((module if module.exists() else base.with_suffix(".py")).as_posix())
+    return files
+
+
+def test_cache_key_covers_every_module_the_compiled_kernels_read_constants_from():
+    """numba freezes imported module-level numbers into the cached machine code."""
+    from atc_stream.kernels import cache
+
+    package = cache._PACKAGE
+    covered = {p.as_posix() for p in cache.kernel_source_files()}
+    for compiled in ("kernels/core.py", "kernels/batch.py", "kernels/cuda_host.py"):
+        missing = _imported_package_files(package / compiled, package) - covered
+        assert not missing, f"{compiled} imports {missing}, not in cache.KERNEL_SOURCES"
+
+
+# -- every njit goes through the keyed cache ---------------------------------------------
+
+
+def _uncached_jits(source: str) -> list[int]:
+    """Lines of ``njit``/``numba.jit`` uses that are not ``cached_jit(njit(..., cache=True))``."""
+    tree = ast.parse(source)
+    parent = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+    def called(node: ast.AST, name: str) -> bool:
+        func = node.func if isinstance(node, ast.Call) else None
+        return (isinstance(func, ast.Name) and func.id == name) or (
+            isinstance(func, ast.Attribute) and func.attr == name
+        )
+
+    bad = []
+    for node in ast.walk(tree):
+        is_jit = (isinstance(node, ast.Name) and node.id == "njit") or (
+            isinstance(node, ast.Attribute)
+            and (node.attr == "njit" or (node.attr == "jit" and ast.unparse(node) == "numba.jit"))
+        )
+        if not is_jit:
+            continue
+        call = parent.get(node)
+        ok = (
+            isinstance(call, ast.Call)
+            and call.func is node
+            and any(
+                k.arg == "cache" and isinstance(k.value, ast.Constant) and k.value.value is True
+                for k in call.keywords
+            )
+            and called(parent.get(call), "cached_jit")
+            and parent[call].args[:1] == [call]
+        )
+        if not ok:
+            bad.append(node.lineno)
+    return bad
+
+
+def test_the_njit_scan_flags_uncached_and_unwrapped_decorators():
+    source = (
+        "@njit\ndef a(): pass\n"
+        "@njit(cache=True)\ndef b(): pass\n"
+        "@cached_jit(njit())\ndef c(): pass\n"
+        "decorator = njit(cache=True)\n"
+        "@numba.jit(nopython=True)\ndef d(): pass\n"
+        "@cached_jit(njit(error_model='numpy', cache=True))\ndef ok(): pass\n"
+    )
+    assert sorted(_uncached_jits(source)) == [1, 3, 5, 7, 8]
+
+
+def test_every_njit_in_the_package_goes_through_the_keyed_cache():
+    """A plain ``njit(cache=True)`` would cache under numba's file-keyed default, stale
+    after an edit of the core it inlines (docs/design/compile-cache.md)."""
+    package = Path(atc_stream.__file__).parent
+    bad = [
+        f"{path.relative_to(package)}:{line}"
+        for path in sorted(package.rglob("*.py"))
+        for line in _uncached_jits(path.read_text())
+    ]
+    assert not bad, f"njit not wrapped as cached_jit(njit(..., cache=True)): {bad}"
 
 
 def test_numba_cache_dir_is_respected(tmp_path, monkeypatch):

@@ -79,7 +79,8 @@ def closes_at_scale():
 
 @needs_device
 def test_auto_picks_cuda_only_for_many_streams():
-    from atc_stream.kernels.cuda import AUTO_MIN_STREAMS, CudaBackend
+    from atc_stream.kernels import AUTO_MIN_STREAMS
+    from atc_stream.kernels.cuda_backend import CudaBackend
 
     assert Engine(PARAMS, backend="auto", outputs="all").backend.name == "cpu"
     assert isinstance(
@@ -172,7 +173,7 @@ def test_move_cpu_gpu_cpu_at_scale(closes):
 
 def _launched_ptx(kernel) -> list[str]:
     """PTX of every specialisation the kernel was compiled with (what was linked)."""
-    from atc_stream.kernels.cuda import _kernel_ptx_strings
+    from atc_stream.kernels.ptx_guard import _kernel_ptx_strings
 
     return [ptx for overload in kernel.overloads.values() for ptx in _kernel_ptx_strings(overload)]
 
@@ -185,7 +186,8 @@ def test_step_ptx_has_no_fma():
     the correctly rounded division), so ``DFMA`` in the machine code is expected. What
     must not happen is NVVM contracting our own ``a*b + c``, visible in the PTX.
     """
-    from atc_stream.kernels import cuda as kc
+    from atc_stream.kernels import cuda_kernels as kc
+    from atc_stream.kernels.ptx_guard import check_no_fma, ptx_has_fma
 
     closes = walks(64, 80, seed=1)
     eng = warmed("cuda", closes, 60)
@@ -197,15 +199,15 @@ def test_step_ptx_has_no_fma():
         ptxes = _launched_ptx(kernel)
         assert ptxes, kernel
         for ptx in ptxes:
-            assert not kc.ptx_has_fma(ptx), "FMA contraction in the parity path"
+            assert not ptx_has_fma(ptx), "FMA contraction in the parity path"
             assert "mul.rn.f64" in ptx  # explicit rounding: ptxas may not fuse these either
-        kc.check_no_fma(kernel)  # the backend's own guard agrees
+        check_no_fma(kernel)  # the backend's own guard agrees
 
 
 @needs_device
 def test_no_kernel_compiles_inside_a_step():
     """Every specialisation is compiled when the backend is built: m = 1, one-row stores too."""
-    from atc_stream.kernels import cuda as kc
+    from atc_stream.kernels import cuda_kernels as kc
 
     kernels = (kc.step_kernel, kc.preview_kernel, kc.warmup_kernel, kc.transpose_kernel,
                kc.scatter_rows_kernel)  # fmt: skip
@@ -225,7 +227,7 @@ def test_growth_table_matches_cpu_growth_factor_exactly():
     """Host-only: the table the kernels read is the CPU's glibc exp, entry for entry."""
     if cuda_simulated():
         pytest.skip("covered by test_cuda_sim.py")
-    from atc_stream.kernels.cuda import growth_table
+    from atc_stream.kernels.cuda_host import growth_table
     from atc_stream.state.arrays import StateStore
 
     store = StateStore()

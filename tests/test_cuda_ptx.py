@@ -49,10 +49,17 @@ def toolchain():
 
 
 @pytest.fixture(scope="module")
-def kc():
-    from atc_stream.kernels import cuda as kc
+def guard():
+    from atc_stream.kernels import ptx_guard
 
-    return kc
+    return ptx_guard
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    from atc_stream.kernels import cuda_kernels
+
+    return cuda_kernels
 
 
 def _contractible(a, b, c, out):
@@ -62,7 +69,7 @@ def _contractible(a, b, c, out):
 _SIG = "void(float64[:], float64[:], float64[:], float64[:])"
 
 
-def test_fma_hook_control_ptx(toolchain, kc):
+def test_fma_hook_control_ptx(toolchain, guard):
     """numba-cuda's default contracts a*b + c into fma.rn.f64; inside ``no_fma()`` it does not.
 
     The control proves the check below can fail: if numba-cuda changed its default or
@@ -70,59 +77,59 @@ def test_fma_hook_control_ptx(toolchain, kc):
     """
     from numba import cuda
 
-    assert kc.ptx_has_fma(cuda.compile_ptx(_contractible, _SIG, cc=(9, 0))[0])
-    with kc.no_fma():
+    assert guard.ptx_has_fma(cuda.compile_ptx(_contractible, _SIG, cc=(9, 0))[0])
+    with guard.no_fma():
         ptx = cuda.compile_ptx(_contractible, _SIG, cc=(9, 0))[0]
-    assert not kc.ptx_has_fma(ptx)
+    assert not guard.ptx_has_fma(ptx)
     assert "mul.rn.f64" in ptx and "add.rn.f64" in ptx
 
 
 @pytest.mark.parametrize("cc", CCS)
-def test_kernel_ptx_has_no_fma_and_no_device_exp(toolchain, kc, cc):
+def test_kernel_ptx_has_no_fma_and_no_device_exp(toolchain, guard, kernels, cc):
     """Every kernel the backend launches, with its launch types, for sm_80 and sm_90."""
-    ptxes = kc.kernel_ptx(cc=cc)
-    assert set(ptxes) == set(kc.kernel_signatures()), "a kernel was left out"
+    ptxes = kernels.kernel_ptx(cc=cc)
+    assert set(ptxes) == set(kernels.kernel_signatures()), "a kernel was left out"
     target = f".target sm_{cc[0]}{cc[1]}"
     for name, ptx in ptxes.items():
         assert target in ptx, name
-        assert not kc.ptx_has_fma(ptx), f"{name}: FMA contraction in the parity path"
+        assert not guard.ptx_has_fma(ptx), f"{name}: FMA contraction in the parity path"
         assert "ex2." not in ptx, f"{name}: exp on the device (growth must come from the host)"
         if name in FLOAT_KERNELS:  # explicit rounding: ptxas may not fuse these either
             assert "mul.rn.f64" in ptx and "add.rn.f64" in ptx, name
-            kc.check_ptx_no_fma(name, [ptx])  # what the backend runs at first compile
+            guard.check_ptx_no_fma(name, [ptx])  # what the backend runs at first compile
 
 
-def test_fma_guard_refuses_contracted_step_ptx(toolchain, kc):
+def test_fma_guard_refuses_contracted_step_ptx(toolchain, guard, kernels):
     """The backend's guard raises on the step kernel compiled *without* the hook."""
     from numba import cuda
 
-    kernel, argtypes = kc.kernel_signatures()["step_kernel"]
-    with kc._compute_capability_stand_in((9, 0)):
+    kernel, argtypes = kernels.kernel_signatures()["step_kernel"]
+    with guard.compute_capability_stand_in((9, 0)):
         contracted, _ = cuda.compile_ptx(kernel.py_func, argtypes, cc=(9, 0))
     assert "fma.rn.f64" in contracted  # the control: NVVM's default contracts
-    with pytest.raises(kc.FmaContractionError, match="step_kernel.*fma.rn.f64.*Refusing"):
-        kc.check_ptx_no_fma("step_kernel", [contracted])
+    with pytest.raises(guard.FmaContractionError, match="step_kernel.*fma.rn.f64.*Refusing"):
+        guard.check_ptx_no_fma("step_kernel", [contracted])
 
 
-def test_fma_hook_numba_cuda_version_is_the_verified_one(kc):
+def test_fma_hook_numba_cuda_version_is_the_verified_one(guard):
     """An upgrade of numba-cuda past the verified range must be a decision, not an accident."""
     from importlib.metadata import version
 
     from packaging.specifiers import SpecifierSet
 
     installed = version("numba-cuda")
-    assert installed in SpecifierSet(kc.NUMBA_CUDA_VERIFIED), (
-        f"numba-cuda {installed} is outside {kc.NUMBA_CUDA_VERIFIED}: re-verify the no-FMA "
+    assert installed in SpecifierSet(guard.NUMBA_CUDA_VERIFIED), (
+        f"numba-cuda {installed} is outside {guard.NUMBA_CUDA_VERIFIED}: re-verify the no-FMA "
         "hook (tests in this file) and widen NUMBA_CUDA_VERIFIED and the pyproject pins"
     )
 
 
-def test_ptx_fma_spelling_of_the_guard(kc):
+def test_ptx_fma_spelling_of_the_guard(guard):
     """The guard's pattern: every rounding mode of an f64 FMA, not f32 ones or mul/add."""
-    assert kc.ptx_has_fma("\tfma.rn.f64 \t%fd3, %fd1, %fd2, %fd0;")
-    assert kc.ptx_has_fma("fma.rz.f64 %fd3, %fd1, %fd2, %fd0;")
-    assert not kc.ptx_has_fma("fma.rn.f32 %f3, %f1, %f2, %f0;")
-    assert not kc.ptx_has_fma("mul.rn.f64 %fd3, %fd1, %fd2;\nadd.rn.f64 %fd4, %fd3, %fd0;")
+    assert guard.ptx_has_fma("\tfma.rn.f64 \t%fd3, %fd1, %fd2, %fd0;")
+    assert guard.ptx_has_fma("fma.rz.f64 %fd3, %fd1, %fd2, %fd0;")
+    assert not guard.ptx_has_fma("fma.rn.f32 %f3, %f1, %f2, %f0;")
+    assert not guard.ptx_has_fma("mul.rn.f64 %fd3, %fd1, %fd2;\nadd.rn.f64 %fd4, %fd3, %fd0;")
 
 
 def test_auto_backend_without_a_gpu_picks_the_cpu():

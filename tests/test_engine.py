@@ -1,4 +1,4 @@
-"""Engine behaviour: streams registry, capacity, bad input policy, preview (issue 2)."""
+"""Engine behaviour: streams registry, capacity, bad input policy, preview, the backend seam."""
 
 from __future__ import annotations
 
@@ -303,3 +303,60 @@ def test_steady_slot_set_shortcut_equals_full_planning():
     assert dict(fast.rejections) == dict(full.rejections)
     np.testing.assert_array_equal(fast.store.counters, full.store.counters)
     np.testing.assert_array_equal(fast.store.values, full.store.values)
+
+
+# -- the backend seam ------------------------------------------------------------------
+
+
+def _protocol_members() -> tuple[set[str], set[str]]:
+    """(attributes, methods) that ``kernels.backend.Backend`` declares."""
+    from atc_stream.kernels.backend import Backend
+
+    methods = {n for n, v in vars(Backend).items() if callable(v) and not n.startswith("_")}
+    return set(Backend.__annotations__), methods
+
+
+def test_cpu_backend_satisfies_the_backend_protocol():
+    from atc_stream.kernels.backend import Backend
+    from atc_stream.kernels.cpu import CpuBackend
+    from atc_stream.state.arrays import StateStore
+
+    assert isinstance(CpuBackend(StateStore()), Backend)
+    assert isinstance(Engine(SHORT, backend="cpu").backend, Backend)
+    assert not isinstance(object(), Backend)  # the check can fail
+
+
+def test_cuda_backend_class_defines_every_backend_member_with_its_signature():
+    """Structural, without a GPU: class attributes and method parameters as declared."""
+    import inspect
+
+    from atc_stream.kernels.backend import Backend
+    from atc_stream.kernels.cpu import CpuBackend
+    from atc_stream.kernels.cuda_backend import CudaBackend
+
+    attributes, methods = _protocol_members()
+    assert {"name", "warmup_chunk"} <= attributes and {"step_outputs_async", "close"} <= methods
+    for cls in (CpuBackend, CudaBackend):
+        for name in attributes:
+            assert hasattr(cls, name), f"{cls.__name__}.{name}"
+        for name in methods:
+            declared = list(inspect.signature(getattr(Backend, name)).parameters)
+            defined = list(inspect.signature(getattr(cls, name)).parameters)
+            assert defined == declared, f"{cls.__name__}.{name}{defined} != {declared}"
+    assert isinstance(CudaBackend.name, str) and isinstance(CudaBackend.warmup_chunk, int)
+
+
+def test_cpu_step_outputs_async_is_ready_and_equals_step_outputs():
+    engine = Engine(SHORT, backend="cpu", outputs="all")
+    closes = walk(5, 40)
+    engine.warmup({"A": (np.arange(30), closes[:30])})
+    slots = engine.slots_of("A")
+    args = (slots, np.array([30]), closes[30:31], np.array([0]), np.array([0, 1]))
+    other = Engine(SHORT, backend="cpu", outputs="all")
+    other.warmup({"A": (np.arange(30), closes[:30])})
+    pending = engine.backend.step_outputs_async(*args, engine.outputs)
+    fields = other.backend.step_outputs(*args, other.outputs)
+    got = pending.wait()
+    assert got.keys() == fields.keys()
+    for name in fields:
+        np.testing.assert_array_equal(got[name], fields[name])

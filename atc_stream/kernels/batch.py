@@ -1,11 +1,6 @@
 """Host-side batch planning shared by every backend: validation and rounds.
 
-A batch of updates ``(slot, bar_time, close)`` arrives in arrival order. Each update
-is checked (known slot, finite positive close, bar time strictly after the stream's
-last applied bar, counting earlier updates of the same batch) and accepted ones are
-grouped into *rounds*: round ``r`` holds the ``r``-th accepted bar of each stream,
-so a round never holds one stream twice and rounds applied in order apply each
-stream's bars in time order. Compiled with numba because it runs on every step.
+Design: docs/design/kernels.md, "Batch planning".
 """
 
 from __future__ import annotations

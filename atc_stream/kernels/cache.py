@@ -1,30 +1,6 @@
 """Where compiled kernels persist between processes, keyed so they are never stale.
 
-Numba's ``cache=True`` keys a cached function on its own source file (path, mtime,
-size) only. Our drivers inline every function of ``kernels/core.py`` and read
-constants from ``state/layout.py``, so an edited core would silently reuse the old
-machine code. We therefore point numba's cache locator at a directory *named by a
-key* that hashes every file the kernels are built from plus the numba, llvmlite,
-numpy and Python versions and the host CPU: any change selects a fresh directory.
-
-Why this and not ahead-of-time compilation (``numba.pycc``): AOT is deprecated in
-numba, cannot compile ``parallel=True`` drivers, and would need a build step per
-platform; the keyed on-disk cache loads the same drivers in well under a second
-(see benchmarks/RESULTS.md, "compile cache").
-
-How: ``UserProvidedCacheLocator`` reads ``numba.config.CACHE_DIR`` when a dispatcher
-with ``cache=True`` is *created*, so ``cached_jit`` sets it to the keyed directory
-for the duration of the decoration only and restores it after; user code that uses
-numba's cache is not affected.
-
-Directory choice, first writable of: ``$ATC_STREAM_CACHE_DIR``, ``$NUMBA_CACHE_DIR``
-(both under an ``atc-stream/<key>`` sub-directory), the package's own
-``kernels/__pycache__`` (so a Docker build step's ``atc-stream compile`` ships with
-the image), the user cache directory (``$XDG_CACHE_HOME`` or ``~/.cache``), and last
-the temporary directory. Numba only uses a cache directory it can write to (it
-would otherwise fall back to its own file-keyed locations), so a read-only install
-simply lands on the user cache directory. Concurrent starts are safe: numba writes
-every cache file to a unique temporary name and renames it into place.
+Design: docs/design/compile-cache.md.
 """
 
 from __future__ import annotations
@@ -42,7 +18,9 @@ from typing import Any
 _PACKAGE = Path(__file__).resolve().parents[1]
 
 #: Files whose content the compiled kernels depend on (relative to the package).
-KERNEL_SOURCES = ("kernels/*.py", "state/layout.py")
+#: ``kernels/core.py`` reads constants of ``core/params.py``, ``core/output_row.py`` and
+#: ``state/layout.py``, which numba freezes into the machine code.
+KERNEL_SOURCES = ("kernels/*.py", "state/layout.py", "core/params.py", "core/output_row.py")
 
 
 def kernel_source_files(package: Path = _PACKAGE) -> list[Path]:
@@ -115,8 +93,10 @@ def is_populated() -> bool:
 
 @contextlib.contextmanager
 def _numba_cache_dir(path: Path) -> Iterator[None]:
-    from numba.core import config
+    from numba.core import config as numba_config
 
+    # numba.core.config sets its attributes at import time, invisible to a type checker
+    config: Any = numba_config
     previous = config.CACHE_DIR
     config.CACHE_DIR = str(path)
     try:

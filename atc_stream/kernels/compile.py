@@ -1,10 +1,6 @@
 """Compile ``kernels/core.py`` for one target: the trick behind "one source, three drivers".
 
-``compile_core(decorator)`` re-creates every function of the core module over a
-private copy of its globals and wraps each with ``decorator`` (``numba.njit`` or
-``numba.cuda.jit(device=True)``). Numba resolves a function's global names when it
-compiles, so inside that copy each core function calls the *compiled* versions of
-the others, and the core source stays plain, readable Python.
+Design: docs/design/kernels.md, "One source".
 """
 
 from __future__ import annotations

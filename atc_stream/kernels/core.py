@@ -1,14 +1,6 @@
 """The ATC update of one stream for one bar, written once for every backend.
 
-Plain Python functions over the state arrays (see ``state/layout.py``) and a slot
-index: no Python objects, no I/O, no allocation. ``kernels/compile.py`` compiles
-this module with ``numba.njit`` for the CPU and ``numba.cuda.jit(device=True)`` for
-the GPU (and the CUDA simulator), so all paths run the same arithmetic.
-
-The arithmetic follows docs/spec.md, "Canonical arithmetic", operation for
-operation: window sums are sequential from 0.0, oldest close first, recomputed
-from the ring every bar (never running sums), because the summation order decides
-which side of an exact price/average tie a double lands on.
+Design: docs/design/kernels.md, "One source".
 """
 
 import math
@@ -22,6 +14,7 @@ from atc_stream.core.output_row import (
     OUT_SHORT,
     OUT_SIGNAL,
 )
+from atc_stream.core.params import LENGTHS_PER_FAMILY, N_FAMILIES
 from atc_stream.state.layout import (
     AVG_PREV,
     BAR_INDEX,
@@ -58,8 +51,6 @@ WMA = 2
 DEMA = 3
 LSMA = 4
 KAMA = 5
-N_FAMILIES = 6
-LENGTHS_PER_FAMILY = 9
 
 KAMA_FAST = 0.666
 KAMA_SLOW = 0.064

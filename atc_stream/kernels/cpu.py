@@ -1,18 +1,12 @@
 """CPU drivers: the core update compiled with ``numba.njit``, serial and parallel over streams.
 
-Every driver loops ``prange`` over streams (one stream's state is one contiguous row
-in C order, so its windows are contiguous in cache) and calls the same core
-functions as the CUDA drivers. ``error_model="numpy"`` makes float division follow
-IEEE (x/0 → inf/nan) like the GPU, instead of raising.
-
-Each driver is compiled twice from one Python function: ``parallel=True`` and serial
-(``prange`` is then ``range``); ``kernels/threads.py`` picks one per call. All are
-cached on disk under a key covering every kernel source (``kernels/cache.py``).
+Design: docs/design/kernels.md, "CPU drivers".
 """
 
 from __future__ import annotations
 
 import types
+from collections.abc import Sequence
 
 import numpy as np
 from numba import njit, prange
@@ -22,8 +16,10 @@ from atc_stream.core.output_row import (
     N_OUT,
 )
 from atc_stream.kernels import threads as threading_policy
+from atc_stream.kernels.backend import ReadyFields
 from atc_stream.kernels.cache import cached_jit
 from atc_stream.kernels.compile import compile_core
+from atc_stream.state.arrays import StateStore
 
 # inline="always": numba otherwise calls each core function out of line with ~30 words of
 # array arguments (54 MA calls per bar); inlining halves the per-bar cost, same doubles.
@@ -47,8 +43,7 @@ def _compile_both(function):
         )  # fmt: skip
         clone.__qualname__ = clone.__name__
         clone.__doc__ = function.__doc__
-        decorator = njit(parallel=parallel, error_model="numpy", cache=True)
-        variants.append(cached_jit(decorator)(clone))
+        variants.append(cached_jit(njit(parallel=parallel, error_model="numpy", cache=True))(clone))
     return tuple(variants)
 
 
@@ -167,13 +162,15 @@ DRIVERS = (step_serial, step_parallel, preview_serial, preview_parallel,
 class CpuBackend:
     """Runs the CPU drivers directly on the store's host arrays (C order: one stream per row).
 
-    ``threads``: None picks serial or parallel per call (``kernels/threads.py``); an int
-    fixes the thread count (1 = the serial drivers).
+    A ``kernels.backend.Backend``. ``threads``: None picks serial or parallel per call
+    (``kernels/threads.py``); an int fixes the thread count (1 = the serial drivers).
     """
 
     name = "cpu"
+    #: streams per warmup call: bounds the padded history arrays the engine builds
+    warmup_chunk = 1024
 
-    def __init__(self, store, threads: int | None = None) -> None:
+    def __init__(self, store: StateStore, threads: int | None = None) -> None:
         self.store = store
         self.threads = threading_policy.resolve_threads(threads)
 
@@ -184,7 +181,14 @@ class CpuBackend:
     def _threads(self, work: int, units: int) -> int:
         return threading_policy.choose_threads(work, units, self.threads)
 
-    def step(self, slots, times, closes, order, round_starts) -> np.ndarray:
+    def step(
+        self,
+        slots: np.ndarray,
+        times: np.ndarray,
+        closes: np.ndarray,
+        order: np.ndarray,
+        round_starts: np.ndarray,
+    ) -> np.ndarray:
         out = np.full((slots.shape[0], N_OUT), np.nan)  # rows of rejected updates stay NaN
         n_rounds = max(round_starts.shape[0] - 1, 1)
         widest = order.shape[0] if n_rounds == 1 else int(np.diff(round_starts).max())
@@ -194,16 +198,46 @@ class CpuBackend:
         )  # fmt: skip
         return out
 
-    def step_outputs(self, slots, times, closes, order, round_starts, groups) -> dict:
+    def step_outputs(
+        self,
+        slots: np.ndarray,
+        times: np.ndarray,
+        closes: np.ndarray,
+        order: np.ndarray,
+        round_starts: np.ndarray,
+        groups: Sequence[str],
+    ) -> dict[str, np.ndarray]:
         """``step``'s outputs as the typed fields of output ``groups``
         (``schema.kernel_fields``: floats are views of the rows, events bool)."""
         return schema.kernel_fields(self.step(slots, times, closes, order, round_starts), groups)
 
-    def preview_outputs(self, slots, times, closes, accepted, groups) -> dict:
+    def step_outputs_async(
+        self,
+        slots: np.ndarray,
+        times: np.ndarray,
+        closes: np.ndarray,
+        order: np.ndarray,
+        round_starts: np.ndarray,
+        groups: Sequence[str],
+    ) -> ReadyFields:
+        """``step_outputs``, run to completion before returning (the CPU has nothing to
+        overlap with the host's next step)."""
+        return ReadyFields(self.step_outputs(slots, times, closes, order, round_starts, groups))
+
+    def preview_outputs(
+        self,
+        slots: np.ndarray,
+        times: np.ndarray,
+        closes: np.ndarray,
+        accepted: np.ndarray,
+        groups: Sequence[str],
+    ) -> dict[str, np.ndarray]:
         """``preview``'s outputs as the typed fields of output ``groups``."""
         return schema.kernel_fields(self.preview(slots, times, closes, accepted), groups)
 
-    def preview(self, slots, times, closes, accepted) -> np.ndarray:
+    def preview(
+        self, slots: np.ndarray, times: np.ndarray, closes: np.ndarray, accepted: np.ndarray
+    ) -> np.ndarray:
         out = np.full((slots.shape[0], N_OUT), np.nan)
         threading_policy.run(
             preview_serial, preview_parallel, self._threads(slots.shape[0], slots.shape[0]),
@@ -211,7 +245,14 @@ class CpuBackend:
         )  # fmt: skip
         return out
 
-    def warmup(self, slots, times, closes, counts, record_all: bool) -> np.ndarray:
+    def warmup(
+        self,
+        slots: np.ndarray,
+        times: np.ndarray,
+        closes: np.ndarray,
+        counts: np.ndarray,
+        record_all: bool,
+    ) -> np.ndarray:
         rows = times.shape[1] if record_all else 1
         out = np.full((slots.shape[0], max(rows, 1), N_OUT), np.nan)
         threading_policy.run(
@@ -225,3 +266,6 @@ class CpuBackend:
 
     def push_state(self) -> None:
         """Host arrays are the state on the CPU: nothing to copy."""
+
+    def close(self) -> None:
+        """The CPU backend holds nothing besides the store."""

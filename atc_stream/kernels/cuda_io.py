@@ -1,39 +1,34 @@
 """Step I/O of the CUDA backend: pinned staging, two alternating buffer sets, pending
 steps, and the optional CUDA graph of the steady step.
 
-Double buffering. A step's host-side inputs (times, closes) and outputs (all rows, or
-the packed requested columns and event bytes) live in one of two ``IoSet``s of pinned
-host + device buffers, used alternately. ``CudaBackend.step_outputs_async`` fills set
-``k % 2``, enqueues the copies and kernels on the backend's stream, commits the
-counters on the host and returns a ``PendingOutputs`` without waiting; the host can
-then validate, plan and stage step ``k + 1`` into the other set while step ``k``'s
-copies and kernels are still in flight. Before a set is reused, the step that last
-used it is waited for and its outputs copied out of the pinned buffers (so a pending
-result stays valid however many steps follow). Device order is the stream's order, so
-the results are those of the one-step-at-a-time path, bit for bit.
-
-CUDA graph (optional, ``CudaBackend(cuda_graph=True)``). numba-cuda has no graph API;
-CuPy does (``cupy.cuda.Stream.begin_capture`` / ``end_capture`` -> ``Graph.launch``).
-With a graph the backend's numba stream is ``cuda.external_stream`` over a CuPy
-stream, and the steady step (one round, the cached device plan, requested outputs) is
-captured once per (buffer set, size, outputs, buffer layout): the two input uploads,
-the step kernel, the packing kernel and the two downloads. Later steady steps copy
-their inputs into the same pinned buffers and launch the graph: one driver call
-instead of six. Any reallocation a graph refers to (a buffer grown, the state pushed,
-the growth table extended) bumps ``StepGraphs.epoch`` and drops the graphs. A capture
-that fails (no CuPy, the simulator, a driver that refuses) turns graphs off with one
-warning and the step runs the ordinary launches.
+Design: docs/design/cuda.md, "Double buffering" and "CUDA graph".
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from numba import cuda
 
+from atc_stream.core import schema
+from atc_stream.core.output_row import N_OUT
+from atc_stream.kernels import cuda_simulated
+
 log = logging.getLogger("atc_stream")
+
+
+def import_cupy() -> Any:
+    """CuPy, or None under the simulator or where it is not installed or cannot run."""
+    if cuda_simulated():
+        return None
+    try:
+        import cupy
+    except Exception:  # not installed, or no usable CUDA runtime for it
+        return None
+    return cupy
 
 
 class Staging:
@@ -43,28 +38,40 @@ class Staging:
     that captured the old ones are stale).
     """
 
-    def __init__(self, device_empty: Callable, dtype, on_grow: Callable[[], None]) -> None:
+    def __init__(self, device_empty: Callable, dtype: Any, on_grow: Callable[[], None]) -> None:
         self._device_empty = device_empty
         self._on_grow = on_grow
         self.dtype = np.dtype(dtype)
         self.size = 0
-        self.host = None
-        self.device = None
+        self._host: np.ndarray | None = None
+        self._device: Any = None
+
+    @property
+    def host(self) -> np.ndarray:
+        """The pinned host buffer (``reserve`` first)."""
+        assert self._host is not None, "Staging.reserve() was not called"
+        return self._host
+
+    @property
+    def device(self) -> Any:
+        """The device buffer, a numba device array (``reserve`` first)."""
+        assert self._device is not None, "Staging.reserve() was not called"
+        return self._device
 
     def reserve(self, size: int) -> None:
         if size <= self.size:
             return
         size = max(size, 2 * self.size, 1024)
-        self.host = cuda.pinned_array(size, self.dtype)
-        self.device = self._device_empty(size, self.dtype)
+        self._host = cuda.pinned_array(size, self.dtype)
+        self._device = self._device_empty(size, self.dtype)
         self.size = size
         self._on_grow()
 
-    def upload(self, size: int, stream) -> None:
+    def upload(self, size: int, stream: Any) -> None:
         if size:
             self.device[:size].copy_to_device(self.host[:size], stream=stream)
 
-    def download(self, size: int, stream) -> None:
+    def download(self, size: int, stream: Any) -> None:
         if size:
             self.device[:size].copy_to_host(self.host[:size], stream=stream)
 
@@ -96,30 +103,64 @@ class IoSet:
         self.times.host[:n] = times
         self.closes.host[:n] = closes
 
+    def rows(self, n: int, order: np.ndarray) -> np.ndarray:
+        """A copy of the pinned output rows (the buffer is reused); rows of updates not
+        in ``order`` (rejected) NaN."""
+        result = self.out.host[: n * N_OUT].reshape((n, N_OUT)).copy()
+        if order.shape[0] != n:
+            rejected = np.ones(n, np.bool_)
+            rejected[order] = False
+            result[rejected] = np.nan
+        return result
+
+    def fields(
+        self,
+        n: int,
+        groups: Sequence[str],
+        layout: list[tuple[str, int, int]],
+        bar_index: np.ndarray,
+    ) -> dict[str, np.ndarray]:
+        """The typed fields of ``groups``, copied out of the pinned buffers (reused):
+        one contiguous block per float field (``layout``: ``pack_layout(groups)[1]``)."""
+        fields = {"bar_index": bar_index}
+        packed = self.packed.host
+        for name, c0, width in layout:
+            block = packed[n * c0 : n * (c0 + width)]
+            fields[name] = block.copy() if width == 1 else block.reshape(n, width).copy()
+        if "events" in groups:
+            flags = self.flags.host[: 2 * n].view(np.bool_)
+            fields["long"] = flags[:n].copy()
+            fields["short"] = flags[n:].copy()
+        return fields
+
+
+def empty_fields(n: int, groups: Sequence[str], bar_index: np.ndarray) -> dict[str, np.ndarray]:
+    """Typed fields of ``groups`` for ``n`` rows none of which holds a result."""
+    return schema.kernel_fields(np.full((n, N_OUT), np.nan), groups) | {"bar_index": bar_index}
+
 
 class PendingOutputs:
     """A submitted step: ``wait()`` returns its outputs (typed fields, or all rows)."""
 
-    def __init__(self, read: Callable[[], object], event=None, io: IoSet | None = None) -> None:
-        self._read = read
+    def __init__(self, read: Callable[[], Any], event: Any = None, io: IoSet | None = None) -> None:
+        self._read: Callable[[], Any] | None = read  # None once read
         self._event = event
         self._io = io
-        self._value = None
-        self._done = False
+        self._value: Any = None
 
     @classmethod
-    def ready(cls, value) -> PendingOutputs:
+    def ready(cls, value: Any) -> PendingOutputs:
         pending = cls(lambda: value)
         pending.wait()
         return pending
 
-    def wait(self):
+    def wait(self) -> Any:
         """Block until the step's copies are done; copy its outputs out (once)."""
-        if not self._done:
+        read = self._read
+        if read is not None:
             if self._event is not None:
                 self._event.synchronize()
-            self._value = self._read()
-            self._done = True
+            self._value = read()
             self._read = None
             if self._io is not None and self._io.pending is self:
                 self._io.pending = None
@@ -129,13 +170,13 @@ class PendingOutputs:
 class StepGraphs:
     """Captured CUDA graphs of the steady step, by key; see the module docstring."""
 
-    def __init__(self, cupy_stream) -> None:
+    def __init__(self, cupy_stream: Any) -> None:
         self.stream = cupy_stream
         self.epoch = 0
         self.failed = False
         self.captures = 0
         self.launches = 0
-        self._graphs: dict[tuple, object] = {}
+        self._graphs: dict[tuple, Any] = {}
 
     def invalidate(self) -> None:
         """Buffers a graph may refer to were reallocated: drop every graph."""
@@ -158,7 +199,7 @@ class StepGraphs:
         self.launches += 1
         return True
 
-    def _capture(self, enqueue: Callable[[], None]):
+    def _capture(self, enqueue: Callable[[], None]) -> Any:
         stream = self.stream
         try:
             stream.begin_capture()
@@ -176,3 +217,23 @@ class StepGraphs:
         self.failed = True
         self._graphs.clear()
         log.warning("CUDA graph of the steady step disabled: %s; using ordinary launches", why)
+
+
+def make_graphs(cupy: Any) -> tuple[StepGraphs, Any] | None:
+    """The steady step's graphs and the numba stream over their CuPy stream; None (and one
+    warning) where graphs cannot run: they need CuPy's stream capture on a real device."""
+    if cuda_simulated() or cupy is None:
+        why = "the CUDA simulator" if cuda_simulated() else "CuPy is not installed"
+        log.warning(
+            "cuda_graph=True: CUDA graphs need CuPy on a real device (%s here); "
+            "using ordinary launches",
+            why,
+        )
+        return None
+    try:
+        cupy_stream = cupy.cuda.Stream(non_blocking=True)
+        stream = cuda.external_stream(cupy_stream.ptr)
+    except Exception as exc:  # an old CuPy, a driver without capture
+        log.warning("cuda_graph=True: no capturable stream (%s); using ordinary launches", exc)
+        return None
+    return StepGraphs(cupy_stream), stream

@@ -1,15 +1,6 @@
 """Compile (first run) or load (later runs) every CPU kernel before real work starts.
 
-``prepare_kernels`` runs an exercise (``Engine.compile`` passes one: a two-stream
-engine through warmup, step and preview) on the serial and the parallel drivers, so
-each dispatcher gets exactly the argument types real calls use and is compiled or
-loaded from the keyed on-disk cache (``kernels/cache.py``) now rather than inside a
-live event loop or a timed bar. It reports what it did: ``Engine.compile()``,
-``atc-stream compile`` and the CLI commands call it first, and
-``Engine.warmup(progress=True)`` runs it as a phase of its own, so a progress bar's
-bars/s and ETA never include compilation. With ``progress``
-the phase is a tqdm bar of its own ("compiling kernels (first run only)" or "loading
-kernels").
+Design: docs/design/kernels.md, "Compiling before work".
 """
 
 from __future__ import annotations
@@ -48,11 +39,9 @@ def _cache_misses() -> int:
 
 
 def _pool_threads() -> int:
-    from numba import config
+    from atc_stream.kernels.threads import available_cpus, numba_config
 
-    from atc_stream.kernels.threads import available_cpus
-
-    return max(2, min(available_cpus(), config.NUMBA_NUM_THREADS))
+    return max(2, min(available_cpus(), numba_config().NUMBA_NUM_THREADS))
 
 
 #: kernel calls one exercise makes (the progress bar's unit)

@@ -1,16 +1,6 @@
 """Threading policy for the CPU drivers: how many threads one call should use.
 
-Every CPU driver exists twice, serial and ``parallel=True`` (``kernels/cpu.py``);
-results are bit-identical because each stream is computed by the same code on one
-thread either way. Waking a thread pool costs far more than a small batch's work
-(measured on a 2-vCPU VM: a 1,000-symbol step took 1.4 ms on one thread and 7.5 ms
-with two sleeping omp threads), so a call goes parallel only when its work is
-large enough to repay the wake-up on every thread it adds, and never on more
-threads than the CPUs this process may actually use (affinity mask and cgroup
-CPU quota, not ``os.cpu_count()``).
-
-The thread count is chosen per call; ``threads=N`` (Engine, ``compute``, ``--threads``)
-fixes it instead, ``threads=1`` meaning the serial drivers.
+Design: docs/design/kernels.md, "Threads".
 """
 
 from __future__ import annotations
@@ -20,6 +10,7 @@ import math
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 #: Stream-bars of work each thread must get before a call goes parallel. A
 #: stream-bar costs ~1-1.5 us, so this is ~0.5-0.75 ms per thread, a few times the
@@ -28,6 +19,14 @@ from pathlib import Path
 #: and 0.34 ms on two (RESULTS.md, "threads", quiet run). 4,096 (the first choice,
 #: tuned while the machine was shared) left 1,000 streams 2x slower than needed.
 MIN_WORK_PER_THREAD = 500
+
+
+def numba_config() -> Any:
+    """``numba.core.config``, whose settings (``NUMBA_NUM_THREADS``...) are set from the
+    environment at import time: invisible to a type checker, hence ``Any``."""
+    from numba.core import config
+
+    return config
 
 
 def _cgroup_cpu_limit() -> float | None:
@@ -39,9 +38,9 @@ def _cgroup_cpu_limit() -> float | None:
         pass
     try:
         base = Path("/sys/fs/cgroup/cpu")
-        quota = int((base / "cpu.cfs_quota_us").read_text())
-        period = int((base / "cpu.cfs_period_us").read_text())
-        return None if quota <= 0 else quota / period
+        cfs_quota = int((base / "cpu.cfs_quota_us").read_text())
+        cfs_period = int((base / "cpu.cfs_period_us").read_text())
+        return None if cfs_quota <= 0 else cfs_quota / cfs_period
     except (OSError, ValueError):
         return None
 
@@ -49,7 +48,7 @@ def _cgroup_cpu_limit() -> float | None:
 @functools.lru_cache(maxsize=1)
 def available_cpus() -> int:
     """CPUs this process can run on: affinity mask, cgroup quota and numba's thread cap."""
-    from numba import config
+    config = numba_config()
 
     try:
         cpus = len(os.sched_getaffinity(0))
@@ -93,7 +92,7 @@ def choose_threads(work: int, parallel_units: int, threads: int | None = None) -
     are to share; otherwise one thread per ``MIN_WORK_PER_THREAD`` of work, at most
     ``available_cpus()``.
     """
-    from numba import config
+    config = numba_config()
 
     if threads is not None:
         return max(1, min(threads, config.NUMBA_NUM_THREADS, max(parallel_units, 1)))
@@ -114,7 +113,7 @@ _layer_chosen = False
 
 def _choose_layer() -> None:
     global _layer_chosen
-    from numba import config
+    config = numba_config()
     from numba.np.ufunc import parallel as numba_parallel
 
     if not _layer_chosen:
