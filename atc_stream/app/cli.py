@@ -14,8 +14,7 @@ from typing import Annotated
 
 import typer
 
-from atc_stream.app.console import OptionError, RunError, err
-from atc_stream.core.params import ATCParams
+from atc_stream.app.console import PROGRAM, OptionError, RunError, err, error
 
 app = typer.Typer(
     add_completion=False,
@@ -38,7 +37,7 @@ def _print_version(value: bool) -> None:
     if value:
         from atc_stream.core.version import __version__
 
-        typer.echo(f"atc-stream {__version__}")
+        typer.echo(f"{PROGRAM} {__version__}")
         raise typer.Exit()
 
 
@@ -71,16 +70,6 @@ def compile_kernels() -> None:
     from atc_stream.app.jobs.compile import run_compile
 
     raise typer.Exit(run_compile())
-
-
-def load_param_sets(path: Path | None) -> list[ATCParams]:
-    """``params.load_param_sets`` with its errors as a usage error of ``--params``."""
-    from atc_stream.core.params import load_param_sets as load
-
-    try:
-        return load(path)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
 
 
 ParamsOption = Annotated[
@@ -169,7 +158,7 @@ def _user_errors():
     try:
         yield
     except (RunError, OutputError) as exc:
-        err(f"atc-stream: error: {exc}")
+        error(str(exc))
         raise typer.Exit(2) from None
 
 
@@ -253,29 +242,17 @@ def replay(
 ) -> None:
     """Feed bars (or ticks aggregated to bars) through the engine; one signal row per
     (stream, bar)."""
-    from atc_stream.app.durability import Durability
-    from atc_stream.app.jobs.replay import replay as run_replay
+    from atc_stream.app.jobs.replay import run_replay
 
-    if (bars is None) == (ticks is None):  # before any snapshot store is opened
-        raise typer.BadParameter("give either a bar file BARS or --ticks FILE (exactly one)")
-    try:
-        with _user_errors():
-            durability = Durability(
-                redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
-                snapshot_every=snapshot_every, resume=resume,
-                events_before_ready=events_before_ready,
-            )  # fmt: skip
-            run_replay(
-                bars=bars, ticks=ticks,
-                columns={"symbol": symbol_column, "time": time_column, "close": close_column},
-                tick_columns={"price": price_column, "size": size_column}, empty=empty,
-                symbol=symbol, time_unit=time_unit.value, strict=strict,
-                params=load_param_sets(params) if params is not None else None,
-                output=output, warmup=warmup, speed=speed, progress=progress, backend=backend,
-                interval=interval, durability=durability, err=err,
-            )  # fmt: skip
-    except OptionError as exc:
-        raise typer.BadParameter(str(exc), param_hint=exc.param_hint) from None
+    _run_job(
+        run_replay, bars=bars, ticks=ticks,
+        columns={"symbol": symbol_column, "time": time_column, "close": close_column},
+        tick_columns={"price": price_column, "size": size_column}, empty=empty,
+        symbol=symbol, time_unit=time_unit.value, strict=strict, params=params,
+        output=output, warmup=warmup, speed=speed, progress=progress, backend=backend,
+        interval=interval, redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
+        snapshot_every=snapshot_every, resume=resume, events_before_ready=events_before_ready,
+    )  # fmt: skip
 
 
 @app.command()
@@ -476,7 +453,7 @@ def run_stream(
     """Apply bars from a Redis Stream (consumer group), exactly once across restarts.
 
     Outputs go to --output-stream (and pub/sub with --publish). Snapshots record the last
-    applied entry; --resume continues from there (see adapters/redis_streams.py)."""
+    applied entry; --resume continues from there (see connectors/redis/streams.py)."""
     from atc_stream.app.jobs.run_stream import run_stream as run
 
     _run_job(
@@ -521,10 +498,10 @@ def main(argv: list[str] | None = None) -> None:
     except typer.TyperException as exc:  # a usage error, or another error typer reports
         ctx = getattr(exc, "ctx", None)  # set on usage errors only
         hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
-        err(f"atc-stream: error: {exc.format_message()}{hint}")
+        error(f"{exc.format_message()}{hint}")
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        err("atc-stream: interrupted")
+        err(f"{PROGRAM}: interrupted")
         sys.exit(130)
     sys.exit(result if isinstance(result, int) else 0)
 
