@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 from atc_stream.app.console import PROGRAM, OptionError, RunError, err, error
+from atc_stream.app.defaults import INTERVAL, REDIS_PREFIX, SNAPSHOT_EVERY
 
 app = typer.Typer(
     add_completion=False,
@@ -111,7 +112,7 @@ ResumableIntervalOption = Annotated[
     str | None,
     typer.Option(
         "--interval",
-        help="Bar interval label of the streams (default 1m; on --resume the snapshot's).",
+        help=f"Bar interval label of the streams (default {INTERVAL}; on --resume the snapshot's).",
     ),
 ]
 
@@ -131,7 +132,9 @@ SnapshotDirOption = Annotated[
 ]
 SnapshotEveryOption = Annotated[
     int | None,
-    typer.Option("--snapshot-every", min=1, help="Snapshot every N bars (default 10000)."),
+    typer.Option(
+        "--snapshot-every", min=1, help=f"Snapshot every N bars (default {SNAPSHOT_EVERY})."
+    ),
 ]
 ResumeOption = Annotated[
     bool,
@@ -224,7 +227,7 @@ def replay(
     backend: BackendOption = "auto",
     interval: ResumableIntervalOption = None,
     redis: RedisOption = None,
-    redis_prefix: RedisPrefixOption = "atc",
+    redis_prefix: RedisPrefixOption = REDIS_PREFIX,
     snapshot_dir: SnapshotDirOption = None,
     snapshot_every: SnapshotEveryOption = None,
     resume: ResumeOption = False,
@@ -260,7 +263,7 @@ def live(
     symbols: Annotated[
         str, typer.Option("--symbols", help="Comma-separated symbols, e.g. BTCUSDT,ETHUSDT.")
     ],
-    interval: IntervalOption = "1m",
+    interval: IntervalOption = INTERVAL,
     history: Annotated[
         int,
         typer.Option(
@@ -319,7 +322,7 @@ def live(
     params: ParamsOption = None,
     backend: BackendOption = "auto",
     redis: RedisOption = None,
-    redis_prefix: RedisPrefixOption = "atc",
+    redis_prefix: RedisPrefixOption = REDIS_PREFIX,
     snapshot_dir: SnapshotDirOption = None,
     snapshot_every: SnapshotEveryOption = None,
     resume: ResumeOption = False,
@@ -359,7 +362,7 @@ def demo(
         bool, typer.Option("--check/--no-check", help="Compare with a full recomputation.")
     ] = True,
     redis: RedisOption = None,
-    redis_prefix: RedisPrefixOption = "atc",
+    redis_prefix: RedisPrefixOption = REDIS_PREFIX,
     snapshot_dir: SnapshotDirOption = None,
     snapshot_every: SnapshotEveryOption = None,
     resume: ResumeOption = False,
@@ -389,7 +392,7 @@ def subscribe(
     latest: Annotated[
         bool, typer.Option("--latest", help="First print the latest record of every stream.")
     ] = False,
-    redis_prefix: RedisPrefixOption = "atc",
+    redis_prefix: RedisPrefixOption = REDIS_PREFIX,
     encoding: Annotated[str, typer.Option(help="json or msgpack (as published).")] = "json",
     count: Annotated[int | None, typer.Option(help="Exit after COUNT messages.", min=1)] = None,
     timeout: Annotated[
@@ -430,7 +433,7 @@ def run_stream(
     publish: Annotated[
         bool, typer.Option("--publish/--no-publish", help="Also publish signals over pub/sub.")
     ] = False,
-    redis_prefix: RedisPrefixOption = "atc",
+    redis_prefix: RedisPrefixOption = REDIS_PREFIX,
     batch_size: Annotated[int, typer.Option(help="Entries read per batch.", min=1)] = 1000,
     output_maxlen: Annotated[
         int, typer.Option(help="Approximate MAXLEN of the output stream.", min=1)

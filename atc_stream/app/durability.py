@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from atc_stream.app.console import RunError, err, stderr_is_terminal
+from atc_stream.app.defaults import INTERVAL, REDIS_PREFIX, SNAPSHOT_EVERY
 from atc_stream.app.extras import require
 from atc_stream.kernels import cuda_available
 
@@ -59,7 +60,7 @@ class Durability:
         self,
         *,
         redis: str | None,
-        redis_prefix: str = "atc",
+        redis_prefix: str = REDIS_PREFIX,
         snapshot_dir: Path | None,
         snapshot_every: int | None,
         resume: bool,
@@ -146,7 +147,7 @@ class Durability:
             check_resume_matches(engine, param_sets=param_sets, interval=interval)
         else:
             engine = Engine(
-                param_sets or [ATCParams()], backend=backend, interval=interval or "1m",
+                param_sets or [ATCParams()], backend=backend, interval=interval or INTERVAL,
                 outputs=outputs,
             )  # fmt: skip
         _load_kernels(engine)
@@ -157,7 +158,7 @@ class Durability:
             from atc_stream.state.snapshotter import Snapshotter
 
             self.snapshotter = Snapshotter(
-                engine, self.store, every_bars=self.snapshot_every or 10_000
+                engine, self.store, every_bars=self.snapshot_every or SNAPSHOT_EVERY
             )
         if self.publish:
             from atc_stream.connectors.redis.pubsub import SignalPublisher

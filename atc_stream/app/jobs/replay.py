@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from atc_stream.app.console import OptionError, RunError, err, log_warnings
+from atc_stream.app.defaults import INTERVAL
 from atc_stream.app.durability import Durability, check_backend
 
 #: Name of a replayed file's entry in ``Engine.source_offsets``.
@@ -106,7 +107,7 @@ def replay(
         source_input = str(bars.resolve())
     elif ticks is not None and bars is None:
         tick_columns = tick_columns or {"price": "price", "size": "size"}
-        tick_interval = interval or "1m"  # the engine's: the snapshot's on --resume
+        tick_interval = interval or INTERVAL  # the engine's: the snapshot's on --resume
         source = tick_bars(
             ticks, interval=tick_interval, empty=empty, symbol=symbol, time_unit=time_unit,
             strict=strict, time_column=columns["time"],
@@ -203,8 +204,8 @@ def bar_source(
         if resume:
             return source, None
         if inferred is None:
-            err("atc-stream: note: cannot infer the interval (no symbol has two bars); 1m")
-        return source, inferred or "1m"
+            err(f"atc-stream: note: cannot infer the interval (no symbol has two bars); {INTERVAL}")
+        return source, inferred or INTERVAL
     if inferred is not None and not is_calendar(interval):
         if interval_ms(interval) != interval_ms(inferred):
             raise RunError(
