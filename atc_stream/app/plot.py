@@ -55,7 +55,8 @@ def plot_signals(
 
     Top: close, long (▲) and short (▼) events; bottom: the signal around its zero line;
     grey bands over the rows where ``ready`` is false.
-    ``symbol``/``params_id`` pick the stream when the rows hold several.
+    ``symbol``/``params_id`` pick the stream when the rows hold several. Without the
+    ``plot`` extra: ``MissingExtra`` (an ``ImportError``) naming it.
     """
     require("plot", "plot_signals")
     import matplotlib
