@@ -1,4 +1,4 @@
-"""The scripts in examples/ run as a user would run them (issue 11, item 6)."""
+"""The scripts in examples/ run as a user would run them."""
 
 from __future__ import annotations
 

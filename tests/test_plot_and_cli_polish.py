@@ -1,5 +1,5 @@
 """The chart (``atc-stream plot`` and ``plot_signals``), ``--version``, the license
-metadata and ``py.typed`` (issue 11, items 5 and 6)."""
+metadata and ``py.typed``."""
 
 from __future__ import annotations
 

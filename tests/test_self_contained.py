@@ -1,5 +1,5 @@
 """The repository is self-contained: a clone in an empty directory passes its golden and
-parity tests with nothing beside it (issue 11, item 1).
+parity tests with nothing beside it.
 
 The clone is made from the committed HEAD (so a file that is only on this disk, or only
 in a folder beside the checkout, would be missing there) and its tests run with the

@@ -14,8 +14,8 @@ from typing import Annotated
 
 import typer
 
-from atc_stream.app.console import OptionError, RunError, err
-from atc_stream.core.params import ATCParams
+from atc_stream.app.console import PROGRAM, OptionError, RunError, err, error
+from atc_stream.app.defaults import INTERVAL, REDIS_PREFIX, SNAPSHOT_EVERY
 
 app = typer.Typer(
     add_completion=False,
@@ -38,7 +38,7 @@ def _print_version(value: bool) -> None:
     if value:
         from atc_stream.core.version import __version__
 
-        typer.echo(f"atc-stream {__version__}")
+        typer.echo(f"{PROGRAM} {__version__}")
         raise typer.Exit()
 
 
@@ -71,16 +71,6 @@ def compile_kernels() -> None:
     from atc_stream.app.jobs.compile import run_compile
 
     raise typer.Exit(run_compile())
-
-
-def load_param_sets(path: Path | None) -> list[ATCParams]:
-    """``params.load_param_sets`` with its errors as a usage error of ``--params``."""
-    from atc_stream.core.params import load_param_sets as load
-
-    try:
-        return load(path)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
 
 
 ParamsOption = Annotated[
@@ -122,7 +112,7 @@ ResumableIntervalOption = Annotated[
     str | None,
     typer.Option(
         "--interval",
-        help="Bar interval label of the streams (default 1m; on --resume the snapshot's).",
+        help=f"Bar interval label of the streams (default {INTERVAL}; on --resume the snapshot's).",
     ),
 ]
 
@@ -142,7 +132,9 @@ SnapshotDirOption = Annotated[
 ]
 SnapshotEveryOption = Annotated[
     int | None,
-    typer.Option("--snapshot-every", min=1, help="Snapshot every N bars (default 10000)."),
+    typer.Option(
+        "--snapshot-every", min=1, help=f"Snapshot every N bars (default {SNAPSHOT_EVERY})."
+    ),
 ]
 ResumeOption = Annotated[
     bool,
@@ -169,7 +161,7 @@ def _user_errors():
     try:
         yield
     except (RunError, OutputError) as exc:
-        err(f"atc-stream: error: {exc}")
+        error(str(exc))
         raise typer.Exit(2) from None
 
 
@@ -235,7 +227,7 @@ def replay(
     backend: BackendOption = "auto",
     interval: ResumableIntervalOption = None,
     redis: RedisOption = None,
-    redis_prefix: RedisPrefixOption = "atc",
+    redis_prefix: RedisPrefixOption = REDIS_PREFIX,
     snapshot_dir: SnapshotDirOption = None,
     snapshot_every: SnapshotEveryOption = None,
     resume: ResumeOption = False,
@@ -253,29 +245,17 @@ def replay(
 ) -> None:
     """Feed bars (or ticks aggregated to bars) through the engine; one signal row per
     (stream, bar)."""
-    from atc_stream.app.durability import Durability
-    from atc_stream.app.jobs.replay import replay as run_replay
+    from atc_stream.app.jobs.replay import run_replay
 
-    if (bars is None) == (ticks is None):  # before any snapshot store is opened
-        raise typer.BadParameter("give either a bar file BARS or --ticks FILE (exactly one)")
-    try:
-        with _user_errors():
-            durability = Durability(
-                redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
-                snapshot_every=snapshot_every, resume=resume,
-                events_before_ready=events_before_ready,
-            )  # fmt: skip
-            run_replay(
-                bars=bars, ticks=ticks,
-                columns={"symbol": symbol_column, "time": time_column, "close": close_column},
-                tick_columns={"price": price_column, "size": size_column}, empty=empty,
-                symbol=symbol, time_unit=time_unit.value, strict=strict,
-                params=load_param_sets(params) if params is not None else None,
-                output=output, warmup=warmup, speed=speed, progress=progress, backend=backend,
-                interval=interval, durability=durability, err=err,
-            )  # fmt: skip
-    except OptionError as exc:
-        raise typer.BadParameter(str(exc), param_hint=exc.param_hint) from None
+    _run_job(
+        run_replay, bars=bars, ticks=ticks,
+        columns={"symbol": symbol_column, "time": time_column, "close": close_column},
+        tick_columns={"price": price_column, "size": size_column}, empty=empty,
+        symbol=symbol, time_unit=time_unit.value, strict=strict, params=params,
+        output=output, warmup=warmup, speed=speed, progress=progress, backend=backend,
+        interval=interval, redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
+        snapshot_every=snapshot_every, resume=resume, events_before_ready=events_before_ready,
+    )  # fmt: skip
 
 
 @app.command()
@@ -283,7 +263,7 @@ def live(
     symbols: Annotated[
         str, typer.Option("--symbols", help="Comma-separated symbols, e.g. BTCUSDT,ETHUSDT.")
     ],
-    interval: IntervalOption = "1m",
+    interval: IntervalOption = INTERVAL,
     history: Annotated[
         int,
         typer.Option(
@@ -342,7 +322,7 @@ def live(
     params: ParamsOption = None,
     backend: BackendOption = "auto",
     redis: RedisOption = None,
-    redis_prefix: RedisPrefixOption = "atc",
+    redis_prefix: RedisPrefixOption = REDIS_PREFIX,
     snapshot_dir: SnapshotDirOption = None,
     snapshot_every: SnapshotEveryOption = None,
     resume: ResumeOption = False,
@@ -382,7 +362,7 @@ def demo(
         bool, typer.Option("--check/--no-check", help="Compare with a full recomputation.")
     ] = True,
     redis: RedisOption = None,
-    redis_prefix: RedisPrefixOption = "atc",
+    redis_prefix: RedisPrefixOption = REDIS_PREFIX,
     snapshot_dir: SnapshotDirOption = None,
     snapshot_every: SnapshotEveryOption = None,
     resume: ResumeOption = False,
@@ -412,7 +392,7 @@ def subscribe(
     latest: Annotated[
         bool, typer.Option("--latest", help="First print the latest record of every stream.")
     ] = False,
-    redis_prefix: RedisPrefixOption = "atc",
+    redis_prefix: RedisPrefixOption = REDIS_PREFIX,
     encoding: Annotated[str, typer.Option(help="json or msgpack (as published).")] = "json",
     count: Annotated[int | None, typer.Option(help="Exit after COUNT messages.", min=1)] = None,
     timeout: Annotated[
@@ -453,7 +433,7 @@ def run_stream(
     publish: Annotated[
         bool, typer.Option("--publish/--no-publish", help="Also publish signals over pub/sub.")
     ] = False,
-    redis_prefix: RedisPrefixOption = "atc",
+    redis_prefix: RedisPrefixOption = REDIS_PREFIX,
     batch_size: Annotated[int, typer.Option(help="Entries read per batch.", min=1)] = 1000,
     output_maxlen: Annotated[
         int, typer.Option(help="Approximate MAXLEN of the output stream.", min=1)
@@ -476,7 +456,7 @@ def run_stream(
     """Apply bars from a Redis Stream (consumer group), exactly once across restarts.
 
     Outputs go to --output-stream (and pub/sub with --publish). Snapshots record the last
-    applied entry; --resume continues from there (see adapters/redis_streams.py)."""
+    applied entry; --resume continues from there (see connectors/redis/streams.py)."""
     from atc_stream.app.jobs.run_stream import run_stream as run
 
     _run_job(
@@ -521,10 +501,10 @@ def main(argv: list[str] | None = None) -> None:
     except typer.TyperException as exc:  # a usage error, or another error typer reports
         ctx = getattr(exc, "ctx", None)  # set on usage errors only
         hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
-        err(f"atc-stream: error: {exc.format_message()}{hint}")
+        error(f"{exc.format_message()}{hint}")
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        err("atc-stream: interrupted")
+        err(f"{PROGRAM}: interrupted")
         sys.exit(130)
     sys.exit(result if isinstance(result, int) else 0)
 

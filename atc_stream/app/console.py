@@ -1,13 +1,17 @@
-"""What a command tells its user: one line to stderr, and the errors that become one.
+"""What a command tells its user on stderr, and the errors that become one line there.
 
 A job raises ``OptionError`` for an option value it refuses (the CLI shows it like a
 usage error) and ``RunError`` for a run that cannot start or resume (one line, exit 2).
-Progress and summaries go to stderr through ``err``; stdout is for signals.
+Progress, notes and summaries go to stderr through ``err``; stdout is for signals.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
+
+#: How every user-facing line starts.
+PROGRAM = "atc-stream"
 
 
 class OptionError(ValueError):
@@ -22,6 +26,29 @@ class RunError(Exception):
     """A run cannot start or resume as asked; the message is one line for the user."""
 
 
-def err(line: str) -> None:
-    """One line to stderr (stdout is for signals)."""
-    print(line, file=sys.stderr)
+def err(line: str, *, end: str = "\n") -> None:
+    """A line to stderr (stdout is for signals); ``end=""`` for a line redrawn in place."""
+    print(line, end=end, file=sys.stderr, flush=not end)
+
+
+def error(message: str) -> None:
+    """The one line of an error that ends the command."""
+    err(f"{PROGRAM}: error: {message}")
+
+
+def stderr_is_terminal() -> bool:
+    """Whether stderr is a terminal (progress bars and status lines redraw in place)."""
+    return sys.stderr.isatty()
+
+
+def status(line: str) -> None:
+    """A status line: redrawn in place on a terminal, one line each otherwise."""
+    if stderr_is_terminal():
+        err(f"\r{line:<110}", end="")
+    else:
+        err(line)
+
+
+def log_warnings() -> None:
+    """Warnings logged by the modules a command runs go to stderr, as lines of the command."""
+    logging.basicConfig(level=logging.WARNING, format=f"{PROGRAM}: %(levelname)s %(message)s")

@@ -23,16 +23,24 @@ Errors meant for the user are ``RunError`` (one line; the CLI exits 2 with it).
 from __future__ import annotations
 
 import signal
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from atc_stream.app.console import RunError, err
+from atc_stream.app.console import RunError, err, stderr_is_terminal
+from atc_stream.app.defaults import INTERVAL, REDIS_PREFIX, SNAPSHOT_EVERY
+from atc_stream.app.extras import require
+from atc_stream.kernels import cuda_available
 
-__all__ = ["Durability", "StopRun", "play_durably", "check_resume_matches"]
+if TYPE_CHECKING:
+    from atc_stream.connectors.redis.loop import LoopPublisher
+    from atc_stream.connectors.redis.pubsub import SignalPublisher
+    from atc_stream.state.snapshot_stores import DirectorySnapshotStore, RedisSnapshotStore
+    from atc_stream.state.snapshotter import Snapshotter
+
+__all__ = ["Durability", "StopRun", "check_backend", "check_resume_matches", "play_durably"]
 
 
 class StopRun(Exception):
@@ -52,7 +60,7 @@ class Durability:
         self,
         *,
         redis: str | None,
-        redis_prefix: str = "atc",
+        redis_prefix: str = REDIS_PREFIX,
         snapshot_dir: Path | None,
         snapshot_every: int | None,
         resume: bool,
@@ -67,13 +75,16 @@ class Durability:
         self.snapshot_every = snapshot_every
         self.resume = resume
         self.publish = publish and redis is not None
-        self.store = None
-        self.snapshotter = None
-        self.publisher = None
+        self.store: DirectorySnapshotStore | RedisSnapshotStore | None = None
+        self.snapshotter: Snapshotter | None = None
+        #: the thread publisher, or the event-loop one a command sets (``live``)
+        self.publisher: SignalPublisher | LoopPublisher | None = None
         self.stop_requested = False
         self.restored = False
         self.final_offsets: Callable[[], dict[str, Any]] | None = None
-        self._on_stop: list = []
+        self._on_stop: list[Callable[[], object]] = []
+        if redis is not None:
+            require("redis", "--redis")
         target = snapshot_dir if snapshot_dir is not None else redis
         if target is None:
             if snapshot_every is not None or resume:
@@ -136,7 +147,7 @@ class Durability:
             check_resume_matches(engine, param_sets=param_sets, interval=interval)
         else:
             engine = Engine(
-                param_sets or [ATCParams()], backend=backend, interval=interval or "1m",
+                param_sets or [ATCParams()], backend=backend, interval=interval or INTERVAL,
                 outputs=outputs,
             )  # fmt: skip
         _load_kernels(engine)
@@ -147,11 +158,12 @@ class Durability:
             from atc_stream.state.snapshotter import Snapshotter
 
             self.snapshotter = Snapshotter(
-                engine, self.store, every_bars=self.snapshot_every or 10_000
+                engine, self.store, every_bars=self.snapshot_every or SNAPSHOT_EVERY
             )
         if self.publish:
             from atc_stream.connectors.redis.pubsub import SignalPublisher
 
+            assert self.redis is not None  # publish is only set with a Redis URL
             self.publisher = SignalPublisher(
                 self.redis, prefix=self.redis_prefix, events_before_ready=self.events_before_ready
             )
@@ -170,7 +182,7 @@ class Durability:
             resume_from=(recorded or {}).get("output"),
         )
 
-    def on_stop(self, callback) -> None:
+    def on_stop(self, callback: Callable[[], object]) -> None:
         self._on_stop.append(callback)
 
     def _handle(self, signum, frame) -> None:
@@ -337,6 +349,18 @@ def play_durably(
     return summary
 
 
+def check_backend(backend: str) -> None:
+    """``RunError`` naming the missing extra or piece when ``backend`` is "cuda" and CUDA
+    cannot run here; a job calls it before any work (the engine would raise the same
+    as a ``RuntimeError`` only when it is built)."""
+    if backend != "cuda":
+        return
+    require("cuda", "--backend cuda")
+    available, why = cuda_available(allow_simulator=True)
+    if not available:
+        raise RunError(f"--backend cuda: CUDA is unavailable here: {why}")
+
+
 def _load_kernels(engine) -> None:
     """Before a command reads input: compile/load the CPU kernels, saying so on a first run.
 
@@ -345,6 +369,6 @@ def _load_kernels(engine) -> None:
     """
     if engine.backend.name != "cpu":
         return
-    result = engine.compile(lambda line: err(f"atc-stream: {line}"), progress=sys.stderr.isatty())
+    result = engine.compile(lambda line: err(f"atc-stream: {line}"), progress=stderr_is_terminal())
     if result.compiled:
         err(f"atc-stream: {result.summary()}")

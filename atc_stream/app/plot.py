@@ -4,7 +4,7 @@ bands over the bars that are not ready yet (docs/spec.md, "Warm-up and readiness
 ``plot_signals`` works on anything in the one output schema (a ``compute`` result, a
 ``StepResult.to_pandas()`` frame, or a file read by ``load_signals``); ``atc-stream plot``
 is the same from the command line. matplotlib and pandas are imported only when used
-(``pip install atc-stream[plot]``).
+(the ``plot`` extra).
 """
 
 from __future__ import annotations
@@ -14,14 +14,17 @@ from typing import Any
 
 import numpy as np
 
+from atc_stream.app.extras import require
+
 
 class PlotError(ValueError):
-    """The rows cannot be drawn (missing file, columns or symbol, or matplotlib)."""
+    """The rows cannot be drawn (missing file, columns or symbol)."""
 
 
 def load_signals(path: str | Path):
     """Signal rows from a Parquet file or directory of parts (what ``-o x.parquet`` writes),
     a JSONL or a CSV file, as a pandas DataFrame."""
+    require("pandas", "load_signals")
     import pandas as pd
 
     path = Path(path)
@@ -52,17 +55,16 @@ def plot_signals(
 
     Top: close, long (▲) and short (▼) events; bottom: the signal around its zero line;
     grey bands over the rows where ``ready`` is false.
-    ``symbol``/``params_id`` pick the stream when the rows hold several.
+    ``symbol``/``params_id`` pick the stream when the rows hold several. Without the
+    ``plot`` extra: ``MissingExtra`` (an ``ImportError``) naming it.
     """
-    frame = _frame(rows)
-    frame = _one_stream(frame, symbol, params_id)
-    try:
-        import matplotlib
+    require("plot", "plot_signals")
+    import matplotlib
 
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise PlotError("plotting needs matplotlib: pip install 'atc-stream[plot]'") from None
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    frame = _one_stream(_frame(rows), symbol, params_id)
 
     x = _x_axis(frame)
     close = frame["close"].to_numpy(float)

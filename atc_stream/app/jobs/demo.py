@@ -31,11 +31,12 @@ def run_demo(
 ) -> int:
     """Replay the random walk; the exit status (130 when stopped by a signal, 1 when the
     recomputation check finds a mismatch)."""
-    from atc_stream.app.durability import Durability, play_durably
+    from atc_stream.app.durability import Durability, check_backend, play_durably
     from atc_stream.connectors.replay.player import random_walk_table
     from atc_stream.core.params import load_param_sets
     from atc_stream.io.writers import open_writer
 
+    check_backend(backend)
     try:
         param_sets = load_param_sets(params)
     except ValueError as exc:

@@ -1,7 +1,7 @@
-"""The ``live`` job: exchange klines (``adapters.binance.KlineClient``) through the engine
+"""The ``live`` job: exchange klines (``connectors.exchanges``) through the engine
 into an output, with snapshots and lossless resume.
 
-Lossless resume (as for ``replay``, see ``runner``): every snapshot records, under the
+Lossless resume (as for ``replay``, see ``app.durability``): every snapshot records, under the
 source ``"live"``, the output's durable position taken when the state is copied (after
 the results of the bars in that state were written). ``--resume`` restores the newest
 good snapshot, cuts the same output file back to that position and appends; the client
@@ -13,11 +13,14 @@ fresh with the rows from the snapshot on.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from atc_stream.app.console import OptionError, err
+from atc_stream.app.console import OptionError, err, log_warnings, status, stderr_is_terminal
+from atc_stream.app.extras import require
+
+if TYPE_CHECKING:
+    from atc_stream.connectors.redis.loop import LoopPublisher
 
 #: Name of the live feed's entry in ``Engine.source_offsets``.
 LIVE_SOURCE = "live"
@@ -50,22 +53,23 @@ def run_live(
 ) -> int:
     """Run the live feed until ``max_seconds``/``max_bars``/SIGINT; the exit status
     (1 when the feed failed: REST unusable, no symbol known)."""
-    import logging
-
-    from atc_stream.app.durability import Durability
+    require("live", "atc-stream live")
+    from atc_stream.app.durability import Durability, check_backend
     from atc_stream.connectors.exchanges.binance import KlineClient, LiveConfig
     from atc_stream.core.intervals import validate_interval
     from atc_stream.core.params import load_param_sets
     from atc_stream.io.writers import output_format
 
-    logging.basicConfig(level=logging.WARNING, format="atc-stream: %(levelname)s %(message)s")
+    log_warnings()
+    check_backend(backend)
     previews = previews and not str(output).endswith(".parquet")  # Parquet: no provisional flag
     try:
-        urls = {"ws_url": ws_url, "rest_url": rest_url}
         config = LiveConfig(
             history=history, max_streams_per_connection=max_streams_per_connection,
             previews=previews, idle_timeout=idle_timeout, rest_rate=rest_rate,
-            ws_compression=ws_compression, **{k: v for k, v in urls.items() if v is not None},
+            ws_compression=ws_compression,
+            ws_url=ws_url if ws_url is not None else LiveConfig.ws_url,
+            rest_url=rest_url if rest_url is not None else LiveConfig.rest_url,
         )  # fmt: skip
         if max_seconds is not None and not max_seconds > 0:
             raise ValueError(f"--max-seconds must be > 0, got {max_seconds}")
@@ -80,7 +84,7 @@ def run_live(
         publish=False,  # the client publishes from its event loop (LoopPublisher)
     )  # fmt: skip
     engine = durability.open_engine(backend, param_sets, interval)  # before connecting
-    publisher = None
+    publisher: LoopPublisher | None = None
     if redis is not None:
         from atc_stream.connectors.redis.loop import LoopPublisher
 
@@ -117,7 +121,7 @@ def run_live(
             f"{config.ws_url} ({engine.backend.name} backend)"
         )
         failed, stats = _run_client(client, durability, max_seconds, max_bars, status_every)
-    if sys.stderr.isatty() and status_every > 0:
+    if stderr_is_terminal() and status_every > 0:
         err("")
     err("atc-stream: live done" + (f" (failed: {failed})" if failed else ""))
     for line in stats.lines():
@@ -131,11 +135,8 @@ def _run_client(client, durability, max_seconds, max_bars, status_every):
 
     from atc_stream.connectors.exchanges.binance import RestError
 
-    tty = sys.stderr.isatty()
-
     def show_status(stats) -> None:
-        line = stats.status_line()
-        print(f"\r{line:<110}" if tty else line, end="" if tty else "\n", file=sys.stderr)
+        status(stats.status_line())
 
     with durability:
         try:

@@ -1,22 +1,75 @@
-"""The ``replay`` command's work: a bar file (streamed) or ticks, through the engine, into
-an output, with snapshots and resume (``runner``).
+"""The ``replay`` job: a bar file (streamed) or ticks, through the engine, into an output,
+with snapshots and resume (``app.durability``).
 
-``replay`` takes the parsed options and returns the engine and the ``ReplaySummary``;
-``cli.replay`` only parses options and calls it. User errors are ``runner.RunError``
-(one line, exit 2) or ``OptionError`` (a bad option value; the CLI reports it as
-a usage error naming the option). Progress notes and the summary go to ``err``.
+``run_replay`` takes the command's options and returns the exit status; ``replay`` does
+the work for an open ``Durability`` and returns the engine and the ``ReplaySummary``.
+User errors are ``RunError`` (one line, exit 2) or ``OptionError`` (a bad option value;
+the CLI reports it as a usage error naming the option). Progress notes and the summary
+go to ``err``.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from atc_stream.app.console import OptionError, RunError
-from atc_stream.app.console import err as to_stderr
-from atc_stream.app.durability import Durability
+from atc_stream.app.console import OptionError, RunError, err, log_warnings
+from atc_stream.app.defaults import INTERVAL
+from atc_stream.app.durability import Durability, check_backend
+
+#: Name of a replayed file's entry in ``Engine.source_offsets``.
+FILE_SOURCE = "file"
+
+#: The refusal of a replay given both or neither of a bar file and ``--ticks``.
+ONE_INPUT = "give either a bar file BARS or --ticks FILE (exactly one)"
+
+
+def run_replay(
+    *,
+    bars: Path | None,
+    ticks: Path | None,
+    columns: dict[str, str],
+    tick_columns: dict[str, str],
+    empty: str,
+    symbol: str | None,
+    time_unit: str,
+    strict: bool,
+    params: Path | None,
+    output: str,
+    warmup: int,
+    speed: float | None,
+    progress: bool,
+    backend: str,
+    interval: str | None,
+    redis: str | None,
+    redis_prefix: str,
+    snapshot_dir: Path | None,
+    snapshot_every: int | None,
+    resume: bool,
+    events_before_ready: bool,
+) -> int:
+    """Replay ``bars`` or ``ticks`` into ``output`` with the snapshots asked for; the exit
+    status."""
+    from atc_stream.core.params import load_param_sets
+
+    if (bars is None) == (ticks is None):  # before any snapshot store is opened
+        raise OptionError(ONE_INPUT)
+    check_backend(backend)
+    try:
+        param_sets = load_param_sets(params) if params is not None else None
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+    durability = Durability(
+        redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
+        snapshot_every=snapshot_every, resume=resume, events_before_ready=events_before_ready,
+    )  # fmt: skip
+    replay(
+        bars=bars, ticks=ticks, columns=columns, tick_columns=tick_columns, empty=empty,
+        symbol=symbol, time_unit=time_unit, strict=strict, params=param_sets, output=output,
+        warmup=warmup, speed=speed, progress=progress, backend=backend, interval=interval,
+        durability=durability,
+    )  # fmt: skip
+    return 0
 
 
 def replay(
@@ -37,7 +90,6 @@ def replay(
     backend: str,
     interval: str | None,
     durability: Durability,
-    err: Callable[[str], None] = to_stderr,
 ):
     """Replay ``bars`` (CSV/Parquet file or directory, streamed) or ``ticks`` (aggregated
     to ``interval`` bars) into ``output``; returns ``(engine, summary)``.
@@ -46,31 +98,30 @@ def replay(
     ``tick_columns``: ``{"price": ..., "size": ...}`` for ticks. ``params``/``interval``
     None: the snapshot's on ``--resume``, else the defaults (interval: inferred).
     """
-    # the modules' warnings (e.g. sort files of a killed replay removed) on stderr, as live
-    logging.basicConfig(level=logging.WARNING, format="atc-stream: %(levelname)s %(message)s")
-    if (bars is None) == (ticks is None):
-        raise OptionError("give either a bar file BARS or --ticks FILE (exactly one)")
-    if ticks is not None:
+    log_warnings()  # e.g. sort files of a killed replay removed
+    if bars is not None and ticks is None:
+        source, interval = bar_source(
+            bars, columns=columns, symbol=symbol, time_unit=time_unit, interval=interval,
+            strict=strict, resume=durability.resume, warmup=warmup,
+        )  # fmt: skip
+        source_input = str(bars.resolve())
+    elif ticks is not None and bars is None:
         tick_columns = tick_columns or {"price": "price", "size": "size"}
-        tick_interval = interval or "1m"  # the engine's: the snapshot's on --resume
+        tick_interval = interval or INTERVAL  # the engine's: the snapshot's on --resume
         source = tick_bars(
             ticks, interval=tick_interval, empty=empty, symbol=symbol, time_unit=time_unit,
             strict=strict, time_column=columns["time"],
             symbol_column=columns["symbol"], price_column=tick_columns["price"],
-            size_column=tick_columns["size"], err=err,
+            size_column=tick_columns["size"],
         )  # fmt: skip
         source_input = f"{ticks.resolve()} (ticks, {tick_interval}, empty={empty})"
         columns = {**columns, "close": tick_columns["price"], "size": tick_columns["size"]}
     else:
-        source, interval = bar_source(
-            bars, columns=columns, symbol=symbol, time_unit=time_unit, interval=interval,
-            strict=strict, resume=durability.resume, warmup=warmup, err=err,
-        )  # fmt: skip
-        source_input = str(bars.resolve())
+        raise OptionError(ONE_INPUT)
     return replay_source(
         source, params=params, output=output, warmup=warmup, speed=speed, progress=progress,
         backend=backend, interval=interval, durability=durability,
-        source={"name": "file", "input": source_input, "columns": columns}, err=err,
+        source={"name": FILE_SOURCE, "input": source_input, "columns": columns},
     )  # fmt: skip
 
 
@@ -86,7 +137,6 @@ def replay_source(
     interval: str | None,
     durability: Durability | None = None,
     source: dict[str, Any] | None = None,
-    err: Callable[[str], None] = to_stderr,
 ):
     """Replay ``bars`` (a ``BarTable`` or ``BarFileSource``) into ``output`` (resuming from
     a snapshot with ``--resume``); returns ``(engine, summary)``."""
@@ -96,7 +146,7 @@ def replay_source(
     output_format(output)  # refuse an unknown extension before any work
     if durability is None:
         durability = Durability(redis=None, snapshot_dir=None, snapshot_every=None, resume=False)
-    source = source or {"name": "file", "input": None}
+    source = source or {"name": FILE_SOURCE, "input": None}
     engine = durability.open_engine(backend, params, interval)
     with durability.open_output(engine, output, source["name"]) as writer:
         summary = play_durably(
@@ -119,10 +169,9 @@ def bar_source(
     strict: bool,
     resume: bool,
     warmup: int,
-    err: Callable[[str], None] = to_stderr,
     **stream_options,
 ):
-    """The scanned ``BarFileSource`` of ``path`` (bad rows reported through ``err``) and
+    """The scanned ``BarFileSource`` of ``path`` (bad rows reported on stderr) and
     the interval to label its bars with.
 
     The interval is ``interval`` when given (refused when the bars' spacing says
@@ -155,8 +204,8 @@ def bar_source(
         if resume:
             return source, None
         if inferred is None:
-            err("atc-stream: note: cannot infer the interval (no symbol has two bars); 1m")
-        return source, inferred or "1m"
+            err(f"atc-stream: note: cannot infer the interval (no symbol has two bars); {INTERVAL}")
+        return source, inferred or INTERVAL
     if inferred is not None and not is_calendar(interval):
         if interval_ms(interval) != interval_ms(inferred):
             raise RunError(
@@ -174,7 +223,6 @@ def tick_bars(
     symbol: str | None,
     time_unit: str = "auto",
     strict: bool = False,
-    err: Callable[[str], None] = to_stderr,
     **columns,
 ):
     """Ticks of ``path`` aggregated to a ``BarTable`` of ``interval`` bars (in memory);

@@ -1,12 +1,13 @@
 """The ``run-stream`` job: bars from a Redis Stream through the engine, exactly once across
-restarts (``adapters.redis_streams.RedisStreamRunner``), with snapshots of the state
-and the last applied entry (``runner.Durability``)."""
+restarts (``connectors.redis.streams.RedisStreamRunner``), with snapshots of the state
+and the last applied entry (``app.durability.Durability``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from atc_stream.app.console import OptionError, err
+from atc_stream.app.console import OptionError, err, log_warnings
+from atc_stream.app.extras import require
 
 
 def run_stream(
@@ -32,15 +33,15 @@ def run_stream(
 ) -> int:
     """Consume ``input_stream`` until SIGINT/SIGTERM or ``stop_when_idle``; the exit
     status (1 when Redis cannot be reached)."""
-    import logging
-
+    require("redis", "atc-stream run-stream")
     from redis import exceptions as redis_errors
 
-    from atc_stream.app.durability import Durability
+    from atc_stream.app.durability import Durability, check_backend
     from atc_stream.connectors.redis.streams import RedisStreamRunner
     from atc_stream.core.params import load_param_sets
 
-    logging.basicConfig(level=logging.WARNING, format="atc-stream: %(levelname)s %(message)s")
+    log_warnings()
+    check_backend(backend)
     try:
         param_sets = load_param_sets(params) if params is not None else None
     except ValueError as exc:

@@ -1,5 +1,5 @@
 """The ``subscribe`` job: print the signals a publisher sends over Redis pub/sub, one JSON
-object per line (``adapters.redis_pubsub.SignalSubscriber`` reconnects and counts
+object per line (``connectors.redis.pubsub.SignalSubscriber`` reconnects and counts
 malformed messages)."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 
 from atc_stream.app.console import OptionError, err
+from atc_stream.app.extras import require
 
 
 def run_subscribe(
@@ -23,6 +24,7 @@ def run_subscribe(
 ) -> int:
     """Follow the channels until ``count`` messages, ``timeout`` seconds of silence or
     Ctrl-C; the exit status (1 when no server answers at ``redis``)."""
+    require("redis", "atc-stream subscribe")
     import msgspec
 
     from atc_stream.connectors.redis.pubsub import SignalSubscriber
