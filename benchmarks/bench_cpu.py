@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""CPU benchmarks for atc-stream (issue 2, "Speed").
+"""CPU benchmarks for atc-stream: recomputation vs incremental step, warmup, the reference.
 
 Run from the repository root::
 
@@ -80,7 +80,7 @@ QUICK = Sizes(
     step_repeat_factor=10,
 )
 
-#: targets of issue 2
+#: the speed targets this benchmark checks
 TARGET_STEP_RATIO = 500.0  # step of 1,000 symbols vs the fastest full recompute of all
 TARGET_STEP_SECONDS = 1e-3  # step of 1,000 symbols, median
 TARGET_WARMUP_RATE = 1_500_000.0  # symbol-bars/s
@@ -834,7 +834,7 @@ def summary(sizes: Sizes, results: dict) -> None:
     On a shared machine the median includes time stolen by other processes; the
     minimum is the better estimate of what the code itself costs.
     """
-    print("\n### Targets (issue 2)\n")
+    print("\n### Targets\n")
     print("| target | median | met | best sample | met (best) |")
     print("|---|---:|:---:|---:|:---:|")
     checks = []  # (name, median value, ok, best value, ok)
@@ -930,7 +930,7 @@ def main(argv: list[str] | None = None) -> int:
     info = machine_info()
     results["machine"] = info
     results["compile_s"] = compile_s
-    print("## atc-stream CPU benchmark (issue 2)\n")
+    print("## atc-stream CPU benchmark\n")
     print(f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}")
     exe = os.path.relpath(sys.executable) if sys.executable.startswith(os.getcwd()) else "python"
     print(f"- command: `{' '.join([exe, *sys.argv])}`")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""CUDA backend benchmarks, side by side with the CPU backend (issue 3).
+"""CUDA backend benchmarks, side by side with the CPU backend.
 
 Run from the repository root on a machine with an NVIDIA GPU::
 
@@ -384,7 +384,7 @@ def host_cost_rows(n: int, repeats: int) -> list[Row]:
 
     The steady case: every stream once, in a shuffled (arrival) order that repeats.
     Buffers are ordinary host memory here (pinned on a GPU machine: same memcpy cost);
-    the kernels and transfers are left out. "after" is the issue-12 head before the
+    the kernels and transfers are left out. "after" is the host path before the
     requested outputs (17 float64 columns copied out); "now" copies only the typed
     requested fields; ``commit_step`` is timed on its own (arrival order before,
     plan order now); the last row is the engine's whole host path per step.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Redis load benchmark (issue 4): bars in through a Redis Stream, signals out over pub/sub.
+"""Redis load benchmark: bars in through a Redis Stream, signals out over pub/sub.
 
 Run from the repository root::
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Threading benchmark (issue 9): the default thread choice against fixed settings.
+"""Threading benchmark: the default thread choice against fixed settings.
 
 Run from the repository root::
 

@@ -18,7 +18,12 @@ def to_pandas(columns: dict[str, np.ndarray], index: Any = None):
     Python ``str`` objects; NaN stays NaN. ``index`` (e.g. a compute input's index) is
     the frame's index when given (values are placed by position), else a RangeIndex.
     """
-    import pandas as pd
+    try:
+        import pandas as pd
+    except ImportError:
+        raise ImportError(
+            "pandas output needs pandas, not installed: pip install 'atc-stream[pandas]'"
+        ) from None
 
     data: dict[str, Any] = {}
     for name in schema.COLUMNS:
