@@ -190,6 +190,22 @@ def test_base_install_replays_a_csv_like_compute(base_venv, tmp_path):
         np.testing.assert_array_equal(got, compute(series)["signal"])
 
 
+def test_base_install_computes_a_series_like_this_checkout(base_venv, tmp_path):
+    closes = np.round(100 + np.cumsum(np.random.default_rng(7).normal(0, 0.5, 400)), 2)
+    source = tmp_path / "closes.npy"
+    np.save(source, closes)
+    script = (
+        "import sys, json, numpy as np\n"
+        "from atc_stream import ATCParams, compute\n"
+        "out = compute(np.load(sys.argv[1]), ATCParams())\n"
+        "print(json.dumps([float(x) for x in out['signal']]))\n"
+    )
+    done = run([str(base_venv / "python"), "-c", script, str(source)], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    got = np.array(json.loads(done.stdout), dtype=float)
+    np.testing.assert_array_equal(got, compute(closes)["signal"])
+
+
 @pytest.mark.parametrize("name", sorted(NEEDS_AN_EXTRA))
 def test_base_install_names_the_missing_extra(base_venv, tmp_path, name):
     bars = tmp_path / "bars.csv"
