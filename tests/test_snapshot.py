@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from atc_stream import ATCParams, Engine, StreamKey
+from atc_stream.app.durability import open_snapshot_store
 from atc_stream.state.snapshot import (
     FORMAT_VERSION,
     MAGIC,
@@ -28,7 +29,7 @@ from atc_stream.state.snapshot import (
     decode_snapshot,
     read_header,
 )
-from atc_stream.state.snapshot_stores import DirectorySnapshotStore, open_snapshot_store
+from atc_stream.state.snapshot_stores import DirectorySnapshotStore
 from atc_stream.state.snapshotter import Snapshotter
 
 FAST = ATCParams(

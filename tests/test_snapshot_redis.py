@@ -9,8 +9,9 @@ from redis_fixtures import RedisServer, private_redis, redis_server, redis_url  
 from test_snapshot import MINUTE, _flip, assert_same_state, next_bars, warmed_engine
 
 from atc_stream import Engine
+from atc_stream.app.durability import open_snapshot_store
+from atc_stream.connectors.redis.snapshots import RedisSnapshotStore
 from atc_stream.state.snapshot import SnapshotError, SnapshotWarning, read_header
-from atc_stream.state.snapshot_stores import RedisSnapshotStore, open_snapshot_store
 from atc_stream.state.snapshotter import Snapshotter
 
 redis = pytest.importorskip("redis")

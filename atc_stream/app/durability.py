@@ -22,6 +22,8 @@ Errors meant for the user are ``RunError`` (one line; the CLI exits 2 with it).
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -33,14 +35,43 @@ from atc_stream.app.console import RunError, err, stderr_is_terminal
 from atc_stream.app.defaults import INTERVAL, REDIS_PREFIX, SNAPSHOT_EVERY
 from atc_stream.app.extras import require
 from atc_stream.kernels import cuda_available
+from atc_stream.state.snapshot_stores import DirectorySnapshotStore, SnapshotStore
 
 if TYPE_CHECKING:
     from atc_stream.connectors.redis.loop import LoopPublisher
     from atc_stream.connectors.redis.pubsub import SignalPublisher
-    from atc_stream.state.snapshot_stores import DirectorySnapshotStore, RedisSnapshotStore
     from atc_stream.state.snapshotter import Snapshotter
 
-__all__ = ["Durability", "StopRun", "check_backend", "check_resume_matches", "play_durably"]
+__all__ = [
+    "Durability",
+    "open_snapshot_store",
+    "StopRun",
+    "check_backend",
+    "check_resume_matches",
+    "play_durably",
+]
+
+
+def open_snapshot_store(
+    target: str | os.PathLike[str], *, keep: int = 5, namespace: str = "default"
+) -> SnapshotStore:
+    """A store for a CLI-style ``target``.
+
+    A ``redis://``, ``rediss://`` or ``unix://`` URL gives a ``RedisSnapshotStore`` with
+    key prefix ``atc-stream:<namespace>`` (needs the ``redis`` extra); anything else is a
+    directory path and gives a ``DirectorySnapshotStore`` with file prefix ``snapshot``
+    (``snapshot-<namespace>`` for a namespace other than "default", so shards may share a
+    directory).
+    """
+    text = os.fspath(target)
+    if re.match(r"(redis|rediss|unix)://", text):
+        require("redis", "a Redis snapshot store")
+        # imported here: redis is an optional extra, and the base install must run
+        from atc_stream.connectors.redis.snapshots import RedisSnapshotStore
+
+        return RedisSnapshotStore(text, prefix=f"atc-stream:{namespace}", keep=keep)
+    prefix = "snapshot" if namespace == "default" else f"snapshot-{namespace}"
+    return DirectorySnapshotStore(text, keep=keep, prefix=prefix)
 
 
 class StopRun(Exception):
@@ -75,7 +106,7 @@ class Durability:
         self.snapshot_every = snapshot_every
         self.resume = resume
         self.publish = publish and redis is not None
-        self.store: DirectorySnapshotStore | RedisSnapshotStore | None = None
+        self.store: SnapshotStore | None = None
         self.snapshotter: Snapshotter | None = None
         #: the thread publisher, or the event-loop one a command sets (``live``)
         self.publisher: SignalPublisher | LoopPublisher | None = None
@@ -91,8 +122,6 @@ class Durability:
                 raise RunError("--snapshot-every and --resume need --snapshot-dir or --redis")
             return
         if snapshot_dir is not None or snapshot_every is not None or resume:
-            from atc_stream.state.snapshot_stores import open_snapshot_store
-
             self.store = open_snapshot_store(target, namespace=namespace)
         if refuse_existing and self.store is not None and not resume:
             try:

@@ -1,6 +1,7 @@
-"""Where snapshot blobs are kept: a local directory (default) or Redis.
+"""Snapshot blobs in a local directory, and what every snapshot store shares.
 
-Both stores have the same small API::
+Every store (this directory one, and ``connectors/redis/snapshots.py``'s Redis one)
+has the same small API::
 
     id = store.save(blob)        # write durably/atomically, keep the last ``keep``
     blob = store.load_latest()   # newest blob that fully verifies, or None if empty
@@ -13,10 +14,7 @@ the newest is damaged it warns (``SnapshotWarning`` through ``warnings.warn`` an
 log record) and falls back to the next older one. If snapshots exist but none
 verifies it raises ``SnapshotError`` listing why each was refused.
 
-``open_snapshot_store(target)`` picks the store from a CLI-style target: a
-``redis://``, ``rediss://`` or ``unix://`` URL, or a directory path.
-
-Redis is imported lazily, only by ``RedisSnapshotStore``.
+``app/durability.open_snapshot_store(target)`` picks the store from a CLI-style target.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ import warnings
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 from atc_stream.io.files import atomic_file
 from atc_stream.state.snapshot import (
@@ -46,8 +44,10 @@ log = logging.getLogger("atc_stream.snapshots")
 __all__ = [
     "DirectorySnapshotStore",
     "LoadedSnapshot",
-    "RedisSnapshotStore",
-    "open_snapshot_store",
+    "SnapshotStore",
+    "check_blob",
+    "check_keep",
+    "newest_good",
 ]
 
 
@@ -62,20 +62,33 @@ class LoadedSnapshot:
     decoded: Snapshot | None = None
 
 
-def _check_keep(keep: int) -> int:
+class SnapshotStore(Protocol):
+    """What the snapshotter and the durability layer need of a store."""
+
+    keep: int
+
+    def save(self, blob: bytes) -> str: ...
+    def list(self) -> list[str]: ...
+    def load(self, snapshot_id: str) -> bytes | None: ...
+    def delete(self, snapshot_id: str) -> None: ...
+    def latest(self) -> LoadedSnapshot | None: ...
+    def load_latest(self) -> bytes | None: ...
+
+
+def check_keep(keep: int) -> int:
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise ValueError(f"keep must be an int >= 1, got {keep!r}")
     return keep
 
 
-def _check_blob(blob) -> bytes:
+def check_blob(blob) -> bytes:
     if not isinstance(blob, (bytes, bytearray, memoryview)):
         raise ValueError(f"blob must be bytes, got {type(blob).__name__}")
     read_header(blob)  # refuse anything that is not a snapshot (cheap: header only)
     return bytes(blob)
 
 
-def _newest_good(store_name: str, candidates, read) -> LoadedSnapshot | None:
+def newest_good(store_name: str, candidates, read) -> LoadedSnapshot | None:
     """The first candidate id (newest first) whose blob verifies; warn about each skipped one."""
     refused: list[str] = []
     for snapshot_id in candidates:
@@ -129,7 +142,7 @@ class DirectorySnapshotStore:
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", prefix) or prefix.startswith("."):
             raise ValueError(f"prefix must be a plain file-name stem, got {prefix!r}")
         self.path = Path(path)
-        self.keep = _check_keep(keep)
+        self.keep = check_keep(keep)
         self.prefix = prefix
         self.path.mkdir(parents=True, exist_ok=True)
         self._pattern = re.compile(rf"{re.escape(prefix)}-(\d{{12,}})-[0-9TZ.]+{self.SUFFIX}")
@@ -171,7 +184,7 @@ class DirectorySnapshotStore:
 
     def save(self, blob: bytes) -> str:
         """Write ``blob`` durably and atomically, keep the newest ``keep``; return its id."""
-        data = _check_blob(blob)
+        data = check_blob(blob)
         entries = self._entries()
         seq = max([self._last_seq, *(s for s, _ in entries)]) + 1
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
@@ -200,7 +213,7 @@ class DirectorySnapshotStore:
 
     def latest(self) -> LoadedSnapshot | None:
         """The newest snapshot that verifies (older ones when newer are damaged), or None."""
-        return _newest_good(str(self.path), reversed(self.list()), self.load)
+        return newest_good(str(self.path), reversed(self.list()), self.load)
 
     def load_latest(self) -> bytes | None:
         """The blob of ``latest()``; None when the directory holds no snapshot."""
@@ -212,130 +225,3 @@ class DirectorySnapshotStore:
 
 # KEYS: seq counter, index (sorted set id -> seq), latest pointer.
 # ARGV: blob, keep, blob key prefix.  Atomic: counter, blob, index, pointer and pruning.
-_SAVE_SCRIPT = """
-local seq = redis.call('INCR', KEYS[1])
-local id = string.format('%012d', seq)
-redis.call('SET', ARGV[3] .. id, ARGV[1])
-redis.call('ZADD', KEYS[2], seq, id)
-redis.call('SET', KEYS[3], id)
-local keep = tonumber(ARGV[2])
-local n = redis.call('ZCARD', KEYS[2])
-if n > keep then
-  local old = redis.call('ZRANGE', KEYS[2], 0, n - keep - 1)
-  for _, oid in ipairs(old) do
-    redis.call('DEL', ARGV[3] .. oid)
-  end
-  redis.call('ZREMRANGEBYRANK', KEYS[2], 0, n - keep - 1)
-end
-return id
-"""
-
-
-class RedisSnapshotStore:
-    """Snapshots in Redis: one key per blob, an index, and a "latest" pointer.
-
-    Keys (``T`` = the prefix wrapped in a hash tag, ``{atc-stream:default}``, so that all
-    of a store's keys live in one Redis Cluster slot; a prefix that already contains
-    ``{...}`` is used as is)::
-
-        T:snapshot:seq          INCR counter: the sequence of the last snapshot
-        T:snapshot:index        sorted set: id -> sequence
-        T:snapshot:latest       the id of the newest snapshot
-        T:snapshot:blob:<id>    the blob (id = 12-digit sequence)
-
-    ``save`` runs one Lua script, so the blob, the index, the pointer and the pruning
-    to ``keep`` blobs change together or not at all. Use one prefix per engine shard
-    (``atc-stream:<namespace>``). Connection errors propagate as ``redis`` exceptions.
-    """
-
-    def __init__(self, url_or_client: Any, prefix: str = "atc-stream:default", keep: int = 5):
-        import redis
-
-        if not isinstance(prefix, str) or not prefix:
-            raise ValueError(f"prefix must be a non-empty str, got {prefix!r}")
-        self.keep = _check_keep(keep)
-        if isinstance(url_or_client, str):
-            self.client = redis.Redis.from_url(url_or_client)
-        else:
-            self.client = url_or_client
-            pool = getattr(url_or_client, "connection_pool", None)
-            if pool is not None and pool.connection_kwargs.get("decode_responses"):
-                raise ValueError(
-                    "url_or_client: the Redis client has decode_responses=True; snapshots "
-                    "are binary, pass a client made with decode_responses=False (or a URL)"
-                )
-        self.prefix = prefix
-        tag = prefix if re.search(r"\{[^}]+\}", prefix) else "{" + prefix + "}"
-        self.seq_key = f"{tag}:snapshot:seq"
-        self.index_key = f"{tag}:snapshot:index"
-        self.latest_key = f"{tag}:snapshot:latest"
-        self.blob_key_prefix = f"{tag}:snapshot:blob:"
-        self._save = self.client.register_script(_SAVE_SCRIPT)
-
-    def __repr__(self) -> str:
-        return f"RedisSnapshotStore(prefix={self.prefix!r}, keep={self.keep})"
-
-    @staticmethod
-    def _str(value) -> str:
-        return value.decode() if isinstance(value, bytes) else str(value)
-
-    def blob_key(self, snapshot_id: str) -> str:
-        return self.blob_key_prefix + snapshot_id
-
-    def save(self, blob: bytes) -> str:
-        """Store ``blob``, point "latest" at it, keep the newest ``keep``; return its id."""
-        data = _check_blob(blob)
-        result = self._save(
-            keys=[self.seq_key, self.index_key, self.latest_key],
-            args=[data, self.keep, self.blob_key_prefix],
-        )
-        return self._str(result)
-
-    def list(self) -> list[str]:
-        """Snapshot ids, oldest first."""
-        return [self._str(i) for i in self.client.zrange(self.index_key, 0, -1)]
-
-    def load(self, snapshot_id: str) -> bytes | None:
-        """The stored bytes of one snapshot (not verified); None if there is no such blob."""
-        blob = self.client.get(self.blob_key(snapshot_id))
-        if blob is None or isinstance(blob, bytes):
-            return blob
-        # __init__ refuses a decode_responses client, so text means one was swapped in
-        raise TypeError(f"snapshot {snapshot_id!r}: the Redis client answered text, not bytes")
-
-    def delete(self, snapshot_id: str) -> None:
-        with self.client.pipeline(transaction=True) as pipe:
-            pipe.delete(self.blob_key(snapshot_id))
-            pipe.zrem(self.index_key, snapshot_id)
-            pipe.execute()
-
-    def latest(self) -> LoadedSnapshot | None:
-        """The newest snapshot that verifies (the pointer first, then older ones), or None."""
-        pointer = self.client.get(self.latest_key)
-        ids = [self._str(i) for i in self.client.zrevrange(self.index_key, 0, -1)]
-        if pointer is not None:
-            pointer = self._str(pointer)
-            ids = [pointer] + [i for i in ids if i != pointer]
-        return _newest_good(f"redis {self.prefix!r}", ids, self.load)
-
-    def load_latest(self) -> bytes | None:
-        """The blob of ``latest()``; None when the store holds no snapshot."""
-        found = self.latest()
-        return None if found is None else found.blob
-
-
-def open_snapshot_store(
-    target: str | os.PathLike[str], *, keep: int = 5, namespace: str = "default"
-) -> DirectorySnapshotStore | RedisSnapshotStore:
-    """A store for a CLI-style ``target``.
-
-    A ``redis://``, ``rediss://`` or ``unix://`` URL gives a ``RedisSnapshotStore`` with
-    key prefix ``atc-stream:<namespace>``; anything else is a directory path and gives a
-    ``DirectorySnapshotStore`` with file prefix ``snapshot`` (``snapshot-<namespace>``
-    for a namespace other than "default", so shards may share a directory).
-    """
-    text = os.fspath(target)
-    if re.match(r"(redis|rediss|unix)://", text):
-        return RedisSnapshotStore(text, prefix=f"atc-stream:{namespace}", keep=keep)
-    prefix = "snapshot" if namespace == "default" else f"snapshot-{namespace}"
-    return DirectorySnapshotStore(text, keep=keep, prefix=prefix)
