@@ -297,7 +297,7 @@ def test_a_nul_in_a_symbol_is_refused_never_merged_into_another(tmp_path):
     import numpy as np
 
     from atc_stream import Engine
-    from atc_stream.connectors.replay.ticks import load_ticks, ticks_from_arrays
+    from atc_stream.io.tick_reader import load_ticks, ticks_from_arrays
 
     csv = (
         f"symbol,time,close\nAB,{T0},1\nAB\x00,{T0 + 60_000},9\nAB,{T0 + 60_000},2\nA\x00B,{T0},7\n"
