@@ -300,9 +300,9 @@ def _parse_ticks(path, columns, roles, line_of, default_symbol, time_unit, bad) 
         # trim the (few) distinct names, not every cell; " A" and "A" become one symbol
         trimmed = [str(x).strip() for x in encoded.dictionary.to_pylist()]
         # an object array: a str array would drop trailing NULs and merge "AB\0" into "AB"
-        names, merged = np.unique(np.array(trimmed, dtype=object), return_inverse=True)
+        unique, merged = np.unique(np.array(trimmed, dtype=object), return_inverse=True)
         codes = merged.reshape(-1)[encoded.indices.to_numpy(zero_copy_only=False)]
-        names = names.tolist()
+        names: list[str] = unique.tolist()
         symbol_ok = np.array([name != "" and "\x00" not in name for name in names], bool)[codes]
     else:
         symbol_ok = np.ones(n, bool)
@@ -329,10 +329,11 @@ def _parse_ticks(path, columns, roles, line_of, default_symbol, time_unit, bad) 
             bad.counts[reason] += hit.size - shown.size
         keep[hit] = False
     rows = np.flatnonzero(keep)
-    codes, names = _used_names(codes[rows], names)
+    used_codes, used_names = _used_names(codes[rows], names)
     return TickTable(
-        times[rows], codes, names, prices[rows], sizes[rows], Counter(), sub_ms=sub_ms[rows]
-    )
+        times[rows], used_codes, used_names, prices[rows], sizes[rows], Counter(),
+        sub_ms=sub_ms[rows],
+    )  # fmt: skip
 
 
 def _used_names(codes: np.ndarray, names: list[str]) -> tuple[np.ndarray, list[str]]:
