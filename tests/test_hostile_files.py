@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -144,6 +145,22 @@ def test_one_cell_and_a_column_accept_the_same_text_with_the_same_result():
         if moment.tzinfo is None:
             moment = moment.replace(tzinfo=timezone.utc)
         assert iso_parts(cell)[0] == (moment - epoch) // one_ms, cell
+
+
+def test_columns_of_mixed_forms_and_lengths_parse_like_each_cell_alone():
+    rng = np.random.default_rng(7)
+    dates = ["2024-03-01", "2000-02-29", "2100-02-29", "1969-12-31", "2023-04-31", "0001-01-01"]
+    clocks = ["", "T12:30", " 23:59", "T12:30:05", "T00:00:00.5", "T00:00:00,1234567891",
+              "T23:59:59.999999", "T24:00", "T12:30:60"]  # fmt: skip
+    zones = ["", "Z", "z", "+02:00", "-05:30", "+0200", "-05", "+24:00", "-00:60", "+1"]
+    for size in (1, 7, 2000):
+        cells = [
+            str(rng.choice(dates)) + str(rng.choice(clocks)) + str(rng.choice(zones))
+            for _ in range(size)
+        ]
+        ms, sub, ok = parse_time_column(pa.array(cells))
+        got = [(int(m), int(s)) if o else None for m, s, o in zip(ms, sub, ok, strict=True)]
+        assert got == [iso_parts(cell) for cell in cells]
 
 
 def test_interval_is_inferred_from_the_spacing(tmp_path):

@@ -55,7 +55,6 @@ ISO_REGEX = (
 )
 ISO_PATTERN = re.compile(ISO_REGEX, re.ASCII)
 INT_PATTERN = re.compile(r"[+-]?\d+", re.ASCII)
-_INT_REGEX = r"^[+-]?[0-9]+$"
 #: Longer cells are refused without a look (no valid time comes close).
 MAX_TIME_CHARS = 64
 _NS_PER_MS = 1_000_000
@@ -131,6 +130,8 @@ def epoch_to_ms(value: int, unit: str | None) -> int | None:
     it as it is (epoch ms by convention, or any increasing integer); ``auto`` picks the
     unit from its own magnitude (a single value has no column to decide by). None when it
     fits no unit or int64."""
+    if not -(2**63) <= value < 2**63:
+        return None
     if unit == "auto":
         magnitude = abs(value)
         unit = next((name for name, lo, hi in EPOCH_BANDS if lo <= magnitude < hi), None)
@@ -138,7 +139,7 @@ def epoch_to_ms(value: int, unit: str | None) -> int | None:
             return None
     if unit is not None:
         value = int_epoch_parts(value, unit)[0]
-    return value if -(2**63) < value < 2**63 else None
+    return value if -(2**63) <= value < 2**63 else None
 
 
 def text_to_ms(text: str, unit: str | None = None) -> int | None:
@@ -210,7 +211,7 @@ def _epoch_parts(values: np.ndarray, unit: str) -> tuple[np.ndarray, np.ndarray,
     """(ms floored, ns within the ms, fits int64) of integer epochs in ``unit``."""
     num, den = UNIT_TO_MS[unit]
     if den == 1:
-        fits = np.abs(values.astype(np.float64)) < 2.0**63 / num
+        fits = (values >= -(2**63 // num)) & (values <= (2**63 - 1) // num)
         return np.where(fits, values, 0) * num, np.zeros(values.shape, np.int64), fits
     ms, rest = np.divmod(values, den)
     return ms, rest * (_NS_PER_MS // den), np.ones(values.shape, bool)
@@ -230,9 +231,9 @@ def parse_time_column(
     accepts, with the same arithmetic; typed columns may hold timestamps, integers or
     whole floats. ``where(i)`` names row ``i`` in an ``EpochUnitError``.
     """
-    # pyarrow is imported here, not at the top: core is imported by every command and by
-    # the engine, and only file readers parse whole columns (pyarrow.compute takes
-    # a noticeable fraction of a second to import).
+    # pyarrow is imported here, not at the top: core is imported by every command, the
+    # engine and the Redis consumer, which read one time at a time; only file readers parse
+    # columns, and importing pyarrow.compute costs about 0.12 s.
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -263,11 +264,14 @@ def parse_time_column(
     text = pc.utf8_trim_whitespace(pc.cast(column, pa.string()))
     short = pc.fill_null(pc.less_equal(pc.utf8_length(text), MAX_TIME_CHARS), False)
     ms, sub, ok = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, bool)
-    is_int = pc.and_(short, pc.fill_null(pc.match_substring_regex(text, _INT_REGEX), False))
+    # [+-]digits: one sign, then ASCII digits only (no "1_0", "0x10", " 1", "١")
+    signed = pc.or_(pc.starts_with(text, "+"), pc.starts_with(text, "-"))
+    digits = pc.if_else(signed, pc.utf8_slice_codeunits(text, 1), text)
+    is_int = pc.and_(short, pc.fill_null(pc.ascii_is_decimal(digits), False))
     is_int = is_int.to_numpy(zero_copy_only=False)
     rows = np.flatnonzero(is_int)
     if rows.size:
-        values, valid = _text_ints(pc.take(text, pa.array(rows)))
+        values, valid = _text_ints(pc.take(text, pa.array(rows)), pc.take(digits, pa.array(rows)))
         ms[rows], sub[rows], ok[rows] = _int_times(
             values, valid, epoch_unit, None if where is None else lambda i: where(int(rows[i]))
         )
@@ -291,20 +295,21 @@ def _kept(valid: np.ndarray, where):
     return lambda i: where(int(positions[i]))
 
 
-def _text_ints(text) -> tuple[np.ndarray, np.ndarray]:
-    """int64 values of cells that are ``[+-]digits``, and the mask of those that fit int64."""
+def _text_ints(text, digits) -> tuple[np.ndarray, np.ndarray]:
+    """int64 values of ``[+-]digits`` cells (``digits``: without the sign), and the mask of
+    those that fit int64."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    text = pc.utf8_ltrim(text, "+")  # Arrow's integer cast refuses a plus sign
-    digits = pc.utf8_length(pc.utf8_ltrim(text, "-")).to_numpy(zero_copy_only=False)
-    long = digits > 18  # 19 digits may pass int64: Python decides those (rare)
-    short = np.flatnonzero(~long)
+    long = pc.utf8_length(digits).to_numpy(zero_copy_only=False) > 18
     values = np.zeros(len(text), np.int64)
     valid = np.ones(len(text), bool)
-    if short.size:
-        values[short] = pc.cast(pc.take(text, pa.array(short)), pa.int64()).to_numpy()
-    for i in np.flatnonzero(long).tolist():
+    rows = np.flatnonzero(~long)
+    if rows.size:  # Arrow's integer cast refuses a plus sign: cast the digits, then sign
+        magnitude = pc.cast(pc.take(digits, pa.array(rows)), pa.int64()).to_numpy()
+        minus = pc.starts_with(pc.take(text, pa.array(rows)), "-").to_numpy(zero_copy_only=False)
+        values[rows] = np.where(minus, -magnitude, magnitude)
+    for i in np.flatnonzero(long).tolist():  # 19 digits may still fit: Python decides (rare)
         value = int(text[i].as_py())
         valid[i] = -(2**63) <= value < 2**63
         values[i] = value if valid[i] else 0
@@ -312,30 +317,74 @@ def _text_ints(text) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _iso_times(text) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(ms, ns within the ms, ok) of text cells in the forms of ``ISO_REGEX``."""
+    """(ms, ns within the ms, ok) of text cells that may be in the forms of ``ISO_REGEX``.
+
+    Arrow checks the form (a match without captures runs as a fast automaton); the fields
+    are then read from the cells' bytes at the places that form gives them, with NumPy.
+    """
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    parts = pc.extract_regex(text, f"^{ISO_REGEX}$")
-    ok = parts.is_valid().to_numpy(zero_copy_only=False)
-    parts = pc.fill_null(parts, pa.scalar({name: "" for name in parts.type.names}, parts.type))
+    n = len(text)
+    ms, sub, ok = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, bool)
+    matched = pc.fill_null(pc.match_substring_regex(text, f"^(?:{ISO_REGEX})$"), False)
+    rows = np.flatnonzero(matched.to_numpy(zero_copy_only=False))
+    if rows.size == 0:
+        return ms, sub, ok
+    cells = pc.take(text, pa.array(rows))  # a fresh array: offsets from 0, ASCII only
+    offsets = np.frombuffer(cells.buffers()[1], np.int32)[: rows.size + 1].astype(np.int64)
+    length = np.diff(offsets).astype(np.int32)
+    width = int(length.max())
+    data = np.frombuffer(cells.buffers()[2], np.uint8)[: offsets[-1]]
+    if (length == width).all():  # one length (the usual file): the bytes as a table
+        chars = data.reshape(rows.size, width)
+    else:  # one row of bytes per cell, padded past the short ones
+        data = np.concatenate([data, np.zeros(width, np.uint8)])
+        chars = data[offsets[:-1, None].astype(np.int32) + np.arange(width, dtype=np.int32)]
 
-    y, mo, d, h, mi, s, zh, zm = (_digits(parts.field(name)) for name in _FIELDS)
-    sign = np.where(pc.equal(parts.field("sign"), "-").to_numpy(zero_copy_only=False), -1, 1)
-    offset, zone_ok = _zone_minutes(sign, zh, zm)
-    ms, valid = _civil_ms(y, mo, d, h, mi, s, offset)
-    nine = pc.utf8_slice_codeunits(parts.field("fraction"), 0, 9)
-    pad = 9 - pc.utf8_length(nine).to_numpy(zero_copy_only=False)
-    ns = _digits(nine) * 10**pad
-    ok &= valid & zone_ok
-    ms = np.where(ok, ms + ns // _NS_PER_MS, 0)
-    return ms, np.where(ok, ns % _NS_PER_MS, 0), ok
+    def two(at: int) -> np.ndarray:
+        if at + 1 >= width:
+            return np.zeros(rows.size, np.int32)
+        return chars[:, at].astype(np.int32) * 10 + chars[:, at + 1] - 11 * ord("0")
 
-
-def _digits(cells) -> np.ndarray:
-    """int64 of digit cells ("" is 0)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    cells = pc.if_else(pc.equal(cells, ""), "0", cells)
-    return pc.cast(cells, pa.int64()).to_numpy(zero_copy_only=False)
+    # the zone: Z, or a sign after the date and what follows it (+HH, +HHMM, +HH:MM)
+    every = np.arange(rows.size)
+    last = chars[every, length - 1]
+    utc = (last == ord("Z")) | (last == ord("z"))
+    zone_len = np.where(utc, 1, 0).astype(np.int32)
+    for size in (3, 5, 6):
+        at = chars[every, length - size]
+        signed = ((at == ord("+")) | (at == ord("-"))) & (length - size >= 10)
+        zone_len[signed] = size
+    body = length - zone_len  # date [time [fraction]]
+    offset = np.zeros(rows.size, np.int32)
+    zone_ok = np.ones(rows.size, bool)
+    signed = ~utc & (zone_len > 0)
+    if signed.any():
+        pick, at, end = every[signed], body[signed], length[signed]
+        zone_hour = chars[pick, at + 1].astype(np.int32) * 10 + chars[pick, at + 2] - 528
+        zone_minute = np.where(
+            zone_len[signed] >= 5, chars[pick, end - 2].astype(np.int32) * 10
+            + chars[pick, end - 1] - 528, 0,
+        )  # fmt: skip
+        east = np.where(chars[pick, at] == ord("-"), -1, 1)
+        offset[signed], zone_ok[signed] = _zone_minutes(east, zone_hour, zone_minute)
+    ns = np.zeros(rows.size, np.int64)
+    for k in range(min(9, width - 20)):  # fraction digits from 20; beyond nine floored
+        digit = chars[:, 20 + k].astype(np.int64) - ord("0")
+        ns += np.where(20 + k < body, digit, 0) * 10 ** (8 - k)
+    has_time, has_second = body >= 16, body >= 19
+    whole, valid = _civil_ms(
+        two(0) * 100 + two(2),
+        two(5),
+        two(8).astype(np.int64),  # int64 from here: seconds since 1970 pass int32
+        np.where(has_time, two(11), 0),
+        np.where(has_time, two(14), 0),
+        np.where(has_second, two(17), 0),
+        offset,
+    )
+    good = valid & zone_ok
+    ms[rows] = np.where(good, whole + ns // _NS_PER_MS, 0)
+    sub[rows] = np.where(good, ns % _NS_PER_MS, 0)
+    ok[rows] = good
+    return ms, sub, ok
