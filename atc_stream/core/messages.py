@@ -16,12 +16,14 @@ from atc_stream.core.schema import COLUMN_TYPES, COLUMNS, SCHEMA_VERSION
 # JSON types of the logical column types; not-available floats are null.
 _FIELD_TYPES = {"str": str, "int": int, "float": float | None, "bool": bool, "time": int}
 
-if TYPE_CHECKING:  # generated below; the type checker sees the fields this module reads
+if TYPE_CHECKING:  # generated below: the checker sees the key fields and any column
 
     class SignalRow(msgspec.Struct, gc=False):
         symbol: str
         interval: str
         params_id: int
+
+        def __getattr__(self, column: str) -> Any: ...
 
 else:
     #: One (stream, bar) row with every schema column, in order (a JSONL line).
