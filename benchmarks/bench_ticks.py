@@ -41,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from atc_stream import Engine  # noqa: E402
 from atc_stream.connectors.replay.player import BarPlayer  # noqa: E402
-from atc_stream.connectors.replay.ticks import aggregate_ticks, load_ticks, ticks_from_arrays  # noqa: E402
+from atc_stream.connectors.replay.ticks import aggregate_ticks  # noqa: E402
+from atc_stream.io.tick_reader import load_ticks, ticks_from_arrays  # noqa: E402
 
 DAY_MS = 86_400_000
 START_MS = 1_700_000_000_000 - 1_700_000_000_000 % DAY_MS

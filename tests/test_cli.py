@@ -148,3 +148,29 @@ def test_replay_of_a_shuffled_file_with_warmup_equals_the_sorted_one(tmp_path, t
     sorted_rows = read_jsonl(tmp_path / "sorted.jsonl")
     assert by_key(sorted_rows) == by_key(read_jsonl(tmp_path / "shuffled.jsonl"))
     assert len(sorted_rows) == 4 + 4 * 180
+
+
+def test_replay_keeps_every_row_of_epoch_milliseconds_counted_from_zero(tmp_path, run_main):
+    path = tmp_path / "from_zero.csv"
+    path.write_text("time,close\n" + "".join(f"{60_000 * i},{100 + i % 7}\n" for i in range(300)))
+    out = tmp_path / "signals.jsonl"
+    code, err = run_main(["replay", str(path), "--backend", "cpu", "--no-progress", "-o", str(out)])
+    assert code == 0, err
+    assert "rejected rows" not in err and "rejected inputs  none" in err, err
+    assert [row["time"] for row in read_jsonl(out)] == [60_000 * i for i in range(300)]
+
+
+def test_replay_refuses_a_time_column_of_two_epoch_units(tmp_path, run_main):
+    day = 86_400_000  # epoch ms from 0: 86400000 fits no unit, 172800000 looks like seconds
+    path = tmp_path / "days.csv"
+    path.write_text("time,close\n" + "".join(f"{day * i},{100 + i}\n" for i in range(40)))
+    out = tmp_path / "signals.jsonl"
+    args = ["replay", str(path), "--backend", "cpu", "--no-progress", "-o", str(out)]
+    code, err = run_main(args)
+    assert code == 2 and err.strip().count("\n") == 0, err
+    assert "86400000 (days.csv:3: no unit) and 172800000 (days.csv:4: s)" in err
+    assert "pass --time-unit s, ms, us or ns" in err
+    assert not out.exists() or out.read_text() == ""  # refused before any output
+    code, err = run_main([*args, "--time-unit", "ms"])
+    assert code == 0, err
+    assert [row["time"] for row in read_jsonl(out)] == [day * i for i in range(40)]

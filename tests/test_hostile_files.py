@@ -1,4 +1,4 @@
-"""Hostile bar files (issue 10): every case gives the correct rows, or one clear line and
+"""Hostile bar files: every case gives the correct rows, or one clear line and
 exit status 2 -- never a traceback, never a wrong time.
 
 The reader cases call ``io.readers.read_bars`` directly (no numba); the CLI cases run
@@ -7,12 +7,15 @@ The reader cases call ``io.readers.read_bars`` directly (no numba); the CLI case
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from atc_stream.core.timetext import iso_parts, parse_time_column, text_to_ms
 from atc_stream.io.readers import InputError, infer_interval, read_bars
 
 T0 = 1_700_000_040_000  # a whole minute, epoch ms
@@ -74,11 +77,90 @@ def test_time_units(tmp_path, value, unit, expected):
     assert table.times.tolist() == [expected]
 
 
-def test_values_that_fit_no_unit_are_refused(tmp_path):
-    path = write(tmp_path, f"symbol,time,close\nA,12345,1\nA,{T0},2\nA,99999999999999999999,3\n")
+def test_integers_beyond_int64_are_bad_times(tmp_path):
+    path = write(tmp_path, f"symbol,time,close\nA,{T0},2\nA,99999999999999999999,3\n")
     table = read_bars(path)
     assert table.times.tolist() == [T0]
-    assert table.bad_rows.counts == {"bad_time": 2}
+    assert table.bad_rows.examples == ["bars.csv:3: bad_time: '99999999999999999999'"]
+
+
+def test_a_column_of_integers_in_different_units_is_refused(tmp_path):
+    path = write(tmp_path, f"symbol,time,close\nA,12345,1\nA,{T0},2\n")
+    with pytest.raises(InputError) as info:
+        read_bars(path)
+    message = str(info.value)
+    assert "12345 (bars.csv:2: no unit) and 1700000040000 (bars.csv:3: ms)" in message
+    assert message.endswith("pass --time-unit s, ms, us or ns") and "\n" not in message
+    assert read_bars(path, time_unit="ms").times.tolist() == [12345, T0]  # a given unit
+
+
+def test_the_unit_is_decided_from_the_whole_column_across_batches(tmp_path):
+    seconds = T0 // 1000
+    body = "".join(f"A,{seconds + 60 * i},1\n" for i in range(200_000))  # several blocks
+    path = write(tmp_path, "symbol,time,close\n" + body + f"A,{T0 + 10**12},1\n")
+    with pytest.raises(InputError, match=r"\(bars.csv:200002: ms\)"):
+        read_bars(path)
+
+
+def test_epoch_milliseconds_from_zero_keep_every_row(tmp_path):
+    text = "symbol,time,close\n" + "".join(f"A,{60_000 * i},{i + 1}\n" for i in range(50))
+    table = read_bars(write(tmp_path, text))
+    assert table.times.tolist() == [60_000 * i for i in range(50)]
+    assert table.bad_rows.total == 0
+
+
+@pytest.mark.parametrize(
+    "cell", ["2024-W01-1", "2024-061", "20240301T1230", "2024-03-01T12:30.5", "12:30", "1e12"]
+)
+def test_time_text_outside_the_strict_forms_is_a_bad_time(tmp_path, cell):
+    table = read_bars(write(tmp_path, f"symbol,time,close\nA,{T0},1\nA,{cell},2\n"))
+    assert table.times.tolist() == [T0]
+    assert table.bad_rows.examples == [f"bars.csv:3: bad_time: {cell!r}"]
+
+
+CELLS = [
+    "2024-03-01", "2024-03-01T12:30", "2024-03-01 12:30:05", "2024-03-01T12:30:05.123456789",
+    "2024-03-01T12:30:05,5Z", "2024-03-01T12:30:05.1234567891z", "2024-03-01T12:30:05+02:00",
+    "2024-03-01T12:30:05-0530", "2024-03-01T23:30+05", "2024-02-29", "2024-02-30", "2023-02-29",
+    "0000-01-01", "0001-01-01", "9999-12-31T23:59:59.999999999Z", "1969-12-31T23:59:59.9995Z",
+    "2024-03-01T24:00", "2024-03-01T12:60", "2024-03-01T12:30:60", "2024-03-01T12:30+24:00",
+    "2024-13-01", "2024-00-10", "2024-03-01T12:30Z+01:00", "2024-W01-1",
+]  # fmt: skip
+
+
+def test_one_cell_and_a_column_accept_the_same_text_with_the_same_result():
+    ms, sub, ok = parse_time_column(pa.array(CELLS))
+    for cell, got_ms, got_sub, got_ok in zip(CELLS, ms, sub, ok, strict=True):
+        want = iso_parts(cell)
+        assert (want is not None) == got_ok, cell
+        if want is not None:
+            assert want == (got_ms, got_sub), cell
+            assert text_to_ms(cell) == got_ms, cell
+    epoch, one_ms = datetime(1970, 1, 1, tzinfo=timezone.utc), timedelta(milliseconds=1)
+    for cell in filter(iso_parts, CELLS):  # Python's ISO parser agrees where it takes it
+        try:
+            moment = datetime.fromisoformat(cell.replace("Z", "+00:00").replace("z", "+00:00"))
+        except ValueError:
+            continue
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=timezone.utc)
+        assert iso_parts(cell)[0] == (moment - epoch) // one_ms, cell
+
+
+def test_columns_of_mixed_forms_and_lengths_parse_like_each_cell_alone():
+    rng = np.random.default_rng(7)
+    dates = ["2024-03-01", "2000-02-29", "2100-02-29", "1969-12-31", "2023-04-31", "0001-01-01"]
+    clocks = ["", "T12:30", " 23:59", "T12:30:05", "T00:00:00.5", "T00:00:00,1234567891",
+              "T23:59:59.999999", "T24:00", "T12:30:60"]  # fmt: skip
+    zones = ["", "Z", "z", "+02:00", "-05:30", "+0200", "-05", "+24:00", "-00:60", "+1"]
+    for size in (1, 7, 2000):
+        cells = [
+            str(rng.choice(dates)) + str(rng.choice(clocks)) + str(rng.choice(zones))
+            for _ in range(size)
+        ]
+        ms, sub, ok = parse_time_column(pa.array(cells))
+        got = [(int(m), int(s)) if o else None for m, s, o in zip(ms, sub, ok, strict=True)]
+        assert got == [iso_parts(cell) for cell in cells]
 
 
 def test_interval_is_inferred_from_the_spacing(tmp_path):
@@ -232,7 +314,7 @@ def test_a_nul_in_a_symbol_is_refused_never_merged_into_another(tmp_path):
     import numpy as np
 
     from atc_stream import Engine
-    from atc_stream.connectors.replay.ticks import load_ticks, ticks_from_arrays
+    from atc_stream.io.tick_reader import load_ticks, ticks_from_arrays
 
     csv = (
         f"symbol,time,close\nAB,{T0},1\nAB\x00,{T0 + 60_000},9\nAB,{T0 + 60_000},2\nA\x00B,{T0},7\n"

@@ -1,4 +1,4 @@
-"""Input forms (issue 11, item 2): pandas, Arrow, datetime64, Timestamps and integer epochs
+"""Input forms: pandas, Arrow, datetime64, Timestamps and integer epochs
 into ``compute``, ``Engine.warmup`` and ``Engine.step`` give the plain-NumPy result bit for
 bit; every wrong form raises a clear ``ValueError`` and leaves the engine untouched."""
 

@@ -1,5 +1,5 @@
-"""Hostile and sub-millisecond tick files (issue 10): ``load_ticks`` parses every time form
-exactly (integer epochs in s/ms/us/ns by magnitude or ``time_unit``, ISO-8601 with any
+"""Hostile and sub-millisecond tick files: ``load_ticks`` parses every time form
+exactly (integer epochs in s/ms/us/ns, one unit per column, or ``time_unit``, ISO-8601 with any
 fraction digits, Parquet timestamps), orders trades of one millisecond by their sub-ms
 part, and rejects bad rows with counted reasons and file:line -- never a traceback.
 """
@@ -14,8 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from atc_stream.connectors.replay.ticks import aggregate_ticks, load_ticks
+from atc_stream.connectors.replay.ticks import aggregate_ticks
 from atc_stream.io.readers import InputError
+from atc_stream.io.tick_reader import load_ticks
 
 T0 = 1_700_000_040_000  # a whole minute, epoch ms
 M = 60_000
@@ -118,7 +119,7 @@ def test_bad_rows_are_counted_with_file_and_line(tmp_path):
         "time,symbol,price,size\n"
         f"{T0},A,10,1\n"
         f",A,10,1\n"  # line 3: empty time
-        f"12345,A,10,1\n"  # line 4: an integer that is no present-day epoch in any unit
+        f"1.7e12,A,10,1\n"  # line 4: a number, but no integer
         f"{T0 + 1},A,1_0,1\n"  # line 5: Python's float() would take it
         f"{T0 + 2},A,10\n"  # line 6: a cell short
         f"2023-11-14T25:00:00Z,A,10,1\n"  # line 7: no such hour
@@ -140,7 +141,7 @@ def test_bad_rows_are_counted_with_file_and_line(tmp_path):
     ]
     assert ticks.bad_rows.examples[3:] == [
         "ticks.csv:3: bad_time: ''",
-        "ticks.csv:4: bad_time: '12345'",
+        "ticks.csv:4: bad_time: '1.7e12'",
     ]
     assert "... and 3 more" in ticks.bad_rows.lines()[-1]
     assert bars(ticks) == [
@@ -205,10 +206,9 @@ def test_cli_replay_ticks_with_nanosecond_times(tmp_path, run_main):
 
 
 @pytest.mark.parametrize("damage", [None, "2023-02-30T00:00:00Z", "2023-11-14"])
-def test_iso_columns_arrow_path_and_cell_by_cell_agree(tmp_path, damage):
-    """Whole groups of ISO cells are converted by Arrow; one cell Arrow refuses (or a form
-    it does not take, like a comma or a lower-case z) sends its group cell by cell, with
-    the same results; integers mixed in are read by magnitude."""
+def test_mixed_iso_forms_and_integers_in_one_column(tmp_path, damage):
+    """Every ISO form (zones, a comma, a lower-case z, CSV quotes) and integer epochs in
+    one column give their exact times; an impossible date is only its own bad row."""
     times = [T0 + 1_000 * i + 7 for i in range(12)]
     forms = [
         lambda ms: iso(ms, "250"),  # with 'Z' and microseconds

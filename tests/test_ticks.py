@@ -10,12 +10,9 @@ import pytest
 
 from atc_stream import Engine, compute
 from atc_stream.connectors.replay.player import BarPlayer
-from atc_stream.connectors.replay.ticks import (
-    aggregate_ticks,
-    load_ticks,
-    ticks_from_arrays,
-)
+from atc_stream.connectors.replay.ticks import aggregate_ticks
 from atc_stream.io.readers import read_bars
+from atc_stream.io.tick_reader import load_ticks, ticks_from_arrays
 
 M = 60_000
 T0 = 1_700_000_040_000  # a whole minute

@@ -1,14 +1,6 @@
-"""Input forms: pandas, Arrow and NumPy datetimes into the engine's plain arrays.
+"""Input forms: pandas, Arrow and NumPy datetimes into the engine's plain arrays, exactly.
 
-The engine works on integer times in epoch milliseconds (UTC) and float64 closes. This
-module converts what users hand over — pandas Series/DataFrames/DatetimeIndex, Arrow
-arrays and tables, ``datetime64`` of any unit, ``Timestamp``/``datetime`` scalars, and
-integer epochs in s/ms/us/ns — into those arrays, exactly. It never guesses silently: a
-time with sub-millisecond precision, an integer epoch whose unit cannot be told, a NaT,
-or a form it does not know raises ``ValueError`` saying what was wrong and what to pass.
-
-pandas and pyarrow are never imported here: an object can only be a pandas/Arrow object
-if its library is already loaded, so the checks look in ``sys.modules``.
+What is converted and what is refused: docs/design/input-files.md.
 """
 
 from __future__ import annotations
@@ -20,21 +12,14 @@ from typing import Any
 
 import numpy as np
 
-#: Units an integer epoch may be given in, as the factor to milliseconds (num, den).
-#: Shared with the file reader (``io/readers.py``).
-UNIT_TO_MS: dict[str, tuple[int, int]] = {
-    "s": (1000, 1),
-    "ms": (1, 1),
-    "us": (1, 1000),
-    "ns": (1, 1_000_000),
-}
-#: Accepted ``time_unit`` values: a unit, "auto" (detected from magnitude), or None
-#: (integers are already engine times: epoch ms, or any increasing integer).
-TIME_UNITS = (*UNIT_TO_MS, "auto")
+from atc_stream.core.timetext import (
+    BELOW_BANDS,
+    EPOCH_BANDS,
+    TIME_UNITS,
+    UNIT_TO_MS,
+    epoch_bands,
+)
 
-#: Magnitude bands of present-day epochs (1973..5138 AD) per unit, for ``time_unit="auto"``
-#: (here for a whole array, in ``io/readers.py`` per file cell).
-EPOCH_BANDS = (("s", 1e8, 1e11), ("ms", 1e11, 1e14), ("us", 1e14, 1e17), ("ns", 1e17, 1e20))
 #: With ``time_unit=None`` integers are taken as epoch ms; at or above this they would be
 #: after the year 5138, which means the unit is not ms (us/ns epochs): refuse, do not guess.
 _MS_LIMIT = 1e14
@@ -229,18 +214,20 @@ def _integers_to_ms(values: np.ndarray, time_unit: str | None, what: str) -> np.
 def detect_epoch_unit(values: np.ndarray, what: str = "times") -> str:
     """The unit (s/ms/us/ns) of present-day integer epochs, from their magnitude.
 
-    Every value must fall in the same band (1973..5138 AD in that unit); otherwise the
-    unit cannot be told and ``ValueError`` asks for an explicit ``time_unit``.
+    Every non-zero value must fall in the same band of ``EPOCH_BANDS`` (1973..5138 AD in
+    that unit; 0 is the epoch in any unit); otherwise ``ValueError`` asks for an explicit
+    ``time_unit``.
     """
-    if values.size == 0:
+    magnitudes = np.abs(values.astype(np.float64))
+    bands = np.unique(epoch_bands(magnitudes[magnitudes > 0]))
+    if bands.size == 0:
         return "ms"
-    lo, hi = float(values.min()), float(values.max())
-    for unit, start, stop in EPOCH_BANDS:
-        if start <= lo and hi < stop:
-            return unit
+    if bands.size == 1 and bands[0] != BELOW_BANDS:
+        return EPOCH_BANDS[int(bands[0])][0]
+    lo, hi = int(values.min()), int(values.max())
     raise ValueError(
-        f"cannot detect the unit of integer {what} (range {int(lo)}..{int(hi)}): they are not "
-        "all present-day epochs in one of s/ms/us/ns; pass time_unit='s'/'ms'/'us'/'ns'"
+        f"cannot detect the unit of integer {what} (range {lo}..{hi}): they are not all "
+        "present-day epochs in one of s/ms/us/ns; pass time_unit='s'/'ms'/'us'/'ns'"
     )
 
 

@@ -1,11 +1,12 @@
 """msgspec structs of the one output schema: a signal row, and the Redis record around it.
 
-The fields are generated from ``atc_stream.schema.COLUMN_TYPES``, so JSONL lines, Redis
-messages and the Arrow/Parquet columns cannot drift apart. Kept out of the engine's import
-path (msgspec is not needed to compute).
+The fields are generated from ``core.schema.COLUMN_TYPES``, so JSONL lines, Redis
+messages and the Arrow/Parquet columns cannot drift apart.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -15,13 +16,23 @@ from atc_stream.core.schema import COLUMN_TYPES, COLUMNS, SCHEMA_VERSION
 # JSON types of the logical column types; not-available floats are null.
 _FIELD_TYPES = {"str": str, "int": int, "float": float | None, "bool": bool, "time": int}
 
-#: One (stream, bar) row with every schema column, in order (a JSONL line).
-SignalRow = msgspec.defstruct(
-    "SignalRow",
-    [(name, _FIELD_TYPES[kind]) for name, kind in COLUMN_TYPES.items()],
-    gc=False,
-    module=__name__,
-)
+if TYPE_CHECKING:  # generated below: the checker sees the key fields and any column
+
+    class SignalRow(msgspec.Struct, gc=False):
+        symbol: str
+        interval: str
+        params_id: int
+
+        def __getattr__(self, column: str) -> Any: ...
+
+else:
+    #: One (stream, bar) row with every schema column, in order (a JSONL line).
+    SignalRow = msgspec.defstruct(
+        "SignalRow",
+        [(name, _FIELD_TYPES[kind]) for name, kind in COLUMN_TYPES.items()],
+        gc=False,
+        module=__name__,
+    )
 
 
 class SignalRecord(SignalRow, gc=False):
@@ -45,8 +56,10 @@ def _struct_for(base: type, columns: tuple[str, ...]) -> type:
         return base
     struct = _STRUCTS.get((base, columns))
     if struct is None:
-        fields = [(name, _FIELD_TYPES[COLUMN_TYPES[name]]) for name in columns]
-        namespace = {}
+        fields: list[tuple[Any, ...]] = [
+            (name, _FIELD_TYPES[COLUMN_TYPES[name]]) for name in columns
+        ]
+        namespace: dict[str, Any] = {}
         if base is SignalRecord:
             fields.append(("v", int, SCHEMA_VERSION))
             namespace["key"] = SignalRecord.key
@@ -99,7 +112,7 @@ def record_json(row_json: bytes) -> bytes:
     return row_json[:-1] + _VERSION_FIELD
 
 
-def _structs(result: StepResult, base: type) -> list:
+def _structs(result: StepResult, base: type) -> list[Any]:
     if len(result) == 0:
         return []
     struct = _struct_for(base, result.column_names)

@@ -55,7 +55,9 @@ class PendingStep:
 
     def result(self) -> StepResult:
         if self._result is None:
-            self._result = self._build()
+            build = self._build
+            assert build is not None  # dropped only once the result is kept
+            self._result = build()
             self._build = None
         return self._result
 

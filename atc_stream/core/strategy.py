@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -95,10 +96,10 @@ def load_strategies(path: str | os.PathLike) -> list[Strategy]:
 
     ``ValueError`` (one line) for a file that cannot be read or holds invalid values.
     """
-    try:
+    if sys.version_info >= (3, 11):
         import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib
+    else:  # tomli is installed only where it is needed, so the checker may not find it
+        import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)

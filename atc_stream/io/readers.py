@@ -1,27 +1,6 @@
-"""Bar file readers: CSV (pyarrow streaming reader) and Parquet (row group by row group).
+"""Bar file readers: CSV and Parquet bars, streamed in record batches and parsed strictly.
 
-``read_bars(path, ...)`` reads a CSV or Parquet file, or a directory of them, in record
-batches (memory bounded by the batch plus the compact result: 8 B time + 8 B close +
-4 B symbol code per row) into a ``BarTable``, with a ``BadRows`` report.
-
-Every cell is read as text and parsed strictly, per cell:
-
-- time: an integer (epoch in ``time_unit``: ``s``/``ms``/``us``/``ns``; ``auto`` picks
-  the unit from each value's magnitude, with the bands of ``inputs.EPOCH_BANDS`` -- s in
-  [1e8, 1e11), ms in [1e11, 1e14), us in [1e14, 1e17), ns from 1e17 -- and refuses values
-  that fit none), or ISO-8601 /
-  RFC 3339 with or without zone (without: UTC). Result: int64 epoch ms (sub-ms floored).
-- close: a decimal or scientific number (no ``1_0``, no hex, no spaces).
-- symbol: not empty, no NUL character (files without a symbol column: ``symbol`` or
-  the file's stem).
-
-Bad input policy (like the engine's): a bad row is left out, counted by reason
-(``bad_time``, ``bad_close``, ``empty_symbol``, ``bad_symbol``, ``oversized_field``,
-``wrong_columns``)
-and reported with file and line; blank lines and a UTF-8 BOM are simply handled. Damage
-that makes the rest of a file unreadable (unterminated quote, invalid UTF-8, a missing
-column, a field longer than the read block, a corrupt Parquet file) raises
-``InputError`` (one line; the CLI exits 2) -- never a silent drop.
+The cell rules, the bad-row policy and the memory bounds: docs/design/input-files.md.
 """
 
 from __future__ import annotations
@@ -31,9 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
 
 from atc_stream.core.errors import first_line
-from atc_stream.core.inputs import EPOCH_BANDS, UNIT_TO_MS
+from atc_stream.core.timetext import EpochUnit, EpochUnitError, parse_time_column
 
 #: Cells longer than this are rejected (``oversized_field``); no valid cell comes close.
 MAX_FIELD_CHARS = 1024
@@ -41,7 +24,8 @@ MAX_FIELD_CHARS = 1024
 #: its I/O thread, so this bounds the reader's memory (32 MiB ahead; 16 MiB blocks held
 #: 512 MiB); a field longer than this makes the file unreadable.
 BLOCK_BYTES = 1 << 20
-BAR_SUFFIXES = (".csv", ".parquet")
+#: Suffixes of the bar and tick files read from a directory.
+INPUT_SUFFIXES = (".csv", ".parquet")
 
 
 @dataclass
@@ -62,7 +46,6 @@ class BarTable:
         return sorted(set(self.symbols.tolist()))
 
 
-_INT_PATTERN = r"^[+-]?[0-9]+$"
 _FLOAT_PATTERN = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
 #: Rejected rows reported in full; later ones are only counted.
 REPORT_FIRST = 5
@@ -100,82 +83,8 @@ class BadRows:
         ]
 
 
-def parse_times(text, unit: str = "auto"):
-    """Epoch ms (int64) of a pyarrow string array, and a bool mask of the cells that parsed.
-
-    Integers in ``unit`` (``auto``: by magnitude), ISO-8601 with or without zone (UTC).
-    """
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    n = len(text)
-    out = np.zeros(n, np.int64)
-    ok = np.zeros(n, bool)
-    text = pc.utf8_trim_whitespace(text)
-    is_int = pc.fill_null(pc.match_substring_regex(text, _INT_PATTERN), False)
-    is_int_np = is_int.to_numpy(zero_copy_only=False)
-    if is_int_np.any():
-        idx = np.flatnonzero(is_int_np)
-        digits = pc.take(text, pa.array(idx))
-        try:
-            values = pc.cast(digits, pa.int64()).to_numpy()
-        except pa.ArrowInvalid:  # beyond int64
-            values = np.array([_int_or_none(v) for v in digits.to_pylist()], dtype=object)
-            good = np.array([v is not None for v in values])
-            idx, values = idx[good], values[good].astype(np.int64)
-        if unit == "auto":  # each cell by its own magnitude; cells that fit no band fail
-            mag = np.abs(values.astype(np.float64))
-            for name, lo, hi in EPOCH_BANDS:
-                band = (mag >= lo) & (mag < hi)
-                out[idx[band]] = _to_ms(values[band], name)
-                ok[idx[band]] = True
-        else:
-            out[idx] = _to_ms(values, unit)
-            ok[idx] = True
-    rest = np.flatnonzero(~is_int_np)
-    if rest.size:
-        cells = pc.take(text, pa.array(rest))
-        for i, value in zip(rest.tolist(), cells.to_pylist(), strict=True):
-            ms = _iso_ms(value)
-            if ms is not None:
-                out[i], ok[i] = ms, True
-    return out, ok
-
-
-def _int_or_none(value):
-    try:
-        return int(value) if -(2**63) <= int(value) < 2**63 else None
-    except (TypeError, ValueError):
-        return None
-
-
-def _to_ms(values: np.ndarray, unit: str) -> np.ndarray:
-    """Integer epoch values in ``unit`` as ms, sub-ms floored, exactly for s/ms/us/ns."""
-    num, den = UNIT_TO_MS[unit]
-    return np.floor_divide(values * num, den)
-
-
-def _iso_ms(value: str | None) -> int | None:
-    """Epoch ms of an ISO-8601 / RFC 3339 time (no zone: UTC); None if it is not one."""
-    from datetime import datetime, timezone
-
-    if not value or len(value) > 64:
-        return None
-    text = value[:-1] + "+00:00" if value[-1] in "Zz" else value
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    delta = moment - datetime(1970, 1, 1, tzinfo=timezone.utc)
-    return (delta.days * 86_400_000 + delta.seconds * 1000) + delta.microseconds // 1000
-
-
 def parse_closes(text):
     """float64 closes of a pyarrow string array and the mask of cells that are numbers."""
-    import pyarrow.compute as pc
-
     text = pc.utf8_trim_whitespace(text)
     ok = pc.fill_null(pc.match_substring_regex(text, _FLOAT_PATTERN), False)
     ok_np = ok.to_numpy(zero_copy_only=False)
@@ -223,17 +132,35 @@ class BarBatch:
         return self.times.shape[0]
 
 
-def bar_files(path: str | Path) -> list[Path]:
-    """The bar files of ``path``: itself, or a directory's .csv/.parquet files by name."""
+def input_files(path: str | Path, what: str = "bar") -> list[Path]:
+    """The ``what`` (bar/tick) files of ``path``: itself, or a directory's .csv/.parquet
+    files by name."""
     path = Path(path)
     if not path.exists():
-        raise InputError(f"bar file {str(path)!r} does not exist")
+        raise InputError(f"{what} file {str(path)!r} does not exist")
     if not path.is_dir():
         return [path]
-    files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in BAR_SUFFIXES)
+    files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in INPUT_SUFFIXES)
     if not files:
-        raise InputError(f"bar directory {str(path)!r} has no .csv or .parquet files")
+        raise InputError(f"{what} directory {str(path)!r} has no .csv or .parquet files")
     return files
+
+
+def epoch_unit(time_unit: str) -> EpochUnit:
+    """A fresh ``EpochUnit`` for one file's time column; ``InputError`` for a bad name."""
+    try:
+        return EpochUnit(time_unit)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+
+
+def parse_times(column, unit: EpochUnit, where) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``timetext.parse_time_column`` of a file's time column; a column of integers of
+    different epoch units is an ``InputError`` (one line)."""
+    try:
+        return parse_time_column(column, unit, where)
+    except EpochUnitError as exc:
+        raise InputError(f"{exc}; pass --time-unit s, ms, us or ns") from None
 
 
 def iter_bar_batches(
@@ -255,23 +182,21 @@ def iter_bar_batches(
     same one to read a file again with the same codes). Raises ``InputError`` for damage
     that makes a file unreadable.
     """
-    if time_unit != "auto" and time_unit not in UNIT_TO_MS:
-        raise InputError(f"time unit must be auto, s, ms, us or ns, got {time_unit!r}")
+    epoch_unit(time_unit)  # a bad unit name is refused before any file is read
     path = Path(path)
     bad = bad if bad is not None else BadRows()
     symbols = symbols if symbols is not None else SymbolCodes()
     columns = (symbol_column, time_column, close_column)
-    for f in bar_files(path):
+    for f in input_files(path):
         batches = (
             _parquet_batches(f, columns)
             if f.suffix == ".parquet"
             else _csv_batches(f, columns, bad)
         )
         default_symbol = symbol if (symbol and not path.is_dir()) else f.stem
+        unit = epoch_unit(time_unit)  # decided per file, from all its rows
         for batch, line_of in batches:
-            parsed = _parse_batch(
-                f, batch, columns, default_symbol, time_unit, symbols, bad, line_of
-            )
+            parsed = _parse_batch(f, batch, columns, default_symbol, unit, symbols, bad, line_of)
             if parsed is not None:
                 yield parsed
 
@@ -305,7 +230,7 @@ def read_bars(
     codes = np.concatenate([p.codes for p in parts]) if parts else np.empty(0, np.int32)
     times = np.concatenate([p.times for p in parts]) if parts else np.empty(0, np.int64)
     closes = np.concatenate([p.closes for p in parts]) if parts else np.empty(0)
-    if len(bar_files(path)) > 1:  # files of a directory: put their rows in time order
+    if len(input_files(path)) > 1:  # files of a directory: put their rows in time order
         order = np.argsort(times, kind="stable")
         codes, times, closes = codes[order], times[order], closes[order]
     table = BarTable(symbols.names[codes], times, closes)
@@ -314,11 +239,8 @@ def read_bars(
 
 
 def _parse_batch(
-    path, batch, columns, default_symbol, time_unit, symbols, bad, line_of
+    path, batch, columns, default_symbol, unit: EpochUnit, symbols, bad, line_of
 ) -> BarBatch | None:
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     symbol_column, time_column, close_column = columns
     names = batch.schema.names
     n = batch.num_rows
@@ -348,7 +270,9 @@ def _parse_batch(
     # into "AB" (another symbol's series) -- refused instead
     nul = pc.fill_null(pc.match_substring(symbols_text, "\x00"), False)
     nul = nul.to_numpy(zero_copy_only=False) & symbol_ok
-    times, time_ok = parse_times(times_text, time_unit)
+    times, _, time_ok = parse_times(
+        batch.column(names.index(time_column)), unit, lambda i: _where(path, line_of(i))
+    )
     closes, close_ok = parse_closes(closes_text)
     for mask, reason, text in (
         (~symbol_ok, "empty_symbol", symbols_text),
@@ -375,26 +299,17 @@ def _where(path: Path, line) -> str:
 
 
 def _empty(text) -> np.ndarray:
-    import pyarrow.compute as pc
 
     return pc.fill_null(pc.equal(pc.utf8_length(text), 0), True).to_numpy(zero_copy_only=False)
 
 
 def _as_text(column):
     """A column as a pyarrow string array (Parquet columns may be numbers or timestamps)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
-    if pa.types.is_timestamp(column.type):
-        ms = pc.cast(pc.cast(column, pa.timestamp("ms", tz=column.type.tz)), pa.int64())
-        return pc.cast(ms, pa.string())  # epoch ms as text: "ms" magnitude, parsed again
     if pa.types.is_dictionary(column.type):
         column = column.dictionary_decode()
     if not pa.types.is_string(column.type) and not pa.types.is_large_string(column.type):
-        if pa.types.is_floating(column.type):
-            return pc.cast(column, pa.string())
         column = pc.cast(column, pa.string())
     return column
 
@@ -423,8 +338,6 @@ def csv_text_options(columns, on_invalid, *, threads: bool = False, only=False) 
     """pyarrow CSV options of the bar and tick readers: every cell of ``columns`` as text
     (parsed strictly afterwards; ``only``: no other column read), empty lines kept so
     line numbers stay true, rows with the wrong number of cells to ``on_invalid``."""
-    import pyarrow as pa
-    import pyarrow.csv as pcsv
 
     return {
         "read_options": pcsv.ReadOptions(use_threads=threads, block_size=BLOCK_BYTES),
@@ -443,8 +356,6 @@ def csv_text_options(columns, on_invalid, *, threads: bool = False, only=False) 
 def _csv_batches(path: Path, columns, bad: BadRows):
     """(record batch, line_of(row in batch)) of a CSV file, streamed; rows with the wrong
     number of columns go to ``bad``."""
-    import pyarrow as pa
-    import pyarrow.csv as pcsv
 
     symbol_column, time_column, close_column = columns
     rejected = InvalidRows("columns")
@@ -497,8 +408,6 @@ def _csv_batches(path: Path, columns, bad: BadRows):
 def _parquet_batches(path: Path, columns):
     """(record batch, line_of(rows in batch)) of a Parquet file, one row group decoded at
     a time (``pyarrow.dataset``'s scanner reads ahead: 5x the memory here)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     symbol_column, time_column, close_column = columns
     try:

@@ -1,24 +1,6 @@
 """Signal writers: where step results go (JSONL, CSV, a Parquet dataset of parts, stdout).
 
-A writer takes ``StepResult`` objects through ``write(result)`` and is closed with
-``close()`` (also a context manager). Every format carries the columns of the one output
-schema (``atc_stream.schema``), in order -- or the subset an engine asked for fewer
-outputs gives (``Engine(outputs=...)``; ``open_writer(columns=...)`` for the CSV header,
-Parquet parts take the results' schema): JSONL lines are ``messages.SignalRow`` encoded
-with msgspec, CSV columns are ``schema.COLUMNS`` (times as integer epoch ms, not-available
-floats empty), Parquet parts follow ``schema.arrow_schema()`` with the parameter sets in
-their metadata.
-
-Durability: ``position()`` makes everything written so far durable (flush + fsync) and
-returns where the output stands -- ``{"format": "jsonl", "path": ..., "bytes": N}`` for a
-line file, ``{"format": "parquet", "path": ..., "parts": K}`` for a Parquet directory.
-A snapshot records it; ``open_writer(..., resume_from=position)`` cuts the output back
-to exactly that position (truncate the file / delete later parts) and appends, so a
-killed run resumed from the snapshot ends with every row exactly once.
-
-``-o`` picks the format by extension: ``.jsonl``/``.ndjson``, ``.csv``, ``.parquet``
-(a directory of ``part-NNNNN.parquet`` files, readable as one table by
-``pyarrow.parquet.read_table`` / ``pandas.read_parquet``), ``-`` (JSONL on stdout).
+Formats, columns and resumable positions: docs/design/output-files.md.
 """
 
 from __future__ import annotations
@@ -311,16 +293,20 @@ def open_writer(
     the CSV header needs them up front.
     """
     fmt = output_format(path)
-    same = (
+    here = None  # the position to resume from: one of this same output
+    if (
         resume_from is not None
-        and path not in (None, "-")
+        and path is not None
+        and path != "-"
         and resume_from.get("format") == fmt
         and Path(resume_from.get("path", "")).resolve() == Path(path).resolve()
-    )
+    ):
+        here = resume_from
     if fmt == "parquet":
-        parts = int(resume_from["parts"]) if same else None
+        assert path is not None  # "-" and None are JSONL
+        parts = int(here["parts"]) if here is not None else None
         return ParquetWriter(path, metadata=metadata, resume_parts=parts)
-    resume_bytes = int(resume_from["bytes"]) if same else None
+    resume_bytes = int(here["bytes"]) if here is not None else None
     if fmt == "csv":
         return CsvWriter(path, resume_bytes=resume_bytes, columns=columns)
     return JsonlWriter(path, resume_bytes=resume_bytes)

@@ -227,8 +227,9 @@ def tick_bars(
 ):
     """Ticks of ``path`` aggregated to a ``BarTable`` of ``interval`` bars (in memory);
     rejected rows are reported (``strict``: any one stops the run)."""
-    from atc_stream.connectors.replay.ticks import aggregate_ticks, load_ticks
+    from atc_stream.connectors.replay.ticks import aggregate_ticks
     from atc_stream.io.readers import InputError
+    from atc_stream.io.tick_reader import load_ticks
 
     try:
         ticks = load_ticks(path, symbol=symbol, time_unit=time_unit, **columns)

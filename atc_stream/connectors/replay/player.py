@@ -1,13 +1,6 @@
 """Feed bars through the engine: warm up, then play bar time by bar time.
 
-``BarPlayer`` replays a bar source through an ``Engine``: the first ``warmup_bars``
-bars of each symbol in one batched warmup, then every bar time as one ``step`` batch
-(all symbols with a bar at that time, in file order), as fast as possible or at
-``speed`` x real time, handing results to a callback. Sources: a ``BarTable`` in
-memory (``TableBars``; the demo data, ticks aggregated to bars) or a file streamed in
-bounded memory (``replay.stream.BarFileSource``). Rows are played in time order
-(stable for equal times), so a file need not be sorted; a second bar with the same
-time for a symbol is rejected as a duplicate.
+Sources, order and pacing: docs/design/replay.md.
 """
 
 from __future__ import annotations
@@ -191,7 +184,7 @@ class BarPlayer:
                                   strict=True):  # fmt: skip
                 bar_time = int(block.times[start])
                 if self.speed is not None:
-                    self._pace(bar_time)
+                    self._pace(bar_time, self.speed)
                 result = self.engine.step_arrays(
                     slot_table[block.codes[start:end]].ravel(),
                     np.repeat(block.times[start:end], fan),
@@ -209,12 +202,12 @@ class BarPlayer:
         if bar is not None:
             bar.close()
 
-    def _pace(self, bar_time: int) -> None:
+    def _pace(self, bar_time: int, speed: float) -> None:
         """Sleep so bar times advance at ``speed`` x real time (bar times in ms)."""
         if self._clock_origin is None:
             return
         origin_time, origin_wall = self._clock_origin
-        due = origin_wall + (bar_time - origin_time) / 1000.0 / self.speed
+        due = origin_wall + (bar_time - origin_time) / 1000.0 / speed
         delay = due - time.perf_counter()
         if delay > 0:
             time.sleep(delay)

@@ -1,37 +1,11 @@
 """Bar files streamed to the player in memory bounded by streams, not by rows.
 
-``BarFileSource`` reads a CSV/Parquet file, or a directory of them, twice, one record
-batch at a time (``io.readers.iter_bar_batches``):
-
-1. **scan** (on construction): parses every row and keeps only what is bounded by the
-   streams: the rejected-row report (exact counts, ``file:line``), the symbol names,
-   whether the rows are in time order, the first ``sample_rows`` rows' symbols and
-   times (interval inference) and, with ``warmup_bars``, the first ``warmup_bars``
-   bars of each symbol (a running selection: at most twice that per symbol plus one
-   batch). So ``--strict``, a wrong ``--interval`` or unreadable damage stop the run
-   before any output is written.
-2. **play** (``blocks``): parses again and yields ``Block``s of rows in time order
-   (stable: file order within a bar time), each holding whole bar times, without the
-   warmup bars and without the rows a resumed engine has already applied.
-
-Rows already in time order (the usual time-major file, or a directory whose files
-follow each other in time) go straight from the reader to the engine. Other files
-(shuffled rows, one block of rows per symbol, a directory of one file per symbol)
-go through a **bounded external sort**: chunks of ``chunk_rows`` rows are sorted by
-time (stable) and spilled to temporary Arrow IPC files (28 B per row on disk, in the
-system temporary directory or ``spill_dir``, deleted afterwards; the next sort deletes
-those a killed replay left behind), then k-way merged,
-``merge_rows`` rows of each run in memory at a time. Memory: one record batch plus
-about 80 B x ``chunk_rows`` (120 MB at the default 1,500,000) while sorting, then
-28 B x ``merge_rows`` x runs while merging (0.9 MB per run of 1.5 M rows; about 150
-MB for a 8 GB file of 250 M rows) -- independent of the row count, except that the
-rows of one bar time within one run are held together. A file that is small enough
-for one chunk is sorted in memory without spilling. Either way the output is the
-same as for the time-sorted file.
+The two passes and the bounded external sort: docs/design/replay.md.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -114,10 +88,10 @@ class BarFileSource:
         if chunk_rows < 1 or merge_rows < 1:
             raise ValueError("chunk_rows and merge_rows must be >= 1")
         self.path = Path(path)
-        self._options = {
-            "symbol_column": symbol_column, "time_column": time_column,
-            "close_column": close_column, "symbol": symbol, "time_unit": time_unit,
-        }  # fmt: skip
+        self._read_file = functools.partial(
+            iter_bar_batches, self.path, symbol_column=symbol_column, time_column=time_column,
+            close_column=close_column, symbol=symbol, time_unit=time_unit,
+        )  # fmt: skip
         self.warmup_bars = warmup_bars
         self.chunk_rows = chunk_rows
         self.merge_rows = merge_rows
@@ -134,7 +108,7 @@ class BarFileSource:
     # -- pass 1 -------------------------------------------------------------------
 
     def _read(self, bad: BadRows):
-        return iter_bar_batches(self.path, bad=bad, symbols=self._symbols, **self._options)
+        return self._read_file(bad=bad, symbols=self._symbols)
 
     def _scan(self, sample_rows: int) -> None:
         rows, last_time, in_order = 0, np.iinfo(np.int64).min, True
