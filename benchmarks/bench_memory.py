@@ -4,7 +4,7 @@ Replays 200 symbols x N one-minute bars (N = 10,000 and 40,000 by default) from 
 from Parquet (time-major rows), and from a CSV with one block of rows per symbol (not in
 time order: the external sort of ``replay/stream.py``), with ``--warmup 1000``,
 ``--snapshot-dir`` and ``--snapshot-every 500000``, each in a fresh process, and prints
-its peak RSS (``wait4`` rusage), the snapshot size and the time. Targets (issue 10):
+its peak RSS (``wait4`` rusage), the snapshot size and the time. Targets:
 peak RSS <= 800 MB for both sizes, the two within 10 %, snapshots under 1 MB. Also
 times the bar reader -- streamed (``io.readers.iter_bar_batches``, each of replay's two
 passes) and materialised (``read_bars``) -- against the old loader (Python ``csv``
@@ -82,7 +82,7 @@ def replay_peak(path: Path, work: Path, pythonpath: str | None = None) -> tuple[
 
 
 def old_loader(path: Path) -> int:
-    """The pre-issue-10 CSV loader (csv module into lists, then numpy) -- for comparison."""
+    """The csv-module CSV loader (csv module into lists, then numpy) -- for comparison."""
     with open(path, newline="") as f:
         reader = csv.reader(f)
         header = next(reader)

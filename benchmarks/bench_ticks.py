@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Tick replay benchmark (issue 5): ticks → time bars → engine.
+"""Tick replay benchmark: ticks → time bars → engine.
 
 Run from the repository root::
 

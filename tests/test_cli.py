@@ -1,4 +1,4 @@
-"""The atc-stream command: replay of CSV/Parquet bar files and the demo (issue 2)."""
+"""The atc-stream command: replay of CSV/Parquet bar files and the demo."""
 
 from __future__ import annotations
 

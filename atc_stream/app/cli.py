@@ -235,7 +235,8 @@ def replay(
         TimeUnit,
         typer.Option(
             "--time-unit",
-            help="Unit of integer times; auto: by magnitude (refusing values that fit none).",
+            help="Unit of integer times; auto: decided once per time column from all its "
+            "values (a column whose values span units is refused: name the unit).",
         ),
     ] = TimeUnit.auto,
     strict: Annotated[

@@ -6,7 +6,7 @@ from __future__ import annotations
 from importlib.util import find_spec
 
 from atc_stream.app.console import RunError
-from atc_stream.kernels import _INSTALL_HINT as CUDA_INSTALL_HINT
+from atc_stream.kernels import CUDA_INSTALL_HINT
 
 #: For each extra: the top-level modules it brings, and what to install when one is missing.
 #: The CUDA backend has one extra per CUDA major (``pyproject.toml``).

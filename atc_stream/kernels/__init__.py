@@ -25,7 +25,7 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first_line(exc)[:200]}"
 
 
-_INSTALL_HINT = (
+CUDA_INSTALL_HINT = (
     "pip install 'atc-stream[cuda12]' or 'atc-stream[cuda13]' (the major of the "
     "'CUDA Version' that nvidia-smi prints)"
 )
@@ -36,7 +36,7 @@ def _probe_cuda() -> tuple[bool, str]:
     try:
         from numba import cuda
     except ImportError as exc:  # pragma: no cover - numba always ships numba.cuda
-        return False, f"numba.cuda cannot be imported ({exc}); {_INSTALL_HINT}"
+        return False, f"numba.cuda cannot be imported ({exc}); {CUDA_INSTALL_HINT}"
     try:
         if not cuda.is_available():
             return False, "no CUDA driver or device found (numba.cuda.is_available() is False)"
@@ -49,7 +49,7 @@ def _probe_cuda() -> tuple[bool, str]:
     except Exception as exc:  # DynamicLibNotFoundError, NvvmSupportError, ...
         return (
             False,
-            f"libNVVM (the CUDA compiler) is missing ({_first_line(exc)}); {_INSTALL_HINT}",
+            f"libNVVM (the CUDA compiler) is missing ({_first_line(exc)}); {CUDA_INSTALL_HINT}",
         )
     try:
         import numpy as np
