@@ -1,24 +1,5 @@
-"""Durability shared by ``replay``, ``demo``, ``live`` and ``run-stream``.
-
-``Durability`` owns one run's snapshot store, periodic ``Snapshotter``, Redis publisher
-and SIGINT/SIGTERM handling; ``play_durably`` plays a bar table through an engine with
-snapshots that record, together with the state, where the output stands.
-
-Lossless resume of a file replay:
-
-- each snapshot records the output's durable position (``io.writers``: bytes of a
-  JSONL/CSV file, parts of a Parquet directory), taken on the step loop's thread at
-  the moment the state is copied, so state and output agree;
-- ``--resume`` restores the newest good snapshot, cuts the output back to its position
-  and appends;
-- input rows are skipped **by time**: a row is taken as applied when its time is at or
-  before its symbol's last applied bar time in the snapshot, so an edited or trimmed
-  input cannot make the run skip bars (a row count would);
-- the run's parameter sets, interval and input columns are checked against the
-  snapshot's; a difference stops the run (``RunError``) instead of mixing two runs.
-
-Errors meant for the user are ``RunError`` (one line; the CLI exits 2 with it).
-"""
+"""Durability shared by ``replay``, ``demo``, ``live`` and ``run-stream``: snapshots,
+resume and signals (docs/design/snapshots.md)."""
 
 from __future__ import annotations
 

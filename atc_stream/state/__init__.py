@@ -1,0 +1,1 @@
+"""State: the field table, the host state arrays, snapshots and their stores."""

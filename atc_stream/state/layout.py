@@ -1,22 +1,5 @@
-"""The field table: where each piece of per-stream state lives in the state arrays.
-
-Every backend stores one stream's state in slot ``s`` of four arrays that the kernel
-core indexes as ``[slot, field]``:
-
-``values`` (float64, ``N_VALUE_FIELDS`` columns)
-    per MA instance (6 families x 9 lengths, canonical order) ``MA_FIELDS`` scalars,
-    then per family the layer-1/layer-2 scalars, then per-stream scalars.
-``counters`` (int64, ``N_COUNTER_FIELDS`` columns)
-    bar_index, ring head, last bar time, parameter row, event direction.
-``ring`` (float64, ``2 * ring_capacity`` columns)
-    the last ``ring_capacity`` closes, each written twice (at ``h`` and ``h + C``) so
-    that every window is one contiguous slice ending at ``head + C``: no modulo in
-    the inner loops.
-``param_lengths`` / ``param_values`` (the parameter table, one row per parameter set)
-    every slot points at its row through ``counters[slot, PARAM_ROW]``.
-
-The constants below are plain ints so numba folds them into the compiled kernels.
-"""
+"""The field table: where each piece of per-stream state lives in the state arrays
+(docs/design/state-layout.md)."""
 
 from __future__ import annotations
 

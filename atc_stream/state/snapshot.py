@@ -1,34 +1,5 @@
-"""The snapshot format: a versioned, checksummed blob of an engine's whole state.
-
-Only packing, unpacking and verification live here (no Engine, no Redis): the
-engine calls :func:`capture_state` / :func:`encode_snapshot` (``Engine.snapshot``)
-and :func:`decode_snapshot` (``Engine.restore``); the stores are in
-``state/stores.py`` and the periodic writer in ``state/snapshotter.py``.
-
-Blob layout (all integers little-endian)::
-
-    offset  size  field
-    0       8     MAGIC = b"ATCSNAP\\x00"
-    8       4     format version (uint32)          -- FORMAT_VERSION
-    12      4     header length H (uint32)
-    16      32    blake2b-256 digest of the header bytes
-    48      H     header: msgspec JSON of SnapshotHeader (human-readable)
-    48+H    P     payload: the state arrays, compressed as header.compression says
-
-The payload, once decompressed, is the C-order little-endian bytes of the arrays
-listed in ``header.arrays`` (name, dtype, shape, byte offset): ``ring``, ``values``,
-``counters``, ``in_use`` (the state store) and ``param_lengths``, ``param_values``
-(the parameter table, kept to prove that the parameter dicts rebuild the same
-table). ``header.payload_checksum`` covers the stored payload bytes and
-``header.checksum`` the raw array bytes; the header itself is covered by the
-digest in the preamble. So any flipped or missing byte anywhere is detected.
-
-:func:`decode_snapshot` refuses (with :class:`SnapshotError`, a ``ValueError``, whose
-message names the problem) a blob that is not a snapshot, is truncated, has
-trailing bytes, is of another format version, keeps state in another dtype, has
-another state layout, fails a checksum, or whose registry disagrees with its
-arrays. It never returns a silently wrong state.
-"""
+"""The snapshot format: a versioned, checksummed blob of an engine's whole state
+(docs/design/snapshots.md)."""
 
 from __future__ import annotations
 

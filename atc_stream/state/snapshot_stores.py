@@ -1,21 +1,5 @@
-"""Snapshot blobs in a local directory, and what every snapshot store shares.
-
-Every store (this directory one, and ``connectors/redis/snapshots.py``'s Redis one)
-has the same small API::
-
-    id = store.save(blob)        # write durably/atomically, keep the last ``keep``
-    blob = store.load_latest()   # newest blob that fully verifies, or None if empty
-    info = store.latest()        # the same as LoadedSnapshot(id, blob, header), or None
-    store.list()                 # ids, oldest first
-    store.load(id), store.delete(id)
-
-``latest()`` verifies each candidate completely (``snapshot.decode_snapshot``); when
-the newest is damaged it warns (``SnapshotWarning`` through ``warnings.warn`` and a
-log record) and falls back to the next older one. If snapshots exist but none
-verifies it raises ``SnapshotError`` listing why each was refused.
-
-``app/durability.open_snapshot_store(target)`` picks the store from a CLI-style target.
-"""
+"""Snapshot blobs in a local directory, and the protocol every snapshot store follows
+(docs/design/snapshots.md)."""
 
 from __future__ import annotations
 

@@ -1,26 +1,5 @@
-"""Periodic snapshots that do not stall the step loop.
-
-The run loop calls ``maybe_snapshot(bars_applied, source_offsets)`` after each step.
-When a snapshot is due (``every_bars`` bars since the last one, or ``every_seconds``
-seconds and something changed), it copies the state arrays on the caller's thread
-(``Engine.capture_snapshot``: ``backend.pull_state()`` then plain numpy copies, so the
-copy is consistent with the bars applied so far) and hands the copy to one background
-thread that encodes it (compression, checksums) and writes it to the store.
-
-One write is in flight at a time. **Policy when a snapshot is due while the previous
-one is still being written: it is skipped, not waited for** -- the step loop never
-blocks on the store. The trigger stays armed, so the snapshot is taken at the first
-``maybe_snapshot`` call after the write finished (``skipped`` counts these calls).
-A failed write (store down, disk full) is logged and counted in ``failures`` /
-``last_error`` and never raised into the step loop; the next trigger tries again.
-
-``close()`` waits for the write in flight, then takes and writes a final snapshot
-synchronously (errors propagate): call it on clean shutdown, SIGINT or SIGTERM.
-
-Thread safety: ``maybe_snapshot``, ``snapshot_now`` and ``close`` must be called from the
-thread that steps the engine (they read the engine's state); the background thread
-only touches the copy and the store.
-"""
+"""Periodic snapshots written in the background, never stalling the step loop
+(docs/design/snapshots.md)."""
 
 from __future__ import annotations
 
