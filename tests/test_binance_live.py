@@ -41,7 +41,7 @@ except ImportError:  # pragma: no cover
         pytest.skip("tests/redis_fixtures.py is not available")
 
 
-from atc_stream.connectors.exchanges.binance import (  # noqa: E402
+from atc_stream.connectors.exchanges.feed import (  # noqa: E402
     KlineClient,
     KlineParser,
     LiveConfig,
