@@ -53,7 +53,8 @@ def run_live(
     import logging
 
     from atc_stream.app.durability import Durability
-    from atc_stream.connectors.exchanges.feed import KlineClient, LiveConfig
+    from atc_stream.connectors.exchanges.config import LiveConfig
+    from atc_stream.connectors.exchanges.feed import KlineClient
     from atc_stream.core.intervals import validate_interval
     from atc_stream.core.params import load_param_sets
     from atc_stream.io.writers import output_format
@@ -129,7 +130,7 @@ def _run_client(client, durability, max_seconds, max_bars, status_every):
     """(the error that ended the feed or None, the client's ``LiveStats``)."""
     import asyncio
 
-    from atc_stream.connectors.exchanges.feed import RestError
+    from atc_stream.connectors.exchanges.rest import RestError
 
     tty = sys.stderr.isatty()
 
