@@ -41,14 +41,11 @@ except ImportError:  # pragma: no cover
         pytest.skip("tests/redis_fixtures.py is not available")
 
 
-from atc_stream.connectors.exchanges.binance import (  # noqa: E402
-    KlineClient,
-    KlineParser,
-    LiveConfig,
-    LiveStats,
-    TokenBucket,
-    backoff_delay,
-)
+from atc_stream.connectors.exchanges.config import LiveConfig, LiveStats  # noqa: E402
+from atc_stream.connectors.exchanges.feed import KlineClient  # noqa: E402
+from atc_stream.connectors.exchanges.klines import KlineParser  # noqa: E402
+from atc_stream.connectors.exchanges.rest import TokenBucket  # noqa: E402
+from atc_stream.connectors.retry import Backoff  # noqa: E402
 from atc_stream.core.intervals import interval_ms, next_open  # noqa: E402
 
 INTERVAL = "1m"
@@ -158,6 +155,13 @@ class FakeExchange:
     def now_ms(self) -> int:
         """The exchange clock: the middle of the bar in progress."""
         return self.t0 + self.cursor * IMS + IMS // 2
+
+    def wait_for_bar(self, i: int) -> None:
+        """Returns once bar ``i`` is in progress (every bar before it has closed)."""
+        deadline = time.monotonic() + 10
+        while self.cursor < i:
+            assert time.monotonic() < deadline, "the exchange stopped closing bars"
+            time.sleep(0.005)
 
     # -- data ------------------------------------------------------------------------------
 
@@ -565,7 +569,7 @@ def test_rest_faults_retried_paged_and_rate_limited():
     start, history = 1250, 1100  # > 1000: two pages per symbol
     faults = ["429", "500", "garbage", "slow", "badrow"]
     # the slow reply outlasts the client's timeout 3x; the timeout leaves ordinary replies a
-    # full second even on a busy 2-core machine (0.3 s was once hit by one in CI)
+    # full second, as one on a busy 2-core machine can take a few tenths of one
     with FakeExchange(closes, start, rest_faults=faults, slow_seconds=3.0) as ex:
         engine = Engine(backend="cpu", interval=INTERVAL, outputs="all")
         results = []
@@ -601,7 +605,8 @@ def test_restart_from_snapshot_every_bar_once():
                          clock_ms=lambda: ex.now_ms, seed=5)  # fmt: skip
         s1 = run_client(c1, max_bars=len(SYMBOLS) * 25, max_seconds=60)
         blob = engine.snapshot()
-        time.sleep(0.15)  # the exchange moves on while we are down
+        # the exchange moves on while we are down (bar 262 waits for a connection)
+        ex.wait_for_bar(260)
         restored = Engine.restore(blob, backend="cpu", outputs="all")
         c2 = KlineClient(restored, SYMBOLS, cfg, on_result=second.append,
                          clock_ms=lambda: ex.now_ms, seed=6)  # fmt: skip
@@ -644,21 +649,39 @@ def test_connect_failures_back_off():
     assert stats.connects == 0 and 2 <= stats.disconnects["connect_failed"] <= 6
 
 
-def test_backoff_and_token_bucket_units():
-    rng = random.Random(0)
-    delays = [backoff_delay(a, 0.5, 10.0, 2.0, 0.0, rng) for a in range(8)]
+def test_config_backoff_grows_is_capped_and_jittered():
+    cfg = LiveConfig(backoff_initial=0.5, backoff_max=10.0, backoff_factor=2.0, backoff_jitter=0.0)
+    assert cfg.backoff == Backoff(initial=0.5, maximum=10.0, factor=2.0, jitter=0.0)
+    delays = [cfg.backoff.delay(a) for a in range(8)]
     assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0, 10.0]
-    jittered = [backoff_delay(3, 0.5, 10.0, 2.0, 0.5, rng) for _ in range(200)]
+    cfg.backoff_jitter = 0.5
+    rng = random.Random(0)
+    jittered = [cfg.backoff.delay(3, rng.random) for _ in range(200)]
     assert 2.0 <= min(jittered) < 2.3 and 3.7 < max(jittered) <= 4.0
+    with pytest.raises(ValueError, match="backoff"):
+        LiveConfig(backoff_initial=1.0, backoff_max=0.5)
+    with pytest.raises(ValueError, match="jitter"):
+        LiveConfig(backoff_jitter=1.5)
 
-    async def burst():
-        bucket = TokenBucket(rate=40.0, burst=2)
-        t0 = time.monotonic()
+
+def test_token_bucket_lets_a_burst_through_then_paces_requests():
+    now = [0.0]
+
+    async def sleep(seconds: float) -> None:  # time passes only when the bucket waits
+        now[0] += seconds
+
+    async def ten_requests() -> list[float]:
+        # 32/s: every time and token count below is exact in binary floating point
+        bucket = TokenBucket(rate=32.0, burst=2, clock=lambda: now[0], sleep=sleep)
+        sent = []
         for _ in range(10):
             await bucket.acquire()
-        return time.monotonic() - t0
+            sent.append(now[0])
+        assert bucket.waited == 8 / 32
+        return sent
 
-    assert 0.17 < asyncio.run(burst()) < 1.0  # 2 at once, then 8 at 40/s
+    sent = asyncio.run(ten_requests())
+    assert sent == [0.0, 0.0] + [i / 32 for i in range(1, 9)]  # 2 at once, then 32/s
 
 
 def test_config_and_argument_validation():
@@ -805,7 +828,7 @@ def test_cli_live_snapshot_resume_every_bar_once(tmp_path):
         assert first.exit_code == 0, first.output
         rows = [json.loads(x) for x in (tmp_path / "a.jsonl").read_text().splitlines()]
         live_rows = len(rows) - 2  # the first two are the warmup's last bars
-        time.sleep(0.1)  # the exchange moves on while we are down
+        ex.wait_for_bar(247)  # the exchange moves on while we are down
         second = CliRunner().invoke(
             app,
             [*common, *urls, "--resume", "--output", str(tmp_path / "b.jsonl"),
@@ -883,7 +906,7 @@ def test_cli_live_resume_cuts_the_output_back_to_the_snapshot(tmp_path, suffix):
         kept_rows = written_rows(out, cut)
         assert 2 < len(kept_rows) < len(before)  # rows after the snapshot: a crash
         rows_in_state = len(kept_rows) - 2  # less the warmup's last bars
-        time.sleep(0.1)  # the exchange moves on while we are down
+        ex.wait_for_bar(247)  # the exchange moves on while we are down
         second = CliRunner().invoke(
             app, [*common, *urls, "--resume", "--max-bars", str(2 * (270 - start) - rows_in_state)]
         )

@@ -55,7 +55,8 @@ def run_live(
     (1 when the feed failed: REST unusable, no symbol known)."""
     require("live", "atc-stream live")
     from atc_stream.app.durability import Durability, check_backend
-    from atc_stream.connectors.exchanges.binance import KlineClient, LiveConfig
+    from atc_stream.connectors.exchanges.config import LiveConfig
+    from atc_stream.connectors.exchanges.feed import KlineClient
     from atc_stream.core.intervals import validate_interval
     from atc_stream.core.params import load_param_sets
     from atc_stream.io.writers import output_format
@@ -133,7 +134,7 @@ def _run_client(client, durability, max_seconds, max_bars, status_every):
     """(the error that ended the feed or None, the client's ``LiveStats``)."""
     import asyncio
 
-    from atc_stream.connectors.exchanges.binance import RestError
+    from atc_stream.connectors.exchanges.rest import RestError
 
     def show_status(stats) -> None:
         status(stats.status_line())

@@ -1,0 +1,467 @@
+"""The live feed: an ``Engine`` kept in step with exchange klines (docs/design/live-feed.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import random
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from atc_stream.connectors.exchanges.config import LiveConfig, LiveStats
+from atc_stream.connectors.exchanges.klines import Kline, KlineParser, same_grid
+from atc_stream.connectors.exchanges.rest import KlineRest
+from atc_stream.connectors.exchanges.websocket import KlineStream, check_ws_url, stream_url
+from atc_stream.core.intervals import (
+    approx_interval_ms,
+    interval_ms,
+    is_calendar,
+    next_open,
+    validate_interval,
+)
+from atc_stream.core.results import StepResult
+from atc_stream.engine.engine import Engine
+
+log = logging.getLogger("atc_stream.binance")
+
+
+@dataclass
+class _SymbolState:
+    last: int | None = None  #: open time of the last applied closed bar
+    filled_until: int | None = None  #: REST was asked about every bar opening before this
+    held: deque = field(default_factory=deque)  #: closed klines waiting for a backfill
+    held_preview: Kline | None = None
+    preview: Kline | None = None  #: newest in-progress kline of this batch
+    backfill: asyncio.Task[None] | None = None
+    failures: int = 0  #: backfills of this symbol that failed in a row
+
+
+class _BackfillDone(NamedTuple):
+    symbol: str
+    start: int
+    bound: int | None  #: exclusive end (a later bar's open time); None: up to the clock
+    bars: list[Kline]  #: empty when ``error`` is set
+    error: BaseException | None
+
+
+class _RunIO(NamedTuple):
+    """Where one ``run`` gets bars from: made inside its event loop, passed down."""
+
+    rest: KlineRest
+    #: websocket klines and finished backfills, in the order the engine takes them
+    queue: asyncio.Queue[Kline | _BackfillDone]
+
+
+class KlineClient:
+    """Feeds an ``Engine`` from an exchange's kline websocket, with REST warmup/backfill.
+
+    >>> client = KlineClient(Engine(interval="1m"), ["BTCUSDT", "ETHUSDT"],
+    ...                      LiveConfig(history=1000), on_result=sink.write)
+    >>> stats = asyncio.run(client.run(max_seconds=60))
+
+    ``on_result(StepResult)`` gets every closed-bar result (the warmup's last bars
+    too); ``on_preview(StepResult)`` every preview (``provisional=True``).
+    ``snapshotter`` (a ``state.snapshotter.Snapshotter``) is told about applied bars;
+    ``source_offsets()`` (optional) is called when it takes a snapshot, after the bars'
+    results went to ``on_result``, e.g. to record the output's durable position.
+    ``publisher`` (a ``redis_loop.LoopPublisher``) gets every closed-bar result first,
+    from inside the event loop; ``run`` starts and closes it.
+    ``clock_ms`` (ms since the epoch) and ``seed`` (jitter) are for tests.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        symbols: Sequence[str],
+        config: LiveConfig | None = None,
+        *,
+        on_result: Callable[[StepResult], Any] | None = None,
+        on_preview: Callable[[StepResult], Any] | None = None,
+        snapshotter: Any | None = None,
+        source_offsets: Callable[[], Mapping[str, Any]] | None = None,
+        publisher: Any | None = None,
+        clock_ms: Callable[[], int] | None = None,
+        seed: int | None = None,
+    ) -> None:
+        if isinstance(symbols, str):
+            symbols = [s for s in symbols.split(",") if s.strip()]
+        names = []
+        for s in symbols:
+            if not isinstance(s, str) or not s.strip() or not s.strip().isalnum():
+                raise ValueError(f"symbols must be alphanumeric names like BTCUSDT, got {s!r}")
+            if s.strip().upper() not in names:
+                names.append(s.strip().upper())
+        if not names:
+            raise ValueError("symbols must name at least one symbol")
+        self.engine = engine
+        self.interval = validate_interval(engine.interval)
+        self._interval_ms = None if is_calendar(self.interval) else interval_ms(self.interval)
+        self._interval_bound = approx_interval_ms(self.interval)
+        self._future_after = 0  # set from the clock before each batch is dispatched
+        self.symbols = names
+        self.config = config or LiveConfig()
+        self.on_result = on_result
+        self.on_preview = on_preview
+        self.snapshotter = snapshotter
+        self.source_offsets = source_offsets
+
+        self.publisher = publisher
+        self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self.rng = random.Random(seed)
+        self.stats = LiveStats(symbols=len(names))
+        self.parser = KlineParser(names, self.interval, self.stats.rejections)
+        per = self.config.max_streams_per_connection
+        self.chunks = [names[i : i + per] for i in range(0, len(names), per)]
+        self.stats.connections = len(self.chunks)
+        for s in names:
+            self.engine.add_symbol(s)
+        self._state = {s: _SymbolState(last=t) for s, t in self._engine_lasts(names).items()}
+        self._engine_rejections_at_start = Counter(engine.rejections)
+        self._pending: list[tuple[str, int, float]] = []
+        self._preview_symbols: set[str] = set()
+        self._stopper: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+        self.rest: KlineRest | None = None  #: the REST client of the latest ``run``
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _engine_lasts(self, symbols: Iterable[str]) -> dict[str, int | None]:
+        """Last bar time of each symbol's streams (the earliest where they differ; None
+        when none of them holds a bar)."""
+        out = {}
+        for symbol in symbols:
+            lasts = [t for t in self.engine.last_bar_times(symbol) if t is not None]
+            out[symbol] = min(lasts, default=None)
+        return out
+
+    def stream_url(self, symbols: Sequence[str]) -> str:
+        """The websocket URL of ``symbols``' kline streams."""
+        return stream_url(self.config.ws_url, self.interval, symbols)
+
+    def _emit(self, result: StepResult) -> None:
+        self.stats.rows_out += len(result)
+        if self.publisher is not None:  # first: the signal's latency; the file can wait
+            self.publisher.publish(result)
+        if self.on_result is not None:
+            self.on_result(result)
+
+    def stop(self) -> None:
+        """Ask ``run`` to return (thread-safe)."""
+        if self._stopper is None:
+            return
+        loop, stop = self._stopper
+        if loop.is_running():
+            loop.call_soon_threadsafe(stop.set)
+
+    # -- run ------------------------------------------------------------------------------
+
+    async def run(
+        self,
+        *,
+        max_seconds: float | None = None,
+        max_bars: int | None = None,
+        on_status: Callable[[LiveStats], Any] | None = None,
+        status_every: float = 1.0,
+    ) -> LiveStats:
+        """Warm up / backfill, then stream until ``stop()``, ``max_seconds`` or ``max_bars``
+        closed bars applied after warmup. Returns the statistics."""
+        import aiohttp
+
+        if max_bars is not None and max_bars < 1:
+            raise ValueError(f"max_bars must be >= 1, got {max_bars!r}")
+        if max_seconds is not None and not max_seconds > 0:
+            raise ValueError(f"max_seconds must be > 0, got {max_seconds!r}")
+        stop = asyncio.Event()
+        self._stopper = (asyncio.get_running_loop(), stop)
+        check_ws_url(self.config.ws_url)
+        if getattr(self.engine.backend, "name", None) == "cpu":
+            # load (or compile) every CPU driver before any request is in flight: a first
+            # load inside the event loop stalls it, firing REST and idle timeouts; once
+            # loaded (``atc-stream live`` does it before connecting) this costs ~ms
+            self.engine.compile()
+        self.stats.started = time.monotonic()
+        self.stats.ended = None
+        deadline = None if max_seconds is None else time.monotonic() + max_seconds
+        tasks: list[asyncio.Future[Any]] = []
+        frozen = False
+        async with aiohttp.ClientSession(trust_env=True) as session:
+            rest = KlineRest(
+                session, self.config, self.interval, self.stats, self.clock_ms, self.rng
+            )
+            self.rest = rest
+            io = _RunIO(rest, asyncio.Queue(maxsize=self.config.max_queue))
+            try:
+                if self.publisher is not None:
+                    await self.publisher.start()
+                startup = asyncio.ensure_future(self._startup(io))
+                stop_wait = asyncio.ensure_future(stop.wait())
+                tasks += [startup, stop_wait]
+                await asyncio.wait(
+                    [startup, stop_wait],
+                    timeout=None if deadline is None else max(0.0, deadline - time.monotonic()),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if not startup.done():
+                    return self.stats
+                startup.result()
+                # the start-up's garbage goes now, and what survives it (modules, the
+                # engine, warmup data) leaves the collector's view: a full collection
+                # in the live phase then scans only live-phase objects, not ~100 ms' worth
+                gc.collect()
+                gc.freeze()
+                frozen = True
+                consumer = asyncio.ensure_future(self._consume(io, stop, max_bars))
+                tasks.append(consumer)
+                for index, chunk in enumerate(self.chunks):
+                    connection = KlineStream(
+                        index, chunk, self.stream_url(chunk), session, io.queue, self.parser,
+                        self.config, self.stats, self.rng,
+                    )  # fmt: skip
+                    tasks.append(asyncio.ensure_future(connection.run()))
+                if on_status is not None:
+                    tasks.append(asyncio.ensure_future(self._status_loop(on_status, status_every)))
+                await asyncio.wait(
+                    [consumer, stop_wait],
+                    timeout=None if deadline is None else max(0.0, deadline - time.monotonic()),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if consumer.done():
+                    consumer.result()  # re-raise a failure of the engine or a callback
+            finally:
+                tasks += [st.backfill for st in self._state.values() if st.backfill is not None]
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                for st in self._state.values():
+                    st.backfill = None
+                if self.publisher is not None:
+                    await self.publisher.aclose()
+                if frozen:
+                    gc.unfreeze()
+                self._update_engine_rejections()
+                self.stats.ended = time.monotonic()
+        return self.stats
+
+    def _update_engine_rejections(self) -> None:
+        self.stats.engine_rejections = Counter(self.engine.rejections) - Counter(
+            self._engine_rejections_at_start
+        )
+
+    async def _status_loop(self, on_status: Callable[[LiveStats], Any], every: float) -> None:
+        while True:
+            await asyncio.sleep(every)
+            self._update_engine_rejections()
+            on_status(self.stats)
+
+    # -- startup: warmup fresh symbols, backfill restored ones -------------------------------
+
+    async def _startup(self, io: _RunIO) -> None:
+        fresh = [s for s in self.symbols if self._state[s].last is None]
+        history = self.config.history
+        if fresh and history > 0:
+            end = self.clock_ms()
+            start = max(0, end - (history + 2) * approx_interval_ms(self.interval))
+            fetched = await asyncio.gather(*(io.rest.fetch(s, start, end) for s in fresh))
+            series = {}
+            for symbol, klines in zip(fresh, fetched, strict=True):
+                closed = [k for k in klines if k.closed][-history:]
+                if closed:
+                    series[symbol] = (
+                        np.array([k.open_time for k in closed], np.int64),
+                        np.array([k.close for k in closed], np.float64),
+                    )
+            if series:
+                result = self.engine.warmup(series)
+                self.stats.warmup_bars = sum(len(t) for t, _ in series.values())
+                for symbol, last in self._engine_lasts(series).items():
+                    self._state[symbol].last = last
+                self._emit(result)
+        for symbol in self.symbols:
+            st = self._state[symbol]
+            if st.last is not None and symbol not in fresh:
+                self._start_backfill(io, symbol, st, next_open(st.last, self.interval), None)
+
+    # -- the engine side: one consumer applies everything in order -------------------------------
+
+    async def _consume(self, io: _RunIO, stop: asyncio.Event, max_bars: int | None) -> None:
+        queue = io.queue
+        max_batch = self.config.max_batch
+        while True:
+            items = [await queue.get()]
+            while len(items) < max_batch:
+                try:
+                    items.append(queue.get_nowait())
+                except asyncio.QueueEmpty:
+                    break
+            # one clock read a batch: a closed kline opening after this is from the future
+            self._future_after = self.clock_ms() + self._interval_bound
+            for item in items:
+                if isinstance(item, Kline):
+                    self._dispatch(io, item)
+                else:
+                    self._on_backfill_done(io, item)
+            self._flush()
+            if max_bars is not None and self.stats.bars >= max_bars:
+                stop.set()
+            await asyncio.sleep(0)
+
+    def _dispatch(self, io: _RunIO, k: Kline, released: bool = False) -> None:
+        st = self._state[k.symbol]
+        if k.closed and k.open_time > self._future_after:
+            # a closed bar cannot open more than one interval after now; applying one
+            # would make every later bar of the symbol out of order (a frozen symbol)
+            self.parser.reject("future_kline", k)
+            return
+        if st.backfill is not None:
+            self._hold(st, k)
+            return
+        last = st.last
+        if last is not None:
+            if k.open_time <= last:
+                if released:  # held during a backfill that brought this bar: expected
+                    self.stats.backfill_overlap += 1
+                    return
+                if not k.closed:
+                    reason = "stale_preview"
+                elif k.open_time == last:
+                    reason = "duplicate_kline"
+                else:
+                    reason = "out_of_order_kline"
+                self.parser.reject(reason, k)
+                return
+            step = self._interval_ms  # None for months (calendar bars)
+            if not (
+                (k.open_time - last) % step == 0
+                if step
+                else same_grid(last, k.open_time, self.interval)
+            ):
+                # an open time between two bar times would be applied as an extra bar
+                self.parser.reject("off_grid_kline", k)
+                return
+            expected = last + step if step else next_open(last, self.interval)
+            if st.filled_until is not None and st.filled_until > expected:
+                expected = st.filled_until
+            if k.open_time > expected:  # bars between were missed: fetch them first
+                self._start_backfill(io, k.symbol, st, expected, k.open_time)
+                self._hold(st, k)
+                return
+        if k.closed:
+            self._pending.append((k.symbol, k.open_time, k.close))
+            st.last = k.open_time
+            self.stats.closed_klines += 1
+            if st.preview is not None and st.preview.open_time <= k.open_time:
+                st.preview = None
+        elif self.config.previews:
+            if st.preview is not None:
+                self.stats.previews_superseded += 1
+            st.preview = k
+            self._preview_symbols.add(k.symbol)
+
+    def _hold(self, st: _SymbolState, k: Kline) -> None:
+        if not k.closed:
+            if st.held_preview is not None:
+                self.stats.previews_superseded += 1
+            st.held_preview = k
+            return
+        st.held.append(k)
+        if len(st.held) > self.config.max_held:
+            self.parser.reject("held_overflow", st.held.popleft())
+
+    def _start_backfill(
+        self, io: _RunIO, symbol: str, st: _SymbolState, start: int, bound: int | None
+    ) -> None:
+        self.stats.backfills += 1
+        st.backfill = asyncio.ensure_future(self._backfill(io, symbol, start, bound, 0.0))
+
+    async def _backfill(
+        self, io: _RunIO, symbol: str, start: int, bound: int | None, delay: float
+    ) -> None:
+        """Fetches the closed bars of ``symbol`` from ``start`` up to ``bound`` (exclusive;
+        None: up to the clock) and queues them for the engine."""
+        if delay:
+            await asyncio.sleep(delay)
+        try:
+            for attempt in range(self.config.gap_confirm_retries + 1):
+                if bound is None:
+                    klines = await io.rest.fetch(symbol, start, self.clock_ms())
+                    bars = [k for k in klines if k.closed]
+                    break
+                klines = await io.rest.fetch(symbol, start, bound - 1)
+                bars = [k._replace(closed=True) for k in klines if k.open_time < bound]
+                if bars and next_open(bars[-1].open_time, self.interval) >= bound:
+                    break
+                if attempt < self.config.gap_confirm_retries:
+                    await asyncio.sleep(self.config.gap_confirm_delay)
+            done = _BackfillDone(symbol, start, bound, bars, None)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            done = _BackfillDone(symbol, start, bound, [], exc)
+        await io.queue.put(done)
+
+    def _on_backfill_done(self, io: _RunIO, done: _BackfillDone) -> None:
+        st = self._state[done.symbol]
+        st.backfill = None
+        if done.error is not None:
+            self.stats.backfill_failures += 1
+            delay = self.config.backoff.delay(st.failures, self.rng.random)
+            st.failures += 1
+            log.warning(
+                "backfill of %s from %d failed (%s); retrying in %.2f s",
+                done.symbol, done.start, done.error, delay,
+            )  # fmt: skip
+            st.backfill = asyncio.ensure_future(
+                self._backfill(io, done.symbol, done.start, done.bound, delay)
+            )
+            return
+        st.failures = 0
+        for k in done.bars:
+            if st.last is None or k.open_time > st.last:
+                self._pending.append((k.symbol, k.open_time, k.close))
+                st.last = k.open_time
+                self.stats.backfilled_bars += 1
+        if done.bound is not None:
+            st.filled_until = max(st.filled_until or done.bound, done.bound)
+        held, st.held = st.held, deque()
+        preview, st.held_preview = st.held_preview, None
+        for k in held:
+            self._dispatch(io, k, released=True)
+        if preview is not None:
+            self._dispatch(io, preview, released=True)
+
+    def _flush(self) -> None:
+        if self._pending:
+            updates, self._pending = self._pending, []
+            result = self.engine.step(updates)
+            rejected = {r.index for r in result.rejected}
+            applied = len(updates) - len(rejected)
+            self.stats.bars += applied
+            if rejected:  # resync with what the engine holds: a later kline refetches them
+                lasts = self._engine_lasts({updates[i][0] for i in rejected})
+                for symbol, last in lasts.items():
+                    self._state[symbol].last = last
+            newest = max(t for _, t, _ in updates)
+            self.stats.last_bar_lag_ms = float(self.clock_ms() - next_open(newest, self.interval))
+            self._emit(result)
+            if self.snapshotter is not None:
+                self.snapshotter.maybe_snapshot(applied, self.source_offsets)
+        if self._preview_symbols:
+            updates = []
+            for symbol in sorted(self._preview_symbols):
+                st = self._state[symbol]
+                k, st.preview = st.preview, None
+                if k is None or st.backfill is not None:
+                    continue
+                if st.last is None or k.open_time > st.last:
+                    updates.append((symbol, k.open_time, k.close))
+            self._preview_symbols.clear()
+            if updates:
+                result = self.engine.preview(updates)
+                self.stats.previews += len(updates)
+                if self.on_preview is not None:
+                    self.on_preview(result)
