@@ -1,22 +1,11 @@
 """Full-history reference ATC: the oracle every other code path is tested against.
 
-This module computes Adaptive Trend Classification for one close series from its
-first bar, written to be read side by side with ``docs/spec.md``. It deliberately
-uses plain Python loops over bars, Python floats, ``math.exp`` and ``math.floor``,
-and follows the spec's "Canonical arithmetic" section operation by operation:
-
-* every window sum is a sequential accumulation starting from ``0.0``, oldest
-  value first (never numpy sums, pairwise sums or running add/subtract sums);
-* EMA updates are ``alpha * c + (1.0 - alpha) * prev`` with ``alpha = 2.0 / (L + 1)``;
-* equity updates are ``(e1 * d) * (1.0 + a)``;
-* layer sums run in canonical order (lengths in ``family_lengths`` order,
-  families in ``FAMILIES`` order).
-
-It is slow (O(T * L) per MA) on purpose: clarity and exact arithmetic win. The CPU
-step, the GPU kernels and restored snapshots must reproduce its numbers.
-
-``na`` is represented as ``float("nan")``; Python comparisons involving NaN are
-false, which is exactly the spec's rule for ``na`` operands.
+Written to be read beside ``docs/spec.md``: plain Python loops over bars, Python floats,
+``math.exp`` and ``math.floor``, following the spec's "Canonical arithmetic" operation
+by operation (window sums oldest first from ``0.0``, never numpy or running sums). Slow
+on purpose (O(T * L) per MA): the CPU step, the GPU kernels and restored snapshots must
+reproduce its numbers. ``na`` is ``float("nan")``: comparisons with it are false, which
+is the spec's rule for ``na`` operands.
 """
 
 from __future__ import annotations

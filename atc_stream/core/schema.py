@@ -1,19 +1,11 @@
 """The one output schema: the columns of a signal row, wherever the row goes.
 
-``compute()``, ``StepResult`` (``columns``, ``records``, ``to_pandas``, ``to_arrow``), the
-JSONL / CSV / Parquet files and the Redis messages all carry exactly :data:`COLUMNS`, in
-this order, with the types of :data:`COLUMN_TYPES`; docs/messages.md documents them once.
-An engine asked for fewer outputs (``Engine(outputs=...)``, :data:`OUTPUT_GROUPS`) gives
-rows with the subset :func:`columns_for` of them, still in this order and with these
-types; the CLI asks for all.
-
-Times are integers, milliseconds since the Unix epoch (UTC), in JSON, CSV and Redis, and
-``timestamp[ms, tz=UTC]`` in Arrow, Parquet and pandas. Continuous values that are not
-available yet (before the cutout, or an MA without enough bars) are NaN in arrays and
-``null`` in JSON.
-
-No third-party import at module level: the engine imports this module, and pyarrow is
-only needed by :func:`arrow_schema` (msgspec structs live in ``atc_stream.messages``).
+``compute()``, ``StepResult``, the JSONL / CSV / Parquet files and the Redis messages all
+carry :data:`COLUMNS` (or the subset :func:`columns_for` of the requested
+:data:`OUTPUT_GROUPS`), in this order, with the types of :data:`COLUMN_TYPES`;
+docs/messages.md documents them. Times are epoch milliseconds (UTC); values not available
+yet are NaN (``null`` in JSON). No third-party import at module level: the engine imports
+this module, and only :func:`arrow_schema` needs pyarrow.
 """
 
 from __future__ import annotations
