@@ -593,7 +593,6 @@ def test_rest_faults_retried_paged_and_rate_limited():
 
 
 def test_restart_from_snapshot_every_bar_once():
-    pytest.importorskip("atc_stream.state.snapshot")
     closes = make_bars(SYMBOLS, 300, seed=8)
     start = 230
     faults = {262: [("abort", 1)]}
@@ -808,7 +807,6 @@ def test_cli_live_streams_to_file(tmp_path):
 
 
 def test_cli_live_snapshot_resume_every_bar_once(tmp_path):
-    pytest.importorskip("atc_stream.state.snapshot_stores")
     from typer.testing import CliRunner
 
     from atc_stream.app.cli import app
@@ -877,11 +875,10 @@ def test_cli_live_resume_cuts_the_output_back_to_the_snapshot(tmp_path, suffix):
     snapshots dropped) leaves rows the restored state has not seen in the output;
     ``--resume`` with the same ``-o`` cuts them off and the backfill writes them again,
     so the output holds every (symbol, params_id, time) exactly once."""
-    pytest.importorskip("atc_stream.state.snapshot_stores")
     from typer.testing import CliRunner
 
     from atc_stream.app.cli import app
-    from atc_stream.state.snapshot_stores import open_snapshot_store
+    from atc_stream.app.durability import open_snapshot_store
 
     closes = make_bars(["BTCUSDT", "ETHUSDT"], 270, seed=14)
     start, history = 230, 100
