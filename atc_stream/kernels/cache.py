@@ -15,6 +15,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import llvmlite
+import llvmlite.binding as llvm
+import numba
+import numpy
+from numba.core import config as numba_config
+from numba.core.caching import NullCache
+
 _PACKAGE = Path(__file__).resolve().parents[1]
 
 #: Files whose content the compiled kernels depend on (relative to the package).
@@ -32,18 +39,12 @@ def kernel_source_files(package: Path = _PACKAGE) -> list[Path]:
 
 
 def _host_cpu() -> str:
-    import llvmlite.binding as llvm
-
     return f"{llvm.get_host_cpu_name()}:{llvm.get_host_cpu_features().flatten()}"
 
 
 @functools.lru_cache(maxsize=1)
 def cache_key() -> str:
     """Hash of the kernel sources, compiler/numpy versions and the host CPU (16 hex digits)."""
-    import llvmlite
-    import numba
-    import numpy
-
     digest = hashlib.sha256()
     for path in kernel_source_files():
         digest.update(path.relative_to(_PACKAGE).as_posix().encode())
@@ -93,8 +94,6 @@ def is_populated() -> bool:
 
 @contextlib.contextmanager
 def _numba_cache_dir(path: Path) -> Iterator[None]:
-    from numba.core import config as numba_config
-
     # numba.core.config sets its attributes at import time, invisible to a type checker
     config: Any = numba_config
     previous = config.CACHE_DIR
@@ -126,7 +125,5 @@ def cached_jit(
 
 
 def _uncached(dispatcher: Any) -> Any:
-    from numba.core.caching import NullCache
-
     dispatcher._cache = NullCache()
     return dispatcher
