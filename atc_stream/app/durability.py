@@ -15,13 +15,19 @@ import numpy as np
 from atc_stream.app.console import RunError, err, stderr_is_terminal
 from atc_stream.app.defaults import INTERVAL, REDIS_PREFIX, SNAPSHOT_EVERY
 from atc_stream.app.extras import require
+from atc_stream.connectors.replay.player import BarPlayer
+from atc_stream.core.params import ATCParams
+from atc_stream.core.schema import params_metadata
+from atc_stream.engine.engine import Engine
+from atc_stream.io.writers import open_writer
 from atc_stream.kernels import cuda_available
+from atc_stream.state.snapshot import SnapshotError
 from atc_stream.state.snapshot_stores import DirectorySnapshotStore, SnapshotStore
+from atc_stream.state.snapshotter import Snapshotter
 
 if TYPE_CHECKING:
     from atc_stream.connectors.redis.loop import LoopPublisher
     from atc_stream.connectors.redis.pubsub import SignalPublisher
-    from atc_stream.state.snapshotter import Snapshotter
 
 __all__ = [
     "Durability",
@@ -121,9 +127,6 @@ class Durability:
         """The engine of the newest good snapshot with ``--resume``; None to start fresh."""
         if not self.resume or self.store is None:
             return None
-        from atc_stream.engine.engine import Engine
-        from atc_stream.state.snapshot import SnapshotError
-
         try:
             found = self.store.latest()
         except SnapshotError as exc:
@@ -149,9 +152,6 @@ class Durability:
         kernels are compiled or loaded before it returns, so no progress rate, ETA,
         ``--max-seconds`` or event loop includes compilation. ``outputs``: the engine's
         output groups (``Engine(outputs=...)``); the CLI writes the full schema."""
-        from atc_stream.core.params import ATCParams
-        from atc_stream.engine.engine import Engine
-
         engine = self.restore(backend, outputs)
         if engine is not None:
             check_resume_matches(engine, param_sets=param_sets, interval=interval)
@@ -165,8 +165,6 @@ class Durability:
 
     def start(self, engine) -> None:
         if self.store is not None:
-            from atc_stream.state.snapshotter import Snapshotter
-
             self.snapshotter = Snapshotter(
                 engine, self.store, every_bars=self.snapshot_every or SNAPSHOT_EVERY
             )
@@ -182,9 +180,6 @@ class Durability:
         """The writer of ``output`` (Parquet parts carry the parameter sets): after a
         restore, cut back to the position the snapshot recorded for ``source_name`` and
         appended to; else new."""
-        from atc_stream.core.schema import params_metadata
-        from atc_stream.io.writers import open_writer
-
         recorded = engine.source_offsets.get(source_name) if self.restored else None
         return open_writer(
             output,
@@ -293,8 +288,6 @@ def play_durably(
     After a restore, rows at or before their symbol's last applied time are skipped and
     no warmup is done (the restored streams are warm). Returns the ``ReplaySummary``.
     """
-    from atc_stream.connectors.replay.player import BarPlayer
-
     name = source["name"]
     recorded = engine.source_offsets.get(name) if durability.restored else None
     if durability.restored:

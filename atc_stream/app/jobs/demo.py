@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from atc_stream.app.console import OptionError, err
+from atc_stream.app.durability import Durability, check_backend, play_durably
+from atc_stream.connectors.replay.player import random_walk_table
+from atc_stream.core.params import load_param_sets
+from atc_stream.engine.series import compute
+from atc_stream.io.writers import open_writer
 
 #: Name of the demo's entry in ``Engine.source_offsets``.
 DEMO_SOURCE = "demo"
@@ -31,11 +38,6 @@ def run_demo(
 ) -> int:
     """Replay the random walk; the exit status (130 when stopped by a signal, 1 when the
     recomputation check finds a mismatch)."""
-    from atc_stream.app.durability import Durability, check_backend, play_durably
-    from atc_stream.connectors.replay.player import random_walk_table
-    from atc_stream.core.params import load_param_sets
-    from atc_stream.io.writers import open_writer
-
     check_backend(backend)
     try:
         param_sets = load_param_sets(params)
@@ -75,10 +77,6 @@ def run_demo(
 def _check(table, params, last_signal: dict[str, float]) -> int:
     """Compare each symbol's last streamed signal with a full recomputation; 1 on any
     mismatch."""
-    import numpy as np
-
-    from atc_stream.engine.series import compute
-
     mismatches = 0
     checked = [sym for sym in table.symbol_names if sym in last_signal]  # all unless resumed
     for symbol in checked:

@@ -17,7 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from atc_stream.app.console import OptionError, err, log_warnings, status, stderr_is_terminal
+from atc_stream.app.durability import Durability, check_backend
 from atc_stream.app.extras import require
+from atc_stream.core.intervals import validate_interval
+from atc_stream.core.params import load_param_sets
+from atc_stream.io.writers import output_format
 
 if TYPE_CHECKING:
     from atc_stream.connectors.redis.loop import LoopPublisher
@@ -54,12 +58,9 @@ def run_live(
     """Run the live feed until ``max_seconds``/``max_bars``/SIGINT; the exit status
     (1 when the feed failed: REST unusable, no symbol known)."""
     require("live", "atc-stream live")
-    from atc_stream.app.durability import Durability, check_backend
+    # after the check: the feed imports aiohttp, an optional extra
     from atc_stream.connectors.exchanges.config import LiveConfig
     from atc_stream.connectors.exchanges.feed import KlineClient
-    from atc_stream.core.intervals import validate_interval
-    from atc_stream.core.params import load_param_sets
-    from atc_stream.io.writers import output_format
 
     log_warnings()
     check_backend(backend)

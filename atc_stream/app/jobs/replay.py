@@ -15,7 +15,14 @@ from typing import Any
 
 from atc_stream.app.console import OptionError, RunError, err, log_warnings
 from atc_stream.app.defaults import INTERVAL
-from atc_stream.app.durability import Durability, check_backend
+from atc_stream.app.durability import Durability, check_backend, play_durably
+from atc_stream.connectors.replay.stream import BarFileSource
+from atc_stream.connectors.replay.ticks import aggregate_ticks
+from atc_stream.core.intervals import interval_ms, is_calendar, validate_interval
+from atc_stream.core.params import load_param_sets
+from atc_stream.io.readers import InputError
+from atc_stream.io.tick_reader import load_ticks
+from atc_stream.io.writers import output_format
 
 #: Name of a replayed file's entry in ``Engine.source_offsets``.
 FILE_SOURCE = "file"
@@ -50,8 +57,6 @@ def run_replay(
 ) -> int:
     """Replay ``bars`` or ``ticks`` into ``output`` with the snapshots asked for; the exit
     status."""
-    from atc_stream.core.params import load_param_sets
-
     if (bars is None) == (ticks is None):  # before any snapshot store is opened
         raise OptionError(ONE_INPUT)
     check_backend(backend)
@@ -140,9 +145,6 @@ def replay_source(
 ):
     """Replay ``bars`` (a ``BarTable`` or ``BarFileSource``) into ``output`` (resuming from
     a snapshot with ``--resume``); returns ``(engine, summary)``."""
-    from atc_stream.app.durability import play_durably
-    from atc_stream.io.writers import output_format
-
     output_format(output)  # refuse an unknown extension before any work
     if durability is None:
         durability = Durability(redis=None, snapshot_dir=None, snapshot_every=None, resume=False)
@@ -178,10 +180,6 @@ def bar_source(
     otherwise), else inferred from the spacing of the first rows (on ``--resume``: the
     snapshot's, None here).
     """
-    from atc_stream.connectors.replay.stream import BarFileSource
-    from atc_stream.core.intervals import interval_ms, is_calendar, validate_interval
-    from atc_stream.io.readers import InputError
-
     if interval is not None:
         try:
             validate_interval(interval)
@@ -227,10 +225,6 @@ def tick_bars(
 ):
     """Ticks of ``path`` aggregated to a ``BarTable`` of ``interval`` bars (in memory);
     rejected rows are reported (``strict``: any one stops the run)."""
-    from atc_stream.connectors.replay.ticks import aggregate_ticks
-    from atc_stream.io.readers import InputError
-    from atc_stream.io.tick_reader import load_ticks
-
     try:
         ticks = load_ticks(path, symbol=symbol, time_unit=time_unit, **columns)
     except InputError as exc:  # unreadable damage: one line, exit 2

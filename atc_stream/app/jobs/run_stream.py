@@ -7,7 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from atc_stream.app.console import OptionError, err, log_warnings
+from atc_stream.app.durability import Durability, check_backend
 from atc_stream.app.extras import require
+from atc_stream.core.params import load_param_sets
 
 
 def run_stream(
@@ -36,9 +38,7 @@ def run_stream(
     require("redis", "atc-stream run-stream")
     from redis import exceptions as redis_errors
 
-    from atc_stream.app.durability import Durability, check_backend
     from atc_stream.connectors.redis.streams import RedisStreamRunner
-    from atc_stream.core.params import load_param_sets
 
     log_warnings()
     check_backend(backend)
