@@ -198,7 +198,7 @@ class StepResult:
 
     def columns(self) -> dict[str, np.ndarray]:
         """The columns of these rows (:attr:`column_names`: every column of
-        :data:`atc_stream.schema.COLUMNS` or the requested subset), in schema order.
+        :data:`atc_stream.core.schema.COLUMNS` or the requested subset), in schema order.
 
         ``symbol``/``interval`` are object arrays of str; ``time`` is int64 epoch ms;
         discrete columns bool/int64, continuous ones float64.

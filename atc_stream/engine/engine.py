@@ -571,7 +571,7 @@ class Engine:
         rows = np.arange(len(jobs))
         return slots, times[rows, last], closes[rows, last], out
 
-    # -- snapshots (format: state/snapshot.py; stores: state/stores.py) ---------------
+    # -- snapshots (format: state/snapshot.py; stores: state/snapshot_stores.py) ---------------
 
     @property
     def source_offsets(self) -> dict[str, Any]:

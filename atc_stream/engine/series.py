@@ -1,6 +1,6 @@
 """``compute``: fast full-history ATC for one series (the warmup kernel, every bar kept).
 
-Returns the one output schema (``atc_stream.schema.COLUMNS``): a dict of NumPy arrays, or
+Returns the one output schema (``atc_stream.core.schema.COLUMNS``): a dict of NumPy arrays, or
 a pandas DataFrame on the input's index when given pandas.
 """
 
@@ -34,7 +34,7 @@ def compute(
     in ``time_unit``), else from the Series' DatetimeIndex, else they are the bar index.
     ``symbol``/``interval``/``params_id`` fill those columns.
 
-    Returns :data:`atc_stream.schema.COLUMNS` as a dict of NumPy arrays (``time`` int64
+    Returns :data:`atc_stream.core.schema.COLUMNS` as a dict of NumPy arrays (``time`` int64
     epoch ms), or, given a pandas Series, a DataFrame on the Series' index (``time`` as
     UTC timestamps). Column names are the schema's (``signal``, ``ema_signal``,
     ``ema_equity``...); the golden-vector names (``Average_Signal``, ``EMA_S``...) are
