@@ -117,9 +117,10 @@ def aggregate(metrics: pa.Table) -> pa.Table:
     return grouped.sort_by([(k, "ascending") for k in SET_KEYS])
 
 
-def rank(sets: pa.Table, by: str) -> np.ndarray:
-    """Row order of ``sets`` best first by ``by`` (NaN last; ties by the ids)."""
-    values = sets.column(by).to_numpy(zero_copy_only=False).astype(np.float64)
+def rank(sets: pa.Table, by: str, column: str | None = None) -> np.ndarray:
+    """Row order of ``sets`` best first by the metric ``by``, read from ``column`` (default
+    ``by``; e.g. ``train.total_return``); NaN last, ties by the ids."""
+    values = sets.column(column or by).to_numpy(zero_copy_only=False).astype(np.float64)
     score = -values if RANK_METRICS[by] else values
     score = np.where(np.isnan(score), np.inf, score)
     ids = [sets.column(k).to_numpy() for k in reversed(SET_KEYS)]

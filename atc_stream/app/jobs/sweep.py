@@ -82,7 +82,7 @@ def run_sweep(
     }
     ranking = side_by_side(per_period) if split is not None else per_period["all"]
     first = f"{periods[0]}.{rank_by}" if split is not None else rank_by
-    order = rank(ranking, first)
+    order = rank(ranking, rank_by, first)
     ranking = ranking.take(order)
     ranking = ranking.append_column("rank", pa.array(np.arange(1, len(order) + 1), pa.int32()))
     ranking = _with_varied(ranking, sets)
