@@ -477,10 +477,10 @@ symbol, time, open, high, low, close. Every (symbol, parameter set, strategy) st
 backtested (docs/spec.md, "Backtest"), batched by symbols. The grid is a TOML file:
 
 \b
-    [atc]                      # ATCParams fields; a list of values each
+    \\[atc]                      # ATCParams fields; a list of values each
     ema_len = [20, 28]
     robustness = ["Medium", "Wide"]
-    [strategy]                 # Strategy fields
+    \\[strategy]                 # Strategy fields
     direction = ["long_short", "long_only"]
     stop = [0.0, 0.02]
     fee_bps = 5                # one value: the same for every set
@@ -503,7 +503,9 @@ shown beside them.
 @app.command(help=SWEEP_HELP)
 def sweep(
     data: Annotated[Path, typer.Argument(help="OHLC bars: a CSV/Parquet file or a directory.")],
-    grid: Annotated[Path, typer.Option("--grid", help="TOML grid of [atc] x [strategy] lists.")],
+    grid: Annotated[
+        Path, typer.Option("--grid", help="TOML grid of \\[atc] x \\[strategy] lists.")
+    ],
     outdir: Annotated[
         Path, typer.Option("--output", "-o", help="Directory of the Parquet tables.")
     ] = Path("sweep"),
