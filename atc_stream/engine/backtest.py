@@ -178,13 +178,13 @@ def _check_prices(symbols: np.ndarray, times: np.ndarray, prices: dict[str, np.n
     for name in PRICE_COLUMNS:
         values = prices[name]
         problems.append(
-            (~(np.isfinite(values) & (values > 0)), lambda i, n=name: f"{n} {prices[n][i]!r} "
+            (~(np.isfinite(values) & (values > 0)), lambda i, n=name: f"{n} {float(prices[n][i])!r} "
              "is not a finite price > 0")
         )  # fmt: skip
     problems += [
-        (h < lo, lambda i: f"high {h[i]!r} < low {lo[i]!r}"),
-        ((o < lo) | (o > h), lambda i: f"open {o[i]!r} is outside [low {lo[i]!r}, high {h[i]!r}]"),
-        ((c < lo) | (c > h), lambda i: f"close {c[i]!r} is outside [low {lo[i]!r}, high {h[i]!r}]"),
+        (h < lo, lambda i: f"high {float(h[i])!r} < low {float(lo[i])!r}"),
+        ((o < lo) | (o > h), lambda i: f"open {float(o[i])!r} is outside {_range(lo[i], h[i])}"),
+        ((c < lo) | (c > h), lambda i: f"close {float(c[i])!r} is outside {_range(lo[i], h[i])}"),
     ]  # fmt: skip
     for bad, describe in problems:
         if bad.any():
@@ -192,6 +192,10 @@ def _check_prices(symbols: np.ndarray, times: np.ndarray, prices: dict[str, np.n
             raise ValueError(
                 f"bars row {i} (symbol {symbols[i]!r}, time {int(times[i])}): {describe(i)}"
             )
+
+
+def _range(low: float, high: float) -> str:
+    return f"[low {float(low)!r}, high {float(high)!r}]"
 
 
 def _group_rows(symbols: np.ndarray, times: np.ndarray) -> tuple[list[str], list[np.ndarray]]:
