@@ -177,21 +177,26 @@ def _check_prices(symbols: np.ndarray, times: np.ndarray, prices: dict[str, np.n
     problems: list[tuple[np.ndarray, Any]] = []
     for name in PRICE_COLUMNS:
         values = prices[name]
-        problems.append(
-            (~(np.isfinite(values) & (values > 0)), lambda i, n=name: f"{n} {prices[n][i]!r} "
-             "is not a finite price > 0")
-        )  # fmt: skip
+
+        def not_a_price(i: int, name: str = name) -> str:
+            return f"{name} {float(prices[name][i])!r} is not a finite price > 0"
+
+        problems.append((~(np.isfinite(values) & (values > 0)), not_a_price))
     problems += [
-        (h < lo, lambda i: f"high {h[i]!r} < low {lo[i]!r}"),
-        ((o < lo) | (o > h), lambda i: f"open {o[i]!r} is outside [low {lo[i]!r}, high {h[i]!r}]"),
-        ((c < lo) | (c > h), lambda i: f"close {c[i]!r} is outside [low {lo[i]!r}, high {h[i]!r}]"),
+        (h < lo, lambda i: f"high {float(h[i])!r} < low {float(lo[i])!r}"),
+        ((o < lo) | (o > h), lambda i: f"open {float(o[i])!r} is outside {_range(lo[i], h[i])}"),
+        ((c < lo) | (c > h), lambda i: f"close {float(c[i])!r} is outside {_range(lo[i], h[i])}"),
     ]  # fmt: skip
-    for bad, describe in problems:
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise ValueError(
-                f"bars row {i} (symbol {symbols[i]!r}, time {int(times[i])}): {describe(i)}"
-            )
+    found = [(int(np.flatnonzero(bad)[0]), k) for k, (bad, _) in enumerate(problems) if bad.any()]
+    if found:
+        i, k = min(found)  # the first offending row, its first problem
+        raise ValueError(
+            f"bars row {i} (symbol {symbols[i]!r}, time {int(times[i])}): {problems[k][1](i)}"
+        )
+
+
+def _range(low: Any, high: Any) -> str:
+    return f"[low {float(low)!r}, high {float(high)!r}]"
 
 
 def _group_rows(symbols: np.ndarray, times: np.ndarray) -> tuple[list[str], list[np.ndarray]]:
