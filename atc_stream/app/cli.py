@@ -470,12 +470,84 @@ def run_stream(
     )  # fmt: skip
 
 
+SWEEP_HELP = """Backtest a grid of ATC parameter sets x strategies over every symbol of DATA.
+
+DATA is a CSV or Parquet file (or a directory of them) of OHLC bars with the columns
+symbol, time, open, high, low, close. Every (symbol, parameter set, strategy) stream is
+backtested (docs/spec.md, "Backtest"), batched by symbols. The grid is a TOML file:
+
+\b
+    \\[atc]                      # ATCParams fields; a list of values each
+    ema_len = [20, 28]
+    robustness = ["Medium", "Wide"]
+    \\[strategy]                 # Strategy fields
+    direction = ["long_short", "long_only"]
+    stop = [0.0, 0.02]
+    fee_bps = 5                # one value: the same for every set
+
+The sets are the cartesian product of the lists (the last key varies fastest), numbered
+params_id / strategy_id from 0. OUTDIR gets metrics.parquet (one row per stream and
+period), trades.parquet, params.parquet, strategies.parquet and ranking.parquet (each
+set aggregated over symbols: returns, drawdowns and exposure averaged, trades and wins
+summed). The top sets by --rank-by are printed on stdout.
+
+With --train-until DATE the whole history is still run once (the ATC and strategy state
+carry across DATE, as they would live); the bars before DATE are the train period, the
+rest the test period. Each period's metrics come from the marked equity of its bars
+(the test period's returns and drawdown measured from the equity at the last train
+bar) and the trades that exit in it. Sets are ranked on train and their test metrics
+shown beside them.
+"""
+
+
+@app.command(help=SWEEP_HELP)
+def sweep(
+    data: Annotated[Path, typer.Argument(help="OHLC bars: a CSV/Parquet file or a directory.")],
+    grid: Annotated[
+        Path, typer.Option("--grid", help="TOML grid of \\[atc] x \\[strategy] lists.")
+    ],
+    outdir: Annotated[
+        Path, typer.Option("--output", "-o", help="Directory of the Parquet tables.")
+    ] = Path("sweep"),
+    train_until: Annotated[
+        str | None,
+        typer.Option(
+            "--train-until",
+            help="Rank on the bars before this time (ISO-8601 or an integer epoch) and "
+            "show the same sets' metrics after it.",
+        ),
+    ] = None,
+    top: Annotated[int, typer.Option("--top", min=1, help="Sets printed.")] = 10,
+    rank_by: Annotated[
+        str,
+        typer.Option(
+            "--rank-by",
+            help="total_return, final_equity, max_drawdown (lower ranks first), win_rate, "
+            "exposure, trades or wins.",
+        ),
+    ] = "total_return",
+    backend: BackendOption = "auto",
+    progress: ProgressOption = True,
+    time_unit: Annotated[
+        TimeUnit, typer.Option("--time-unit", help="Unit of integer times (auto: by column).")
+    ] = TimeUnit.auto,
+) -> None:
+    from atc_stream.app.jobs.sweep import run_sweep
+
+    _run_job(
+        run_sweep, data=data, grid=grid, outdir=outdir, train_until=train_until, top=top,
+        rank_by=rank_by, backend=backend, progress=progress, time_unit=time_unit.value,
+    )  # fmt: skip
+
+
 @app.command()
 def plot(
     signals: Annotated[
-        Path,
-        typer.Argument(help="Signal rows: a Parquet directory or file, JSONL or CSV."),
-    ],
+        Path | None,
+        typer.Argument(
+            help="Signal rows: a Parquet directory or file, JSONL or CSV. Leave out with --trades."
+        ),
+    ] = None,
     symbol: Annotated[
         str | None, typer.Option(help="Symbol to draw (needed when the file holds several).")
     ] = None,
@@ -484,10 +556,41 @@ def plot(
     ] = Path("chart.png"),
     params_id: Annotated[int, typer.Option(help="Parameter set to draw.")] = 0,
     title: Annotated[str | None, typer.Option(help="Chart title.")] = None,
+    trades: Annotated[
+        Path | None,
+        typer.Option(
+            "--trades",
+            help="A sweep's trades.parquet: chart one backtested stream instead (price with "
+            "entries and exits, equity below); needs --bars.",
+        ),
+    ] = None,
+    bars: Annotated[
+        Path | None,
+        typer.Option("--bars", help="With --trades: the OHLC data the sweep ran on."),
+    ] = None,
+    strategy_id: Annotated[
+        int, typer.Option("--strategy-id", help="With --trades: the strategy to draw.")
+    ] = 0,
 ) -> None:
-    """Chart one symbol: close with long/short events, the signal below, not-ready bars shaded."""
-    from atc_stream.app.jobs.plot import run_plot
+    """Chart one symbol: close with long/short events, the signal below, not-ready bars shaded.
 
+    With --trades OUTDIR/trades.parquet --bars DATA: one stream of a sweep (--symbol,
+    --params-id, --strategy-id). The stream is run again on DATA with the parameter set
+    and strategy of OUTDIR's params.parquet and strategies.parquet (for its equity curve),
+    and its trades must equal those of trades.parquet.
+    """
+    from atc_stream.app.jobs.plot import run_plot, run_plot_backtest
+
+    if trades is not None:
+        if signals is not None:
+            raise typer.BadParameter("give SIGNALS or --trades, not both", param_hint="--trades")
+        _run_job(
+            run_plot_backtest, trades=trades, bars=bars, symbol=symbol, output=output,
+            params_id=params_id, strategy_id=strategy_id, title=title,
+        )  # fmt: skip
+        return
+    if signals is None:
+        raise typer.BadParameter("a SIGNALS file (or --trades) is needed", param_hint="SIGNALS")
     _run_job(
         run_plot, signals=signals, symbol=symbol, output=output, params_id=params_id,
         title=title,

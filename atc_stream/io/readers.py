@@ -26,6 +26,8 @@ MAX_FIELD_CHARS = 1024
 BLOCK_BYTES = 1 << 20
 #: Suffixes of the bar and tick files read from a directory.
 INPUT_SUFFIXES = (".csv", ".parquet")
+#: What a missing column's error tells the user to do.
+COLUMN_HINT = "name it with --time-column/--close-column/--symbol-column"
 
 
 @dataclass
@@ -189,9 +191,7 @@ def iter_bar_batches(
     columns = (symbol_column, time_column, close_column)
     for f in input_files(path):
         batches = (
-            _parquet_batches(f, columns)
-            if f.suffix == ".parquet"
-            else _csv_batches(f, columns, bad)
+            parquet_batches(f, columns) if f.suffix == ".parquet" else csv_batches(f, columns, bad)
         )
         default_symbol = symbol if (symbol and not path.is_dir()) else f.stem
         unit = epoch_unit(time_unit)  # decided per file, from all its rows
@@ -246,32 +246,32 @@ def _parse_batch(
     n = batch.num_rows
     if n == 0:
         return None
-    times_text = _as_text(batch.column(names.index(time_column)))
-    closes_text = _as_text(batch.column(names.index(close_column)))
+    times_text = as_text(batch.column(names.index(time_column)))
+    closes_text = as_text(batch.column(names.index(close_column)))
     if symbol_column in names:
-        symbols_text = _as_text(batch.column(names.index(symbol_column)))
+        symbols_text = as_text(batch.column(names.index(symbol_column)))
     else:
         symbols_text = pa.array([default_symbol] * n, pa.string())
     present = [times_text, closes_text] + ([symbols_text] if symbol_column in names else [])
     blank = np.ones(n, bool)  # a blank line (every cell empty): nothing to report
     for text in present:
-        blank &= _empty(text)
+        blank &= empty_cells(text)
     keep = ~blank
     for name, text in (("symbol", symbols_text), ("time", times_text), ("close", closes_text)):
         long = pc.fill_null(pc.greater(pc.utf8_length(text), MAX_FIELD_CHARS), False)
         long = long.to_numpy(zero_copy_only=False) & keep
         for i in np.flatnonzero(long):
             size = len(text[i].as_py())
-            bad.add(_where(path, line_of(i)), "oversized_field", f"{name}: {size} chars")
+            bad.add(row_where(path, line_of(i)), "oversized_field", f"{name}: {size} chars")
         keep &= ~long
     symbols_text = pc.utf8_trim_whitespace(symbols_text)
-    symbol_ok = ~_empty(symbols_text)
+    symbol_ok = ~empty_cells(symbols_text)
     # a NUL in a name: NumPy's str arrays drop trailing NULs, which would merge "AB\0"
     # into "AB" (another symbol's series) -- refused instead
     nul = pc.fill_null(pc.match_substring(symbols_text, "\x00"), False)
     nul = nul.to_numpy(zero_copy_only=False) & symbol_ok
     times, _, time_ok = parse_times(
-        batch.column(names.index(time_column)), unit, lambda i: _where(path, line_of(i))
+        batch.column(names.index(time_column)), unit, lambda i: row_where(path, line_of(i))
     )
     closes, close_ok = parse_closes(closes_text)
     for mask, reason, text in (
@@ -282,7 +282,7 @@ def _parse_batch(
     ):
         hit = mask & keep
         for i in np.flatnonzero(hit):
-            bad.add(_where(path, line_of(i)), reason, repr(text[i].as_py()))
+            bad.add(row_where(path, line_of(i)), reason, repr(text[i].as_py()))
         keep &= ~hit
     idx = np.flatnonzero(keep)
     if idx.size == 0:
@@ -293,17 +293,17 @@ def _parse_batch(
     return BarBatch(symbols.encode(names), times, closes, np.asarray(line_of(idx), np.int64))
 
 
-def _where(path: Path, line) -> str:
+def row_where(path: Path, line) -> str:
     """``file:line`` of a CSV row, ``file:row N`` of a Parquet row."""
     return f"{path.name}:{'row ' if path.suffix == '.parquet' else ''}{int(line)}"
 
 
-def _empty(text) -> np.ndarray:
+def empty_cells(text) -> np.ndarray:
 
     return pc.fill_null(pc.equal(pc.utf8_length(text), 0), True).to_numpy(zero_copy_only=False)
 
 
-def _as_text(column):
+def as_text(column):
     """A column as a pyarrow string array (Parquet columns may be numbers or timestamps)."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
@@ -353,11 +353,10 @@ def csv_text_options(columns, on_invalid, *, threads: bool = False, only=False) 
     }
 
 
-def _csv_batches(path: Path, columns, bad: BadRows):
+def csv_batches(path: Path, columns, bad: BadRows, hint: str = COLUMN_HINT):
     """(record batch, line_of(row in batch)) of a CSV file, streamed; rows with the wrong
     number of columns go to ``bad``."""
 
-    symbol_column, time_column, close_column = columns
     rejected = InvalidRows("columns")
     unterminated, invalid = rejected.unterminated, rejected.invalid
     reported = 0
@@ -366,11 +365,10 @@ def _csv_batches(path: Path, columns, bad: BadRows):
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: cannot read CSV: {first_line(exc)}") from None
     names = reader.schema.names
-    missing = [c for c in (time_column, close_column) if c not in names]
+    missing = [c for c in columns[1:] if c not in names]
     if missing:
         raise InputError(
-            f"{path.name}: no column {missing[0]!r} (columns: {', '.join(names)}); name it "
-            "with --time-column/--close-column/--symbol-column"
+            f"{path.name}: no column {missing[0]!r} (columns: {', '.join(names)}); {hint}"
         )
     rows_before = 0
     while True:
@@ -405,21 +403,19 @@ def _csv_batches(path: Path, columns, bad: BadRows):
         bad.add(f"{path.name}:{line}", "wrong_columns", detail)
 
 
-def _parquet_batches(path: Path, columns):
+def parquet_batches(path: Path, columns, hint: str = COLUMN_HINT):
     """(record batch, line_of(rows in batch)) of a Parquet file, one row group decoded at
     a time (``pyarrow.dataset``'s scanner reads ahead: 5x the memory here)."""
 
-    symbol_column, time_column, close_column = columns
     try:
         parquet = pq.ParquetFile(path)
         names = parquet.schema_arrow.names
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(f"{path}: cannot read Parquet: {first_line(exc)}") from None
-    missing = [c for c in (time_column, close_column) if c not in names]
+    missing = [c for c in columns[1:] if c not in names]
     if missing:
         raise InputError(
-            f"{path.name}: no column {missing[0]!r} (columns: {', '.join(names)}); name it "
-            "with --time-column/--close-column/--symbol-column"
+            f"{path.name}: no column {missing[0]!r} (columns: {', '.join(names)}); {hint}"
         )
     wanted = [c for c in columns if c in names]
     rows_before = 0

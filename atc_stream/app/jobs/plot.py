@@ -1,11 +1,21 @@
-"""The ``plot`` job: chart one symbol of a signal file (``app.plot``) into an image."""
+"""The ``plot`` job: chart one symbol of a signal file, or one stream of a sweep, into an image."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from atc_stream.app.console import RunError, err
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from atc_stream.app.console import OptionError, RunError, err
 from atc_stream.app.extras import require
+from atc_stream.core.errors import first_line
+from atc_stream.core.params import ATCParams
+from atc_stream.core.strategy import Strategy
+from atc_stream.engine.backtest import backtest
+from atc_stream.io.ohlc import read_ohlc
+from atc_stream.io.readers import InputError
 
 
 def run_plot(
@@ -23,3 +33,94 @@ def run_plot(
     figure.savefig(output, dpi=110)
     err(f"atc-stream: wrote {output}")
     return 0
+
+
+def run_plot_backtest(
+    *,
+    trades: Path,
+    bars: Path | None,
+    symbol: str | None,
+    output: Path,
+    params_id: int,
+    strategy_id: int,
+    title: str | None,
+) -> int:
+    """Chart one stream of a sweep: its bars run again with the set and strategy recorded
+    beside ``trades`` (``params.parquet``, ``strategies.parquet``), checked against the
+    recorded trades; the exit status."""
+    require("plot", "atc-stream plot --trades")
+    from atc_stream.app.plot import PlotError
+    from atc_stream.app.plot_backtest import plot_backtest
+
+    if bars is None:
+        raise OptionError("--trades needs --bars (the data the sweep ran on)", "--bars")
+    recorded, params, strategy = _sweep_stream(trades, params_id, strategy_id)
+    table = _bars_of(bars, symbol, recorded)
+    symbol = str(table.symbols[0])
+    result = backtest(table.to_arrow(), [params], [strategy])
+    again = result.trades_arrow()
+    mine = recorded.filter(pc.equal(recorded.column("symbol"), symbol))
+    if mine.column("exit_time").to_pylist() != again.column("exit_time").to_pylist():
+        raise RunError(
+            f"{bars} does not give the trades of {trades} for {symbol} (params_id "
+            f"{params_id}, strategy_id {strategy_id}): not the data the sweep ran on?"
+        )
+    try:
+        relabelled = _Relabelled(result, params_id, strategy_id)
+        figure = plot_backtest(relabelled, table.to_arrow(), symbol, params_id, strategy_id,
+                               title=title)  # fmt: skip
+    except PlotError as exc:
+        raise RunError(str(exc)) from None
+    figure.savefig(output, dpi=110)
+    err(f"atc-stream: wrote {output}")
+    return 0
+
+
+def _sweep_stream(trades: Path, params_id: int, strategy_id: int):
+    """The trades of one (params_id, strategy_id) of a sweep's trades.parquet, and the
+    parameter set and strategy its params.parquet and strategies.parquet hold for them."""
+    folder = trades.parent
+    try:
+        recorded = pq.read_table(trades)
+        params_rows = pq.read_table(folder / "params.parquet").to_pylist()
+        strategy_rows = pq.read_table(folder / "strategies.parquet").to_pylist()
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise RunError(f"cannot read the sweep beside {trades}: {first_line(exc)}") from None
+    for name, rows, wanted, flag in (
+        ("params_id", params_rows, params_id, "--params-id"),
+        ("strategy_id", strategy_rows, strategy_id, "--strategy-id"),
+    ):
+        if not 0 <= wanted < len(rows):
+            raise OptionError(f"the sweep has {name} 0..{len(rows) - 1}, not {wanted}", flag)
+    params = ATCParams.from_dict({k: v for k, v in params_rows[params_id].items()
+                                  if k != "params_id"})  # fmt: skip
+    strategy = Strategy.from_dict({k: v for k, v in strategy_rows[strategy_id].items()
+                                   if k != "strategy_id"})  # fmt: skip
+    mine = pc.and_(
+        pc.equal(recorded.column("params_id"), params_id),
+        pc.equal(recorded.column("strategy_id"), strategy_id),
+    )
+    return recorded.filter(mine), params, strategy
+
+
+def _bars_of(bars: Path, symbol: str | None, recorded):
+    try:
+        table = read_ohlc(bars)
+    except InputError as exc:
+        raise RunError(str(exc)) from None
+    names = table.symbol_names
+    if symbol is None:
+        if len(names) != 1:
+            raise OptionError(f"{bars} holds {len(names)} symbols: pick one", "--symbol")
+        symbol = names[0]
+    if symbol not in names:
+        raise OptionError(f"{bars} has no symbol {symbol!r} ({', '.join(names[:10])})", "--symbol")
+    return table.take(table.symbols == symbol)
+
+
+class _Relabelled:
+    """A one-stream result whose ids read as the sweep's (the rerun numbers them 0)."""
+
+    def __init__(self, result, params_id: int, strategy_id: int) -> None:
+        self.trades = result.trades.assign(params_id=params_id, strategy_id=strategy_id)
+        self.equity = result.equity.assign(params_id=params_id, strategy_id=strategy_id)

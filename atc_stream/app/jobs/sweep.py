@@ -1,0 +1,214 @@
+"""The ``sweep`` job: every (symbol, parameter set, strategy) of a grid backtested, ranked.
+
+What the periods of ``--train-until`` mean: docs/design/sweep.md.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from atc_stream.app.console import OptionError, RunError, err
+from atc_stream.app.grid import Grid, GridError, load_grid
+from atc_stream.app.ranking import (
+    KEYS,
+    METRICS,
+    RANK_METRICS,
+    SET_KEYS,
+    Curves,
+    aggregate,
+    format_table,
+    period_metrics,
+    rank,
+    side_by_side,
+    trade_periods,
+)
+from atc_stream.core.timetext import text_to_ms
+from atc_stream.engine.backtest import backtest
+from atc_stream.io.ohlc import OhlcTable, read_ohlc
+from atc_stream.io.readers import InputError
+
+#: Streams per backtest call (whole symbols: every set of the grid for each symbol).
+CHUNK_STREAMS = 4096
+#: Columns of the printed table, after the ids and the grid's varied keys.
+SHOWN = ("total_return", "max_drawdown", "win_rate", "trades", "exposure")
+
+
+def run_sweep(
+    *,
+    data: Path,
+    grid: Path,
+    outdir: Path,
+    train_until: str | None,
+    top: int,
+    rank_by: str,
+    backend: str,
+    progress: bool,
+    time_unit: str = "auto",
+    chunk_streams: int = CHUNK_STREAMS,
+) -> int:
+    """Backtest the grid over the bars of ``data``, write OUTDIR's tables, print the top
+    sets on stdout; the exit status."""
+    if rank_by not in RANK_METRICS:
+        raise OptionError(f"{rank_by!r} is not one of {', '.join(RANK_METRICS)}", "--rank-by")
+    split = _split_time(train_until, time_unit)
+    try:
+        sets = load_grid(grid)
+    except GridError as exc:
+        raise OptionError(str(exc), "--grid") from None
+    try:
+        bars = read_ohlc(data, time_unit=time_unit)
+    except InputError as exc:
+        raise RunError(str(exc)) from None
+    for line in bars.bad_rows.lines():
+        err(f"atc-stream: {line}")
+    if not len(bars):
+        raise RunError(f"{data}: no usable bars")
+    if split is not None and not (bars.times.min() < split <= bars.times.max()):
+        raise OptionError(
+            f"{train_until!r} leaves no bars on one side (bars span "
+            f"{int(bars.times.min())}..{int(bars.times.max())} ms)", "--train-until",
+        )  # fmt: skip
+    started = time.perf_counter()
+    trades, metrics = _sweep(bars, sets, split, backend, progress, chunk_streams)
+    elapsed = time.perf_counter() - started
+    periods = ("train", "test") if split is not None else ("all",)
+    per_period = {
+        p: aggregate(metrics.filter(pa.compute.equal(metrics.column("period"), p))) for p in periods
+    }
+    ranking = side_by_side(per_period) if split is not None else per_period["all"]
+    first = f"{periods[0]}.{rank_by}" if split is not None else rank_by
+    order = rank(ranking, rank_by, first)
+    ranking = ranking.take(order)
+    ranking = ranking.append_column("rank", pa.array(np.arange(1, len(order) + 1), pa.int32()))
+    ranking = _with_varied(ranking, sets)
+    _write(outdir, sets, trades, metrics, ranking)
+    _print_top(ranking, sets, periods, rank_by, top)
+    streams = len(bars.symbol_names) * sets.sets
+    err(
+        f"atc-stream: swept {len(bars.symbol_names)} symbols x {len(sets.params)} parameter "
+        f"sets x {len(sets.strategies)} strategies = {streams} streams, {len(bars)} bars, "
+        f"{trades.num_rows} trades in {elapsed:.2f} s; wrote {outdir}/"
+    )
+    return 0
+
+
+def _split_time(text: str | None, time_unit: str) -> int | None:
+    if text is None:
+        return None
+    ms = text_to_ms(text, time_unit)
+    if ms is None:
+        raise OptionError(
+            f"{text!r} is not a time (ISO-8601 like 2024-06-01 or 2024-06-01T00:00:00Z, or "
+            "an integer epoch)", "--train-until",
+        )  # fmt: skip
+    return ms
+
+
+def _sweep(
+    bars: OhlcTable, sets: Grid, split: int | None, backend: str, progress: bool, chunk: int
+) -> tuple[pa.Table, pa.Table]:
+    """Trades and metrics (``period`` column) of every stream, symbols run in chunks."""
+    names = np.array(bars.symbol_names, dtype=object)
+    per_call = max(1, chunk // sets.sets)
+    groups = [names[i : i + per_call] for i in range(0, len(names), per_call)]
+    bar = _progress(len(names) * sets.sets, progress)
+    trades, metrics = [], []
+    try:
+        for group in groups:
+            part = bars.take(np.isin(bars.symbols, group))
+            result = _backtest(part, sets, backend)
+            chunk_trades = result.trades_arrow()
+            chunk_metrics = result.metrics_arrow()
+            if split is None:
+                metrics.append(_tag(chunk_metrics.select([*KEYS, *METRICS]), "all"))
+            else:
+                curves = _curves(result.equity_arrow(), chunk_metrics)
+                for period in ("train", "test"):
+                    metrics.append(period_metrics(curves, chunk_trades, split, period))
+                chunk_trades = chunk_trades.append_column(
+                    "period", trade_periods(chunk_trades, split)
+                )
+            trades.append(chunk_trades)
+            bar.update(len(group) * sets.sets)
+    finally:
+        bar.close()
+    return pa.concat_tables(trades), pa.concat_tables(metrics)
+
+
+def _backtest(bars: OhlcTable, sets: Grid, backend: str):
+    """``atc_stream.backtest`` of one chunk of symbols."""
+    return backtest(bars.to_arrow(), sets.params, sets.strategies, backend=backend)
+
+
+def _curves(equity: pa.Table, metrics: pa.Table) -> Curves:
+    """The per-bar equity frame as ``Curves`` in the order of ``metrics``' streams."""
+    keys = metrics.select(list(KEYS))
+    equity = equity.sort_by([(k, "ascending") for k in (*KEYS, "time")])
+    keys = keys.sort_by([(k, "ascending") for k in KEYS])
+    counts = equity.group_by(list(KEYS)).aggregate([("time", "count")])
+    counts = counts.sort_by([(k, "ascending") for k in KEYS])
+    starts = np.r_[0, np.cumsum(counts.column("time_count").to_numpy())].astype(np.int64)
+    return Curves(
+        counts.select(list(KEYS)), starts,
+        pa.compute.cast(equity.column("time"), pa.int64()).to_numpy(),
+        equity.column("equity").to_numpy(), equity.column("side").to_numpy() != 0,
+    )  # fmt: skip
+
+
+def _tag(table: pa.Table, period: str) -> pa.Table:
+    return table.append_column("period", pa.array([period] * table.num_rows, pa.string()))
+
+
+def _with_varied(ranking: pa.Table, sets: Grid) -> pa.Table:
+    """The values of the grid's varied keys beside each set's ids."""
+    params_id = ranking.column("params_id").to_numpy()
+    strategy_id = ranking.column("strategy_id").to_numpy()
+    for key in sets.varied_params:
+        ranking = ranking.append_column(key, [[getattr(sets.params[i], key) for i in params_id]])
+    for key in sets.varied_strategies:
+        values = [getattr(sets.strategies[i], key) for i in strategy_id]
+        ranking = ranking.append_column(key, [values])
+    return ranking
+
+
+def _write(outdir: Path, sets: Grid, trades: pa.Table, metrics: pa.Table, ranking) -> None:
+    try:
+        outdir.mkdir(parents=True, exist_ok=True)
+        pq.write_table(metrics, outdir / "metrics.parquet")
+        pq.write_table(trades, outdir / "trades.parquet")
+        pq.write_table(sets.params_table(), outdir / "params.parquet")
+        pq.write_table(sets.strategies_table(), outdir / "strategies.parquet")
+        pq.write_table(ranking, outdir / "ranking.parquet")
+    except OSError as exc:
+        raise RunError(f"cannot write {outdir}: {exc}") from None
+
+
+def _print_top(ranking: pa.Table, sets: Grid, periods, rank_by: str, top: int) -> None:
+    shown = [rank_by, *(m for m in SHOWN if m != rank_by)]
+    columns = ["rank", *SET_KEYS, *sets.varied_params, *sets.varied_strategies]
+    if periods == ("all",):
+        columns += shown
+    else:
+        columns += [f"{p}.{m}" for m in shown for p in periods]
+    print(format_table(ranking.slice(0, top), columns))
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="sweep", unit="stream", leave=False)
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

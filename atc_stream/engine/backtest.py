@@ -1,0 +1,299 @@
+"""``backtest``: every (symbol, parameter set, strategy) stream of a bar table, ATC on the
+kernels then the strategy kernels, in one batched call (docs/spec.md, "Backtest")."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from atc_stream.core import inputs, output_row
+from atc_stream.core.backtest_result import BacktestResult
+from atc_stream.core.params import ATCParams
+from atc_stream.core.schema import ready_bar
+from atc_stream.core.strategy import EXIT_REASONS, Strategy
+from atc_stream.engine.backends import make_backend
+from atc_stream.kernels.backtest_cpu import run_backtest
+from atc_stream.state import strategy_layout as SL
+from atc_stream.state.arrays import StateStore
+
+PRICE_COLUMNS = ("open", "high", "low", "close")
+#: bytes of ATC outputs one warmup call may hold (chunks of streams x bars x outputs)
+SIGNAL_CHUNK_BYTES = 256 * 2**20
+
+
+def backtest(
+    bars: Any,
+    params: ATCParams | Sequence[ATCParams] | None = None,
+    strategies: Strategy | Sequence[Strategy] | None = None,
+    *,
+    interval: str = "1m",
+    time_unit: str | None = None,
+    backend: str = "cpu",
+) -> BacktestResult:
+    """Backtest every (symbol, ``params``, ``strategies``) triple of ``bars`` (docs/spec.md,
+    "Backtest: strategy streams").
+
+    ``bars``: a long table (pandas DataFrame, Arrow table or dict of arrays) with columns
+    ``symbol, time, open, high, low, close``, each symbol's rows in strictly increasing
+    time; times as ``Engine.step`` takes them (``time_unit`` for integer epochs, None =
+    ms). ``params`` (default ``ATCParams()``) and ``strategies`` (default ``Strategy()``)
+    may be lists; ``params_id``/``strategy_id`` in the result are positions in them and
+    ``interval`` labels the rows. ``backend``: "cpu", "cuda" or "auto" (both the ATC and
+    the strategy kernels run there; results are the same bits).
+
+    Bad input raises ``ValueError`` naming the problem and the first offending row (its
+    position in ``bars``): a missing column, a non-finite or non-positive price,
+    ``high < low``, an open or close outside ``[low, high]``, a time not after the
+    symbol's previous one, an invalid strategy. Nothing is skipped silently.
+    """
+    param_sets = _param_list(params)
+    strategy_list = _strategy_list(strategies)
+    symbols, times, prices = _bar_columns(bars, time_unit)
+    _check_prices(symbols, times, prices)
+    names, rows_of = _group_rows(symbols, times)
+    n_sym, n_par, n_str = len(names), len(param_sets), len(strategy_list)
+    lengths = np.array([r.shape[0] for r in rows_of], np.int64)
+    width = max(int(lengths.max(initial=0)), 1)
+    padded_times = np.zeros((n_sym, width), np.int64)
+    padded = {name: np.ones((n_sym, width)) for name in PRICE_COLUMNS}
+    for b, rows in enumerate(rows_of):
+        padded_times[b, : rows.shape[0]] = times[rows]
+        for name in PRICE_COLUMNS:
+            padded[name][b, : rows.shape[0]] = prices[name][rows]
+
+    store = StateStore(capacity=max(n_sym * n_par, 1))
+    atc = make_backend(backend, store)
+    ready, longs, shorts = _signals(atc, store, param_sets, padded_times, padded["close"], lengths)
+
+    grid = np.indices((n_sym, n_par, n_str)).reshape(3, -1)
+    bar_series, param_ids, strategy_ids = (np.ascontiguousarray(g, np.int64) for g in grid)
+    signal_series = bar_series * n_par + param_ids
+    spv = np.array([[s.stop, s.take_profit, s.fee, s.slippage] for s in strategy_list])
+    spi = np.array([[s.max_hold, s.long_target, s.short_target] for s in strategy_list], np.int64)
+    run = run_backtest
+    if atc.name == "cuda":
+        from atc_stream.kernels.backtest_cuda import run_backtest_cuda  # loads numba.cuda
+
+        run = run_backtest_cuda
+    out = run(
+        padded["open"], padded["high"], padded["low"], padded["close"], lengths,
+        ready, longs, shorts, bar_series, signal_series, strategy_ids, spv, spi,
+    )  # fmt: skip
+    atc.close()
+    keys = {
+        "symbol": np.array(names, dtype=object)[bar_series],
+        "interval": np.full(bar_series.shape[0], interval, dtype=object),
+        "params_id": param_ids,
+        "strategy_id": strategy_ids,
+    }
+    return BacktestResult(
+        _trade_columns(out, keys, bar_series, padded_times),
+        _metric_columns(out, keys),
+        _equity_columns(out, keys, bar_series, padded_times, lengths),
+    )
+
+
+# -- inputs ---------------------------------------------------------------------------------
+
+
+def _param_list(params: Any) -> list[ATCParams]:
+    items = [ATCParams()] if params is None else params
+    items = [items] if isinstance(items, ATCParams) else list(items)
+    for i, p in enumerate(items):
+        if not isinstance(p, ATCParams):
+            raise ValueError(f"params[{i}] must be an ATCParams, got {type(p).__name__}")
+    if not items:
+        raise ValueError("params is empty: give at least one ATCParams")
+    return items
+
+
+def _strategy_list(strategies: Any) -> list[Strategy]:
+    items = [Strategy()] if strategies is None else strategies
+    items = [items] if isinstance(items, (Strategy, Mapping)) else list(items)
+    out = []
+    for i, s in enumerate(items):
+        if isinstance(s, Mapping):
+            try:
+                s = Strategy.from_dict(dict(s))
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"strategies[{i}]: {exc}") from None
+        if not isinstance(s, Strategy):
+            raise ValueError(f"strategies[{i}] must be a Strategy, got {type(s).__name__}")
+        out.append(s)
+    if not out:
+        raise ValueError("strategies is empty: give at least one Strategy")
+    return out
+
+
+def _bar_columns(bars: Any, time_unit: str | None):
+    """``(symbols, times_ms, {price column: float64})`` of a pandas/Arrow/dict table."""
+    if inputs.is_arrow(bars, "RecordBatch"):
+        import pyarrow as pa
+
+        bars = pa.Table.from_batches([bars])
+    if inputs.is_arrow(bars, "Table"):
+        names = list(bars.column_names)
+    elif inputs.is_pandas(bars, "DataFrame") or isinstance(bars, Mapping):
+        names = list(bars.keys())
+    else:
+        raise ValueError(
+            "bars must be a pandas DataFrame, an Arrow table or a dict of columns, "
+            f"got {type(bars).__name__}"
+        )
+    missing = [c for c in ("symbol", "time", *PRICE_COLUMNS) if c not in names]
+    if missing:
+        raise ValueError(
+            f"bars has no column(s) {', '.join(map(repr, missing))} (columns: {names}); "
+            "a backtest needs symbol, time, open, high, low, close"
+        )
+
+    def column(name: str) -> Any:
+        return bars.column(name) if inputs.is_arrow(bars, "Table") else bars[name]
+
+    raw = column("symbol")
+    if inputs.is_arrow(raw, "Array", "ChunkedArray"):
+        raw = raw.to_pylist()
+    elif inputs.is_pandas(raw, "Series"):
+        raw = raw.to_numpy(dtype=object)
+    symbols = np.asarray(raw, dtype=object)
+    for i, symbol in enumerate(symbols.tolist()):
+        if not isinstance(symbol, str):
+            raise ValueError(f"bars row {i}: symbol must be a string, got {symbol!r}")
+    times = inputs.times_to_ms(column("time"), time_unit, what="column 'time'")
+    prices = {name: inputs.closes_array(column(name)) for name in PRICE_COLUMNS}
+    n = symbols.shape[0]
+    for name, values in [("time", times), *prices.items()]:
+        if values.shape != (n,):
+            raise ValueError(f"bars column {name!r} has shape {values.shape}, expected ({n},)")
+    if n == 0:
+        raise ValueError("bars has no rows")
+    return symbols, times, prices
+
+
+def _check_prices(symbols: np.ndarray, times: np.ndarray, prices: dict[str, np.ndarray]):
+    o, h, lo, c = (prices[name] for name in PRICE_COLUMNS)
+    problems: list[tuple[np.ndarray, Any]] = []
+    for name in PRICE_COLUMNS:
+        values = prices[name]
+
+        def not_a_price(i: int, name: str = name) -> str:
+            return f"{name} {float(prices[name][i])!r} is not a finite price > 0"
+
+        problems.append((~(np.isfinite(values) & (values > 0)), not_a_price))
+    problems += [
+        (h < lo, lambda i: f"high {float(h[i])!r} < low {float(lo[i])!r}"),
+        ((o < lo) | (o > h), lambda i: f"open {float(o[i])!r} is outside {_range(lo[i], h[i])}"),
+        ((c < lo) | (c > h), lambda i: f"close {float(c[i])!r} is outside {_range(lo[i], h[i])}"),
+    ]  # fmt: skip
+    found = [(int(np.flatnonzero(bad)[0]), k) for k, (bad, _) in enumerate(problems) if bad.any()]
+    if found:
+        i, k = min(found)  # the first offending row, its first problem
+        raise ValueError(
+            f"bars row {i} (symbol {symbols[i]!r}, time {int(times[i])}): {problems[k][1](i)}"
+        )
+
+
+def _range(low: Any, high: Any) -> str:
+    return f"[low {float(low)!r}, high {float(high)!r}]"
+
+
+def _group_rows(symbols: np.ndarray, times: np.ndarray) -> tuple[list[str], list[np.ndarray]]:
+    """Symbols in order of first appearance and each one's rows; a time that does not
+    follow its symbol's previous one raises naming the row."""
+    names, first, codes = np.unique(symbols.astype(str), return_index=True, return_inverse=True)
+    order = np.argsort(codes, kind="stable")
+    sorted_codes, sorted_times = codes[order], times[order]
+    bad = (sorted_codes[1:] == sorted_codes[:-1]) & (sorted_times[1:] <= sorted_times[:-1])
+    if bad.any():
+        i = int(order[1:][bad].min())
+        rows = np.flatnonzero(codes == codes[i])
+        prev = int(rows[np.searchsorted(rows, i) - 1])
+        what = "repeats" if times[prev] == times[i] else "is before"
+        raise ValueError(
+            f"bars row {i} (symbol {symbols[i]!r}): time {int(times[i])} {what} the time "
+            f"{int(times[prev])} of row {prev}; each symbol's times must increase"
+        )
+    appearance = np.argsort(first, kind="stable")
+    starts = np.searchsorted(sorted_codes, np.arange(names.shape[0] + 1))
+    rows_of = [order[starts[k] : starts[k + 1]] for k in appearance]
+    return [str(names[k]) for k in appearance], rows_of
+
+
+# -- ATC signals on the kernels -----------------------------------------------------------
+
+
+def _signals(backend, store, param_sets, times, closes, lengths):
+    """``ready``, ``long``, ``short`` (signal series x bars, bool) of every (symbol, params)
+    pair, signal series ``symbol * len(param_sets) + params``: the warmup kernel with
+    every bar kept, in chunks of streams bounded by ``SIGNAL_CHUNK_BYTES``."""
+    n_sym, width = closes.shape
+    n_par = len(param_sets)
+    rows = [store.add_params(p) for p in param_sets]
+    ready_from = np.array([ready_bar(p) for p in param_sets], np.int64)
+    shape = (n_sym * n_par, width)
+    ready, longs, shorts = np.zeros(shape, bool), np.zeros(shape, bool), np.zeros(shape, bool)
+    chunk = max(1, SIGNAL_CHUNK_BYTES // (8 * width * output_row.N_OUT))
+    series = np.arange(n_sym * n_par)
+    for a in range(0, series.shape[0], chunk):
+        part = series[a : a + chunk]
+        symbol, param = part // n_par, part % n_par
+        slots = np.array([store.allocate(rows[p]) for p in param], np.int64)
+        counts = lengths[symbol]
+        out = backend.warmup(slots, times[symbol], closes[symbol], counts, True)
+        bar = np.arange(width)[None, :]
+        valid = bar < counts[:, None]
+        ready[part] = valid & (bar >= ready_from[param][:, None])
+        longs[part] = valid & (out[:, :, output_row.OUT_LONG] == 1.0)
+        shorts[part] = valid & (out[:, :, output_row.OUT_SHORT] == 1.0)
+        for slot in slots:
+            store.release(int(slot))
+    return ready, longs, shorts
+
+
+# -- outputs --------------------------------------------------------------------------------
+
+
+def _trade_columns(out, keys, bar_series, times) -> dict[str, np.ndarray]:
+    counts = out["metrics"][:, SL.M_TRADES].astype(np.int64)
+    trades = out["trades"]
+    if counts.max(initial=0) > trades.shape[1]:  # cannot happen: one entry bar per trade
+        raise RuntimeError("a stream closed more trades than the trade buffer holds")
+    kept = np.arange(trades.shape[1])[None, :] < counts[:, None]
+    rows = trades[kept]
+    stream = np.repeat(np.arange(counts.shape[0]), counts)
+    series = bar_series[stream]
+    reasons = np.array(EXIT_REASONS, dtype=object)
+    columns = {name: values[stream] for name, values in keys.items()}
+    columns.update(
+        side=rows[:, SL.TR_SIDE].astype(np.int64),
+        entry_time=times[series, rows[:, SL.TR_ENTRY_BAR].astype(np.int64)],
+        exit_time=times[series, rows[:, SL.TR_EXIT_BAR].astype(np.int64)],
+        entry_price=rows[:, SL.TR_ENTRY_PRICE].copy(),
+        exit_price=rows[:, SL.TR_EXIT_PRICE].copy(),
+        reason=reasons[rows[:, SL.TR_REASON].astype(np.int64)],
+    )
+    columns["return"] = rows[:, SL.TR_RETURN].copy()
+    return columns
+
+
+def _metric_columns(out, keys) -> dict[str, np.ndarray]:
+    metrics = out["metrics"]
+    columns = dict(keys)
+    for k, name in enumerate(SL.METRIC_NAMES):
+        values = metrics[:, k]
+        columns[name] = values.astype(np.int64) if name in ("trades", "wins") else values.copy()
+    return columns
+
+
+def _equity_columns(out, keys, bar_series, times, lengths) -> dict[str, np.ndarray]:
+    kept = np.arange(times.shape[1])[None, :] < lengths[bar_series][:, None]
+    stream = np.repeat(np.arange(bar_series.shape[0]), kept.sum(axis=1))
+    columns = {name: values[stream] for name, values in keys.items()}
+    columns.update(
+        time=times[bar_series][kept],
+        equity=out["equity"][kept],
+        side=out["held"][kept].astype(np.int64),
+    )
+    return columns

@@ -1,0 +1,346 @@
+"""``atc-stream sweep``: the grid file, the OHLC reader, the ranked tables on disk and on
+stdout, the train/test split, and the chart of one backtested stream."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from atc_stream.app.grid import GridError, load_grid, parse_grid
+from atc_stream.app.ranking import Curves, period_metrics
+from atc_stream.core.params import ATCParams
+from atc_stream.core.reference_backtest import backtest_series
+from atc_stream.core.strategy import Strategy
+from atc_stream.engine.backtest import backtest
+from atc_stream.io.ohlc import read_ohlc
+from atc_stream.io.readers import InputError
+
+START = 1_704_067_200_000  # 2024-01-01T00:00:00Z
+MINUTE = 60_000
+GRID = """
+[atc]
+ema_len = [10, 14]
+cut = 0.3
+[strategy]
+direction = ["long_short", "long_only"]
+stop = 0.01
+fee_bps = 5
+"""
+
+
+def ohlc_frame(symbols=("AAA", "BBB", "CCC"), bars=240, seed=3) -> pa.Table:
+    """Random-walk OHLC bars of a few symbols, one per minute."""
+    rng = np.random.default_rng(seed)
+    columns: dict[str, list] = {k: [] for k in ("symbol", "time", "open", "high", "low", "close")}
+    for name in symbols:
+        close = 100.0 * np.exp(np.cumsum(rng.normal(0.0, 0.01, bars)))
+        open_ = np.r_[100.0, close[:-1]] * np.exp(rng.normal(0.0, 0.002, bars))
+        high = np.maximum(open_, close) * (1.0 + rng.uniform(0.0, 0.006, bars))
+        low = np.minimum(open_, close) * (1.0 - rng.uniform(0.0, 0.006, bars))
+        columns["symbol"] += [name] * bars
+        columns["time"] += (START + MINUTE * np.arange(bars)).tolist()
+        for key, values in (("open", open_), ("high", high), ("low", low), ("close", close)):
+            columns[key] += values.tolist()
+    return pa.table(columns)
+
+
+@pytest.fixture(scope="module")
+def sweep_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sweep")
+    data = folder / "bars.parquet"
+    pq.write_table(ohlc_frame(), data)
+    grid = folder / "grid.toml"
+    grid.write_text(GRID)
+    return data, grid
+
+
+def run_cli(capsys, args):
+    """``atc-stream ARGS`` in this process: (exit status, stdout, stderr)."""
+    from atc_stream.app.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    return info.value.code, captured.out, captured.err
+
+
+# -- the grid ----------------------------------------------------------------------------
+
+
+def test_grid_is_the_product_of_the_lists_last_key_fastest():
+    grid = parse_grid(
+        {"atc": {"ema_len": [10, 14], "robustness": ["Medium", "Wide"], "cut": 0.3},
+         "strategy": {"stop": [0.0, 0.02], "fee_bps": 5}}
+    )  # fmt: skip
+    assert [(p.ema_len, p.robustness) for p in grid.params] == [
+        (10, "Medium"), (10, "Wide"), (14, "Medium"), (14, "Wide"),
+    ]  # fmt: skip
+    assert all(p.cut == 0.3 for p in grid.params)
+    assert grid.strategies == [Strategy(stop=0.0, fee_bps=5), Strategy(stop=0.02, fee_bps=5)]
+    assert grid.varied_params == ("ema_len", "robustness")
+    assert grid.varied_strategies == ("stop",)
+    assert grid.sets == 8
+    table = grid.params_table()
+    assert table.column("params_id").to_pylist() == [0, 1, 2, 3]
+    assert table.column("robustness").to_pylist() == ["Medium", "Wide", "Medium", "Wide"]
+    assert grid.strategies_table().column("stop").to_pylist() == [0.0, 0.02]
+
+
+def test_a_missing_table_is_the_defaults():
+    grid = parse_grid({})
+    assert grid.params == [ATCParams()] and grid.strategies == [Strategy()]
+
+
+@pytest.mark.parametrize(
+    ("document", "named"),
+    [
+        ({"atc": {"ema_lenn": [10]}}, "'ema_lenn'"),
+        ({"strategy": {"stopp": 0.1}}, "'stopp'"),
+        ({"strategies": {"stop": 0.1}}, "'strategies'"),
+        ({"atc": {"ema_len": []}}, "ema_len is an empty list"),
+        ({"atc": {"ema_len": [10, 10]}}, "ema_len repeats"),
+        ({"atc": {"ema_len": [10, 3]}}, "ema_len"),
+        ({"strategy": {"direction": ["sideways"]}}, "direction"),
+        ({"strategy": {"stop": [-0.1]}}, "stop"),
+        ({"atc": {"ema_len": [[10]]}}, "ema_len"),
+        ({"atc": [1, 2]}, "[atc]"),
+    ],
+)
+def test_grid_errors_name_the_key(document, named):
+    with pytest.raises(GridError) as info:
+        parse_grid(document, where="g.toml")
+    message = str(info.value)
+    assert named in message and message.startswith("g.toml") and "\n" not in message
+
+
+def test_an_unreadable_grid_file_is_one_error(tmp_path):
+    bad = tmp_path / "g.toml"
+    bad.write_text("[atc\nema_len = 1")
+    with pytest.raises(GridError, match="cannot read grid"):
+        load_grid(bad)
+    with pytest.raises(GridError, match="cannot read grid"):
+        load_grid(tmp_path / "missing.toml")
+
+
+# -- the OHLC reader ---------------------------------------------------------------------
+
+
+def test_ohlc_reader_counts_bad_bars_with_file_and_line(tmp_path):
+    path = tmp_path / "bars.csv"
+    path.write_text(
+        "symbol,time,open,high,low,close\n"
+        "A,2024-01-01T00:00:00Z,10,11,9,10.5\n"
+        "A,2024-01-01T00:01:00Z,10,9,11,10.5\n"  # high < low
+        "A,2024-01-01T00:02:00Z,12,11,9,10.5\n"  # open above the high
+        "A,2024-01-01T00:03:00Z,10,11,9,nan\n"  # not a number
+        "B,2024-01-01T00:01:00Z,10,11,9,10.5\n"
+        "B,2024-01-01T00:00:00Z,10,11,9,10.5\n"
+        "A,2024-01-01T00:00:00Z,10,11,9,10.5\n"  # a repeated time
+        "A,2024-01-01T00:04:00Z,10,11,0,10.5\n"  # a price not > 0
+    )
+    table = read_ohlc(path)
+    assert table.symbols.tolist() == ["A", "B", "B"]
+    assert np.all(np.diff(table.times[1:]) > 0)
+    bad = table.bad_rows
+    assert dict(bad.counts) == {"bad_ohlc": 3, "bad_close": 1, "duplicate_time": 1}
+    assert "bars.csv:3: bad_ohlc" in "\n".join(bad.lines())
+    assert "bars.csv:8: duplicate_time" in "\n".join(bad.lines())
+
+
+def test_ohlc_reader_names_a_missing_price_column(tmp_path):
+    path = tmp_path / "bars.csv"
+    path.write_text("symbol,time,close\nA,2024-01-01,1\n")
+    with pytest.raises(InputError, match="no column 'open'"):
+        read_ohlc(path)
+
+
+# -- period metrics ----------------------------------------------------------------------
+
+
+def test_period_metrics_split_the_equity_curve_and_the_trades():
+    keys = pa.table({"symbol": ["A"], "interval": ["1m"], "params_id": [0], "strategy_id": [0]})
+    equity = np.array([1.0, 1.1, 0.99, 1.2, 1.08, 1.32])
+    held = np.array([False, True, True, False, True, True])
+    curves = Curves(keys, np.array([0, 6]), np.arange(6) * 10, equity, held)
+    trades = pa.table({
+        "symbol": ["A", "A"], "interval": ["1m"] * 2, "params_id": [0, 0],
+        "strategy_id": [0, 0], "exit_time": [30, 50], "return": [0.2, -0.01],
+    })  # fmt: skip
+    train = period_metrics(curves, trades, 30, "train").to_pylist()[0]
+    test = period_metrics(curves, trades, 30, "test").to_pylist()[0]
+    assert (train["trades"], train["wins"], test["trades"], test["wins"]) == (0, 0, 2, 1)
+    assert train["total_return"] == pytest.approx(-0.01)
+    assert train["max_drawdown"] == pytest.approx(1 - 0.99 / 1.1)
+    assert train["exposure"] == pytest.approx(2 / 3)
+    assert test["total_return"] == pytest.approx(1.32 / 0.99 - 1)
+    assert test["max_drawdown"] == pytest.approx(1 - 1.08 / 1.2)
+    assert test["final_equity"] == 1.32 and test["period"] == "test"
+
+
+# -- the command -------------------------------------------------------------------------
+
+
+def test_sweep_writes_the_tables_and_prints_the_top_sets(capsys, tmp_path, sweep_files):
+    data, grid = sweep_files
+    out = tmp_path / "out"
+    code, stdout, stderr = run_cli(
+        capsys, ["sweep", str(data), "--grid", str(grid), "-o", str(out), "--top", "3",
+                 "--no-progress", "--backend", "cpu"],
+    )  # fmt: skip
+    assert code == 0, stderr
+    metrics = pq.read_table(out / "metrics.parquet")
+    trades = pq.read_table(out / "trades.parquet")
+    assert metrics.num_rows == 3 * 2 * 2
+    for column in ("symbol", "params_id", "strategy_id", "trades", "total_return", "period"):
+        assert column in metrics.column_names
+    assert set(metrics.column("period").to_pylist()) == {"all"}
+    for column in ("symbol", "params_id", "strategy_id", "side", "entry_time", "exit_time",
+                   "reason", "return"):  # fmt: skip
+        assert column in trades.column_names
+    assert pq.read_table(out / "params.parquet").column("ema_len").to_pylist() == [10, 14]
+    strategies = pq.read_table(out / "strategies.parquet")
+    assert strategies.column("direction").to_pylist() == ["long_short", "long_only"]
+    ranking = pq.read_table(out / "ranking.parquet")
+    assert ranking.num_rows == 4 and ranking.column("rank").to_pylist() == [1, 2, 3, 4]
+    returns = ranking.column("total_return").to_pylist()
+    assert returns == sorted(returns, reverse=True)
+    lines = stdout.strip().splitlines()
+    assert lines[0].split()[:5] == ["rank", "params_id", "strategy_id", "ema_len", "direction"]
+    assert len(lines) == 1 + 3
+    assert "swept 3 symbols x 2 parameter sets x 2 strategies = 12 streams" in stderr
+
+
+def test_sweep_metrics_equal_backtest_and_the_reference(capsys, tmp_path, sweep_files):
+    data, grid_path = sweep_files
+    out = tmp_path / "out"
+    code, _, stderr = run_cli(
+        capsys, ["sweep", str(data), "--grid", str(grid_path), "-o", str(out), "--no-progress"]
+    )
+    assert code == 0, stderr
+    grid = load_grid(grid_path)
+    bars = pq.read_table(data)
+    expected = backtest(bars, grid.params, grid.strategies).metrics_arrow()
+    swept = pq.read_table(out / "metrics.parquet").drop_columns(["period"])
+    order = [(k, "ascending") for k in ("symbol", "params_id", "strategy_id")]
+    assert swept.sort_by(order).equals(expected.select(swept.column_names).sort_by(order))
+    frame = bars.filter(pc.equal(bars.column("symbol"), "BBB"))
+    oracle = backtest_series(
+        *(frame.column(c).to_numpy() for c in ("open", "high", "low", "close")),
+        grid.params[1], grid.strategies[0],
+    ).metrics  # fmt: skip
+    row = (
+        swept.filter(
+            pc.and_(pc.equal(swept.column("symbol"), "BBB"), pc.equal(swept.column("params_id"), 1))
+        )
+        .filter(pc.equal(pc.field("strategy_id"), 0))
+        .to_pylist()[0]
+    )
+    assert {k: row[k] for k in oracle} == oracle
+
+
+def test_train_until_ranks_on_train_and_shows_test_beside_it(capsys, tmp_path, sweep_files):
+    data, grid_path = sweep_files
+    out = tmp_path / "out"
+    split = "2024-01-01T02:30:00Z"  # bar 150 of 240
+    code, stdout, stderr = run_cli(
+        capsys, ["sweep", str(data), "--grid", str(grid_path), "-o", str(out),
+                 "--train-until", split, "--rank-by", "max_drawdown", "--no-progress"],
+    )  # fmt: skip
+    assert code == 0, stderr
+    header = stdout.splitlines()[0].split()
+    assert header[5:7] == ["train.max_drawdown", "test.max_drawdown"]
+    metrics = pq.read_table(out / "metrics.parquet")
+    assert sorted(set(metrics.column("period").to_pylist())) == ["test", "train"]
+    trades = pq.read_table(out / "trades.parquet")
+    split_ms = START + 150 * MINUTE
+    exits = pc.cast(trades.column("exit_time"), pa.int64()).to_numpy()
+    periods = np.array(trades.column("period").to_pylist())
+    assert np.array_equal(periods == "train", exits < split_ms)
+    grid = load_grid(grid_path)
+    full = backtest(pq.read_table(data), grid.params, grid.strategies)
+    whole = full.metrics_arrow()
+    equity = full.equity_arrow()
+    for row in whole.to_pylist():
+        key = {k: row[k] for k in ("symbol", "params_id", "strategy_id")}
+        mine = [r for r in metrics.to_pylist() if all(r[k] == v for k, v in key.items())]
+        train, test = sorted(mine, key=lambda r: r["period"], reverse=True)
+        assert train["trades"] + test["trades"] == row["trades"]
+        assert test["final_equity"] == row["final_equity"]
+        curve = equity.filter(
+            pc.and_(pc.and_(pc.equal(equity.column("symbol"), key["symbol"]),
+                            pc.equal(equity.column("params_id"), key["params_id"])),
+                    pc.equal(equity.column("strategy_id"), key["strategy_id"]))
+        )  # fmt: skip
+        at_split = curve.column("equity").to_numpy()[149]
+        assert train["total_return"] == at_split - 1.0
+        assert test["total_return"] == row["final_equity"] / at_split - 1.0
+    ranking = pq.read_table(out / "ranking.parquet")
+    drawdowns = ranking.column("train.max_drawdown").to_pylist()
+    assert drawdowns == sorted(drawdowns)
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--rank-by", "luck"], "--rank-by"),
+        (["--train-until", "soon"], "--train-until"),
+        (["--train-until", "2030-01-01"], "--train-until"),
+    ],
+)
+def test_sweep_refuses_bad_options_in_one_line(capsys, tmp_path, sweep_files, extra, says):
+    data, grid = sweep_files
+    code, _, stderr = run_cli(
+        capsys, ["sweep", str(data), "--grid", str(grid), "-o", str(tmp_path), *extra]
+    )
+    assert code == 2 and says in stderr and len(stderr.strip().splitlines()) == 1
+
+
+def test_sweep_reports_a_bad_grid_or_unreadable_data_in_one_line(capsys, tmp_path, sweep_files):
+    data, _ = sweep_files
+    grid = tmp_path / "g.toml"
+    grid.write_text("[atc]\nema_lenn = [10]\n")
+    code, _, stderr = run_cli(capsys, ["sweep", str(data), "--grid", str(grid)])
+    assert code == 2 and "'ema_lenn'" in stderr and len(stderr.strip().splitlines()) == 1
+    grid.write_text(GRID)
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(b"not parquet")
+    code, _, stderr = run_cli(capsys, ["sweep", str(broken), "--grid", str(grid)])
+    assert code == 2 and "cannot read Parquet" in stderr
+    assert len(stderr.strip().splitlines()) == 1
+
+
+# -- the chart ---------------------------------------------------------------------------
+
+
+def test_plot_backtest_and_plot_trades_write_pngs(capsys, tmp_path, sweep_files):
+    pytest.importorskip("matplotlib")
+    from atc_stream.app.plot_backtest import plot_backtest
+
+    data, grid_path = sweep_files
+    bars = pq.read_table(data)
+    grid = load_grid(grid_path)
+    result = backtest(bars, grid.params, grid.strategies)
+    png = tmp_path / "one.png"
+    plot_backtest(result, bars, "AAA", params_id=1, strategy_id=0, path=png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    out = tmp_path / "out"
+    code, _, stderr = run_cli(
+        capsys, ["sweep", str(data), "--grid", str(grid_path), "-o", str(out), "--no-progress"]
+    )
+    assert code == 0, stderr
+    chart = tmp_path / "chart.png"
+    code, _, stderr = run_cli(
+        capsys, ["plot", "--trades", str(out / "trades.parquet"), "--bars", str(data),
+                 "--symbol", "CCC", "--params-id", "1", "--strategy-id", "1", "-o", str(chart)],
+    )  # fmt: skip
+    assert code == 0, stderr
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    code, _, stderr = run_cli(
+        capsys, ["plot", "--trades", str(out / "trades.parquet"), "--symbol", "CCC"]
+    )
+    assert code == 2 and "--bars" in stderr
