@@ -233,3 +233,42 @@ def test_equals_vectorbt_from_signals_without_stops(direction, costs):
     np.testing.assert_allclose(
         closed["PnL"] / cash_in, [t.ret for t in ours.trades], rtol=0, atol=1e-9
     )
+
+
+def test_equals_vectorbt_with_a_stop_where_the_rules_coincide():
+    """A stop inside a later bar (not on the entry bar, not through an open with an order
+    pending), no slippage: vectorbt's ``sl_stop`` gives the same trades and equity."""
+    vbt = pytest.importorskip("vectorbt")
+    import pandas as pd
+
+    rng = np.random.default_rng(3)
+    close = np.round(100 + np.cumsum(rng.normal(0, 0.05, 60)), 2)
+    open_ = np.r_[close[0], close[:-1]]
+    high, low = np.maximum(open_, close) + 0.05, np.minimum(open_, close) - 0.05
+    low[14] = 96.0  # the long entered at open[6] stops here, inside the bar
+    high[40] = 104.0  # the short entered at open[31] stops here
+    longs, shorts = np.zeros(60, int), np.zeros(60, int)
+    longs[5], shorts[30] = 1, 1
+    strategy = Strategy(stop=0.02, fee_bps=10)
+    ours = backtest_reference(
+        open_.tolist(), high.tolist(), low.tolist(), close.tolist(),
+        longs.tolist(), shorts.tolist(), [True] * 60, strategy,
+    )  # fmt: skip
+    assert [(t.side, t.entry_bar, t.exit_bar, t.reason) for t in ours.trades] == [
+        (1, 6, 14, "stop"),
+        (-1, 31, 40, "stop"),
+    ]
+    shifted = [pd.Series(np.r_[False, events[:-1] == 1]) for events in (longs, shorts)]
+    none = pd.Series(np.zeros(60, bool))
+    pf = vbt.Portfolio.from_signals(
+        close=pd.Series(close), price=pd.Series(open_), high=pd.Series(high),
+        low=pd.Series(low), entries=shifted[0], exits=none, short_entries=shifted[1],
+        short_exits=none, upon_opposite_entry="reverse", size=np.inf, init_cash=1.0,
+        fees=strategy.fee, sl_stop=strategy.stop, stop_entry_price="fillprice", freq="1min",
+    )  # fmt: skip
+    np.testing.assert_allclose(pf.value().to_numpy(), ours.equity, rtol=0, atol=1e-9)
+    closed = pf.trades.records_readable
+    np.testing.assert_array_equal(closed["Exit Timestamp"], [t.exit_bar for t in ours.trades])
+    np.testing.assert_allclose(
+        closed["Avg Exit Price"], [t.exit_price for t in ours.trades], rtol=0, atol=1e-9
+    )
