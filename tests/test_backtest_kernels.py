@@ -230,6 +230,19 @@ def test_each_stream_of_a_sweep_equals_its_reference():
         assert np.isnan(out["equity"][s, n:]).all()
 
 
+def test_streams_with_more_trades_than_the_first_pass_keeps_run_again_with_room():
+    args = sweep_args()
+    roomy = run_backtest(*args, trade_capacity=args[0].shape[1])
+    counts = roomy["metrics"][:, SL.M_TRADES]
+    assert counts.max() > 2 and (counts <= 2).any()  # some overflow a capacity of 2, some not
+    tight = run_backtest(*args, trade_capacity=2)
+    for name in ("equity", "held", "metrics", "sv", "sc"):
+        assert np.array_equal(tight[name], roomy[name], equal_nan=True), name
+    room = tight["trades"].shape[1]
+    assert room == counts.max()
+    assert np.array_equal(tight["trades"], roomy["trades"][:, :room], equal_nan=True)
+
+
 @pytest.mark.cudasim
 @simulated
 def test_cuda_kernel_equals_the_cpu_driver_bit_for_bit():

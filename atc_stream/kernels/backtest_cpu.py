@@ -3,6 +3,8 @@ parallel over streams."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from numba import njit, prange
 
@@ -10,6 +12,7 @@ from atc_stream.kernels import strategy
 from atc_stream.kernels.cache import cached_jit
 from atc_stream.kernels.compile import compile_module
 from atc_stream.state.strategy_layout import (
+    M_TRADES,
     N_METRICS,
     N_STRATEGY_COUNTERS,
     N_STRATEGY_VALUES,
@@ -52,6 +55,33 @@ def backtest_outputs(n_streams: int, n_bars: int, trade_capacity: int) -> dict[s
     }
 
 
+def default_trade_capacity(n_bars: int) -> int:
+    """Trades kept per stream in the first pass: enough for nearly every stream, small
+    enough that the buffer is not the backtest's largest allocation."""
+    return min(n_bars, max(32, n_bars // 16))
+
+
+def with_room_for_every_trade(
+    run_once: Callable[..., dict[str, np.ndarray]],
+    per_stream: tuple[np.ndarray, np.ndarray, np.ndarray],
+    capacity: int,
+) -> dict[str, np.ndarray]:
+    """``run_once(bar_series, signal_series, strategy_rows, capacity)`` for every stream,
+    then again for the streams whose trades overflowed ``capacity``, with room for all
+    of them (the kernels are deterministic: the rerun closes the same trades)."""
+    out = run_once(*per_stream, capacity)
+    counts = out["metrics"][:, M_TRADES]
+    overflow = np.flatnonzero(counts > capacity)
+    if overflow.size:
+        room = int(counts[overflow].max())
+        again = run_once(*(a[overflow] for a in per_stream), room)
+        trades = np.full((counts.shape[0], room, N_TRADE_FIELDS), np.nan)
+        trades[:, :capacity] = out["trades"]
+        trades[overflow] = again["trades"]
+        out["trades"] = trades
+    return out
+
+
 def run_backtest(
     opens: np.ndarray,
     highs: np.ndarray,
@@ -76,18 +106,22 @@ def run_backtest(
     series ``bar_series[s]``, signal series ``signal_series[s]`` and strategy row
     ``strategy_rows[s]`` of ``strategy_values`` (``SP_*``) / ``strategy_ints`` (``SI_*``).
     Outputs: ``equity``/``held`` ``(streams, T)`` (NaN / 0 past a series' end),
-    ``trades`` ``(streams, capacity, TR_*)``, ``metrics`` ``(streams, M_*)``; the trade
-    count of stream ``s`` is ``metrics[s, M_TRADES]``.
-
-    ``trade_capacity`` (default: the longest series) bounds the trades kept per stream;
-    every closed trade has its own entry bar, so a series of T bars closes at most T.
+    ``trades`` ``(streams, room, TR_*)``, ``metrics`` ``(streams, M_*)``; the trade
+    count of stream ``s`` is ``metrics[s, M_TRADES]``, and every one of its trades is in
+    ``trades[s]``: the first pass keeps ``trade_capacity`` (default
+    ``default_trade_capacity``) a stream, and streams that closed more run again with
+    room for all.
     """
     n_bars = opens.shape[1]
-    capacity = n_bars if trade_capacity is None else trade_capacity
-    out = backtest_outputs(bar_series.shape[0], n_bars, capacity)
-    backtest_streams(
-        opens, highs, lows, closes, lengths, ready, longs, shorts,
-        bar_series, signal_series, strategy_rows, strategy_values, strategy_ints,
-        out["sv"], out["sc"], out["equity"], out["held"], out["trades"], out["metrics"],
-    )  # fmt: skip
-    return out
+
+    def run_once(bar_series, signal_series, strategy_rows, capacity):
+        out = backtest_outputs(bar_series.shape[0], n_bars, capacity)
+        backtest_streams(
+            opens, highs, lows, closes, lengths, ready, longs, shorts,
+            bar_series, signal_series, strategy_rows, strategy_values, strategy_ints,
+            out["sv"], out["sc"], out["equity"], out["held"], out["trades"], out["metrics"],
+        )  # fmt: skip
+        return out
+
+    capacity = default_trade_capacity(n_bars) if trade_capacity is None else trade_capacity
+    return with_room_for_every_trade(run_once, (bar_series, signal_series, strategy_rows), capacity)

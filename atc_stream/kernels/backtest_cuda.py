@@ -3,13 +3,15 @@ functions, one thread per stream, compiled without FMA contraction."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 from numba import cuda
 
 from atc_stream.kernels import cuda_simulated, strategy
-from atc_stream.kernels.backtest_cpu import backtest_outputs
+from atc_stream.kernels.backtest_cpu import (
+    backtest_outputs,
+    default_trade_capacity,
+    with_room_for_every_trade,
+)
 from atc_stream.kernels.compile import compile_module
 from atc_stream.kernels.ptx_guard import check_no_fma, no_fma
 
@@ -56,23 +58,31 @@ def run_backtest_cuda(
     trade_capacity: int | None = None,
 ) -> dict[str, np.ndarray]:
     """``backtest_cpu.run_backtest`` on the device: same arguments, same outputs, same bits."""
-    n_streams = bar_series.shape[0]
     n_bars = opens.shape[1]
-    capacity = n_bars if trade_capacity is None else trade_capacity
-    host = backtest_outputs(n_streams, n_bars, capacity)
-    if n_streams == 0:
-        return host
-    inputs = [
-        opens, highs, lows, closes, lengths, ready, longs, shorts,
-        bar_series, signal_series, strategy_rows, strategy_values, strategy_ints,
-    ]  # fmt: skip
+    shared = [
+        cuda.to_device(np.ascontiguousarray(a))
+        for a in (opens, highs, lows, closes, lengths, ready, longs, shorts)
+    ]
+    table = [cuda.to_device(np.ascontiguousarray(a)) for a in (strategy_values, strategy_ints)]
     names = ("sv", "sc", "equity", "held", "trades", "metrics")
-    device: list[Any] = [cuda.to_device(np.ascontiguousarray(a)) for a in inputs]
-    outputs = [cuda.to_device(host[name]) for name in names]
-    blocks = (n_streams + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK
-    with no_fma():
-        backtest_kernel[blocks, THREADS_PER_BLOCK](*device, *outputs)
-    check_no_fma(backtest_kernel, "backtest_kernel")
-    for name, array in zip(names, outputs, strict=True):
-        host[name] = array.copy_to_host()
-    return host
+
+    def run_once(bar_series, signal_series, strategy_rows, capacity):
+        n_streams = bar_series.shape[0]
+        host = backtest_outputs(n_streams, n_bars, capacity)
+        if n_streams == 0:
+            return host
+        per_stream = [
+            cuda.to_device(np.ascontiguousarray(a))
+            for a in (bar_series, signal_series, strategy_rows)
+        ]
+        outputs = [cuda.to_device(host[name]) for name in names]
+        blocks = (n_streams + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK
+        with no_fma():
+            backtest_kernel[blocks, THREADS_PER_BLOCK](*shared, *per_stream, *table, *outputs)
+        check_no_fma(backtest_kernel, "backtest_kernel")
+        for name, array in zip(names, outputs, strict=True):
+            host[name] = array.copy_to_host()
+        return host
+
+    capacity = default_trade_capacity(n_bars) if trade_capacity is None else trade_capacity
+    return with_room_for_every_trade(run_once, (bar_series, signal_series, strategy_rows), capacity)
