@@ -152,18 +152,10 @@ def _bar_columns(bars: Any, time_unit: str | None):
     def column(name: str) -> Any:
         return bars.column(name) if inputs.is_arrow(bars, "Table") else bars[name]
 
-    raw = column("symbol")
-    if inputs.is_arrow(raw, "Array", "ChunkedArray"):
-        raw = raw.to_pylist()
-    elif inputs.is_pandas(raw, "Series"):
-        raw = raw.to_numpy(dtype=object)
-    symbols = np.asarray(raw, dtype=object)
-    for i, symbol in enumerate(symbols.tolist()):
-        if not isinstance(symbol, str):
-            raise ValueError(f"bars row {i}: symbol must be a string, got {symbol!r}")
+    symbols = _symbol_codes(column("symbol"))
     times = inputs.times_to_ms(column("time"), time_unit, what="column 'time'")
     prices = {name: inputs.closes_array(column(name)) for name in PRICE_COLUMNS}
-    n = symbols.shape[0]
+    n = symbols.codes.shape[0]
     for name, values in [("time", times), *prices.items()]:
         if values.shape != (n,):
             raise ValueError(f"bars column {name!r} has shape {values.shape}, expected ({n},)")
@@ -172,7 +164,43 @@ def _bar_columns(bars: Any, time_unit: str | None):
     return symbols, times, prices
 
 
-def _check_prices(symbols: np.ndarray, times: np.ndarray, prices: dict[str, np.ndarray]):
+class _Symbols:
+    """A symbol column as codes into ``names`` (names in order of first appearance)."""
+
+    def __init__(self, names: list[str], codes: np.ndarray) -> None:
+        self.names = names
+        self.codes = codes
+
+    def __getitem__(self, row: int) -> str:
+        return self.names[int(self.codes[row])]
+
+
+def _symbol_codes(raw: Any) -> _Symbols:
+    """Dictionary-encode the symbol column with Arrow (no Python object per row); a cell
+    that is not a string raises naming its row."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        if inputs.is_arrow(raw, "ChunkedArray"):
+            raw = raw.combine_chunks()
+        if inputs.is_arrow(raw, "Array"):
+            text = raw.cast(pa.string())  # a dictionary column too: its unused entries go
+        else:
+            values = raw.to_numpy(dtype=object) if inputs.is_pandas(raw, "Series") else raw
+            text = pa.array(np.asarray(values, dtype=object), type=pa.string())
+        if text.null_count:
+            raise TypeError("a missing symbol")
+        encoded = pc.dictionary_encode(text)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError):
+        cells = raw.to_pylist() if inputs.is_arrow(raw, "Array") else list(raw)
+        i, bad = next((i, x) for i, x in enumerate(cells) if not isinstance(x, str))
+        raise ValueError(f"bars row {i}: symbol must be a string, got {bad!r}") from None
+    names = [str(name) for name in encoded.dictionary.to_pylist()]
+    return _Symbols(names, encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64))
+
+
+def _check_prices(symbols: _Symbols, times: np.ndarray, prices: dict[str, np.ndarray]):
     o, h, lo, c = (prices[name] for name in PRICE_COLUMNS)
     problems: list[tuple[np.ndarray, Any]] = []
     for name in PRICE_COLUMNS:
@@ -199,10 +227,10 @@ def _range(low: Any, high: Any) -> str:
     return f"[low {float(low)!r}, high {float(high)!r}]"
 
 
-def _group_rows(symbols: np.ndarray, times: np.ndarray) -> tuple[list[str], list[np.ndarray]]:
+def _group_rows(symbols: _Symbols, times: np.ndarray) -> tuple[list[str], list[np.ndarray]]:
     """Symbols in order of first appearance and each one's rows; a time that does not
     follow its symbol's previous one raises naming the row."""
-    names, first, codes = np.unique(symbols.astype(str), return_index=True, return_inverse=True)
+    codes = symbols.codes
     order = np.argsort(codes, kind="stable")
     sorted_codes, sorted_times = codes[order], times[order]
     bad = (sorted_codes[1:] == sorted_codes[:-1]) & (sorted_times[1:] <= sorted_times[:-1])
@@ -215,10 +243,9 @@ def _group_rows(symbols: np.ndarray, times: np.ndarray) -> tuple[list[str], list
             f"bars row {i} (symbol {symbols[i]!r}): time {int(times[i])} {what} the time "
             f"{int(times[prev])} of row {prev}; each symbol's times must increase"
         )
-    appearance = np.argsort(first, kind="stable")
-    starts = np.searchsorted(sorted_codes, np.arange(names.shape[0] + 1))
-    rows_of = [order[starts[k] : starts[k + 1]] for k in appearance]
-    return [str(names[k]) for k in appearance], rows_of
+    starts = np.searchsorted(sorted_codes, np.arange(len(symbols.names) + 1))
+    rows_of = [order[starts[k] : starts[k + 1]] for k in range(len(symbols.names))]
+    return list(symbols.names), rows_of
 
 
 # -- ATC signals on the kernels -----------------------------------------------------------
