@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import sys
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -18,6 +17,7 @@ import pyarrow as pa
 
 from atc_stream.core.params import ATCParams
 from atc_stream.core.strategy import Strategy
+from atc_stream.core.toml_files import read_toml
 
 #: The most sets one table may produce (a typo like ``range(1000)`` is refused, not run).
 MAX_SETS = 100_000
@@ -53,15 +53,10 @@ class Grid:
 
 def load_grid(path: str | os.PathLike) -> Grid:
     """The ``Grid`` of a TOML file; ``GridError`` naming the file and the key."""
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # tomli is installed only where it is needed, so the checker may not find it
-        import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
     try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise GridError(f"cannot read grid {path}: {exc}") from None
+        data = read_toml(path, "grid")
+    except ValueError as exc:
+        raise GridError(str(exc)) from None
     return parse_grid(data, where=str(path))
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from atc_stream.core.params import _is_bool, _is_int, _is_real
+from atc_stream.core.toml_files import read_toml
 
 #: The values of ``Strategy.direction``, and the side code each one allows.
 DIRECTIONS: tuple[str, ...] = ("long_short", "long_only", "short_only")
@@ -96,15 +96,7 @@ def load_strategies(path: str | os.PathLike) -> list[Strategy]:
 
     ``ValueError`` (one line) for a file that cannot be read or holds invalid values.
     """
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # tomli is installed only where it is needed, so the checker may not find it
-        import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ValueError(f"cannot read strategies from {path}: {exc}") from None
+    data = read_toml(path, "strategies from")
     items = data.get("strategy", data)
     items = items if isinstance(items, list) else [items]
     try:
