@@ -18,7 +18,9 @@ import numpy as np
 
 from atc_stream.core.params import ATCParams
 from atc_stream.core.results import StreamKey
+from atc_stream.core.strategy import Strategy
 from atc_stream.state import layout as L
+from atc_stream.state import strategy_layout as SL
 
 __all__ = [
     "CHECKSUM_ALGORITHM",
@@ -43,10 +45,11 @@ __all__ = [
 
 #: First bytes of every snapshot blob.
 MAGIC = b"ATCSNAP\x00"
-#: Version of the blob layout and header schema written by this build.
-FORMAT_VERSION = 1
+#: Version of the blob layout and header schema written by this build (2: the strategy
+#: table and state; a version-1 snapshot loads as an engine without strategies).
+FORMAT_VERSION = 2
 #: Versions this build can read.
-READABLE_VERSIONS = frozenset({FORMAT_VERSION})
+READABLE_VERSIONS = frozenset({1, FORMAT_VERSION})
 #: Floating-point dtype of the state arrays in this build.
 STATE_DTYPE = "float64"
 CHECKSUM_ALGORITHM = "blake2b-256"
@@ -62,7 +65,14 @@ ARRAY_DTYPES: dict[str, str] = {
     "in_use": "|b1",
     "param_lengths": "<i8",
     "param_values": "<f8",
+    "strategy_values": "<f8",
+    "strategy_counters": "<i8",
+    "strategy_entry_times": "<i8",
+    "strategy_param_values": "<f8",
+    "strategy_param_ints": "<i8",
 }
+#: The arrays a version-1 snapshot lacks (empty: no strategies).
+STRATEGY_ARRAYS = tuple(name for name in ARRAY_DTYPES if name.startswith("strategy_"))
 
 
 def layout_fingerprint() -> dict[str, int]:
@@ -80,6 +90,17 @@ def layout_fingerprint() -> dict[str, int]:
         "PARAM_ROW": L.PARAM_ROW,
         "DIRECTION": L.DIRECTION,
     }
+
+
+def strategy_layout_fingerprint() -> dict[str, int]:
+    """The constants the strategy arrays depend on (``state/strategy_layout.py``)."""
+    return {
+        name: getattr(SL, name)
+        for name in (
+            "N_STRATEGY_VALUES", "N_STRATEGY_COUNTERS", "N_STRATEGY_PARAM_VALUES",
+            "N_STRATEGY_PARAM_INTS", "S_CASH", "S_EQUITY", "S_SIDE", "S_BARS", "S_TRADES",
+        )
+    }  # fmt: skip
 
 
 class SnapshotError(ValueError):
@@ -142,6 +163,10 @@ class SnapshotHeader(msgspec.Struct, kw_only=True):
     checksum_algorithm: str
     checksum: str  #: hex digest of the raw (decompressed) array bytes
     payload_checksum: str  #: hex digest of the stored payload bytes
+    #: the strategy table, row order (``Strategy.to_dict``); empty before version 2
+    strategies: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    #: ``strategy_layout_fingerprint()`` of the writer (empty without strategies)
+    strategy_layout: dict[str, int] = msgspec.field(default_factory=dict)
 
     @property
     def registry(self) -> dict[StreamKey, int]:
@@ -226,6 +251,7 @@ class CapturedState:
     source_offsets: dict[str, Any] = field(default_factory=dict)
     rejections: dict[str, int] = field(default_factory=dict)
     created_at: float = field(default_factory=time.time)
+    strategies: list[dict[str, Any]] = field(default_factory=list)
 
 
 def normalize_offsets(source_offsets: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -261,8 +287,12 @@ def capture_state(
     source_offsets: Mapping[str, Any] | None = None,
     rejections: Mapping[str, int] | None = None,
     copy: bool = True,
+    strategies: Sequence[Strategy] = (),
+    strategy_arrays: Mapping[str, np.ndarray] | None = None,
 ) -> CapturedState:
-    """Copy the given host state (``copy=False`` only when it is encoded right away)."""
+    """Copy the given host state (``copy=False`` only when it is encoded right away).
+
+    ``strategy_arrays``: the ``STRATEGY_ARRAYS`` of an engine with ``strategies``."""
     arrays = {
         "ring": ring,
         "values": values,
@@ -270,6 +300,8 @@ def capture_state(
         "in_use": in_use,
         "param_lengths": param_lengths,
         "param_values": param_values,
+        **_strategy_arrays(0, len(strategies)),
+        **(strategy_arrays or {}),
     }
     arrays = {name: np.array(a, copy=True) if copy else np.asarray(a) for name, a in arrays.items()}
     return CapturedState(
@@ -281,7 +313,24 @@ def capture_state(
         ring_capacity=int(ring_capacity),
         source_offsets=normalize_offsets(source_offsets),
         rejections={str(k): int(v) for k, v in (rejections or {}).items()},
+        strategies=[s.to_dict() for s in strategies],
     )
+
+
+def _strategy_arrays(rows: int, n_strategies: int) -> dict[str, np.ndarray]:
+    """Empty strategy arrays (as a version-1 snapshot implies)."""
+    shapes = _strategy_shapes(rows, n_strategies)
+    return {name: np.zeros(shape, ARRAY_DTYPES[name]) for name, shape in shapes.items()}
+
+
+def _strategy_shapes(rows: int, n_strategies: int) -> dict[str, tuple[int, ...]]:
+    return {
+        "strategy_values": (rows, SL.N_STRATEGY_VALUES),
+        "strategy_counters": (rows, SL.N_STRATEGY_COUNTERS),
+        "strategy_entry_times": (rows,),
+        "strategy_param_values": (n_strategies, SL.N_STRATEGY_PARAM_VALUES),
+        "strategy_param_ints": (n_strategies, SL.N_STRATEGY_PARAM_INTS),
+    }
 
 
 # -- encode (may run on a background thread) ------------------------------------------------------
@@ -346,6 +395,8 @@ def encode_snapshot(
         checksum_algorithm=CHECKSUM_ALGORITHM,
         checksum=raw_digest,
         payload_checksum=raw_digest if payload is raw else _digest(payload).hex(),
+        strategies=captured.strategies,
+        strategy_layout=strategy_layout_fingerprint() if captured.strategies else {},
     )
     return assemble_blob(header, payload)
 
@@ -380,6 +431,10 @@ class Snapshot:
     @property
     def source_offsets(self) -> dict[str, Any]:
         return self.header.source_offsets
+
+    @property
+    def strategies(self) -> list[Strategy]:
+        return [Strategy.from_dict(d) for d in self.header.strategies]
 
 
 def _split(blob) -> tuple[SnapshotHeader, memoryview]:
@@ -460,6 +515,11 @@ def _check_header(header: SnapshotHeader, dtype: str) -> None:
             f"snapshot checksum algorithm {header.checksum_algorithm!r} is not supported "
             f"(expected {CHECKSUM_ALGORITHM!r})"
         )
+    if header.strategies and header.strategy_layout != strategy_layout_fingerprint():
+        raise SnapshotError(
+            "snapshot strategy layout differs from this build's (state/strategy_layout.py): "
+            f"{header.strategy_layout} vs {strategy_layout_fingerprint()}"
+        )
     if header.compression not in COMPRESSIONS:
         raise SnapshotError(
             f"snapshot compression {header.compression!r} is not supported here "
@@ -478,11 +538,14 @@ def read_header(blob) -> SnapshotHeader:
 
 def _arrays_from_raw(header: SnapshotHeader, raw) -> dict[str, np.ndarray]:
     specs = {s.name: s for s in header.arrays}
-    missing = [name for name in ARRAY_DTYPES if name not in specs]
+    older = header.format_version < 2  # written before strategies: none
+    missing = [n for n in ARRAY_DTYPES if n not in specs and not (older and n in STRATEGY_ARRAYS)]
     if missing:
         raise SnapshotError(f"snapshot lacks the state array(s) {missing}")
-    arrays = {}
+    arrays = _strategy_arrays(0, 0) if older else {}
     for name, want in ARRAY_DTYPES.items():
+        if name not in specs:
+            continue
         spec = specs[name]
         if spec.dtype != want:
             raise SnapshotError(
@@ -515,6 +578,7 @@ def _array_shapes(header: SnapshotHeader) -> dict[str, tuple[int, ...]]:
         "in_use": (cap,),
         "param_lengths": (n_params, L.N_LENGTH_COLUMNS),
         "param_values": (n_params, L.N_PARAM_VALUES),
+        **_strategy_shapes(cap * len(header.strategies), len(header.strategies)),
     }
 
 
@@ -551,6 +615,7 @@ def _check_consistency(header: SnapshotHeader, arrays: dict[str, np.ndarray]) ->
             f"snapshot ring capacity {rc} is below the {table.ring_capacity_needed} "
             "closes its parameter sets need"
         )
+    _check_strategies(header, arrays)
     in_use, counters = arrays["in_use"], arrays["counters"]
     seen_slots: set[int] = set()
     seen_keys: set[StreamKey] = set()
@@ -582,12 +647,29 @@ def _check_consistency(header: SnapshotHeader, arrays: dict[str, np.ndarray]) ->
         )
 
 
+def _check_strategies(header: SnapshotHeader, arrays: dict[str, np.ndarray]) -> None:
+    """The strategy dicts must rebuild exactly the stored strategy table."""
+    from atc_stream.state.arrays import StrategyTable
+
+    try:
+        table = StrategyTable([Strategy.from_dict(d) for d in header.strategies])
+    except (TypeError, ValueError) as exc:
+        raise SnapshotError(f"snapshot strategy is invalid: {exc}") from None
+    if not (
+        np.array_equal(table.values.view(np.int64), arrays["strategy_param_values"].view(np.int64))
+        and np.array_equal(table.ints, arrays["strategy_param_ints"])
+    ):
+        raise SnapshotError("snapshot strategy table does not match its strategies")
+
+
 def _expected_raw_size(header: SnapshotHeader) -> int:
     """Bytes of the state arrays that ``header``'s capacity, ring and parameter sets need."""
     cap, rc = header.capacity, header.ring_capacity
     if cap < 0 or rc < 0:
         raise SnapshotError(f"snapshot declares a negative capacity ({cap}) or ring ({rc})")
     shapes = _array_shapes(header)
+    if header.format_version < 2:
+        shapes = {n: shape for n, shape in shapes.items() if n not in STRATEGY_ARRAYS}
     return sum(math.prod(shape) * np.dtype(ARRAY_DTYPES[n]).itemsize for n, shape in shapes.items())
 
 
