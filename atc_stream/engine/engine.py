@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from atc_stream.core import inputs, output_row, schema
+from atc_stream.core import inputs, schema
 from atc_stream.core.params import ATCParams
 from atc_stream.core.results import (
     PendingStep,
@@ -21,22 +21,20 @@ from atc_stream.core.results import (
     UnknownStreamError,
 )
 from atc_stream.core.strategy import Strategy
-from atc_stream.engine import paper
+from atc_stream.engine import paper, snapshots, warmups
 from atc_stream.engine.backends import make_backend
-from atc_stream.engine.backtest import SIGNAL_CHUNK_BYTES, as_strategy_list
+from atc_stream.engine.backtest import as_strategy_list
 from atc_stream.engine.parsing import (
     Columns,
     Reject,
     as_update_arrays,
     is_symbol,
-    pad_histories,
     parse_columns,
-    parse_history,
     parse_items,
 )
 from atc_stream.kernels import batch
 from atc_stream.kernels.backend import Backend, ReadyFields
-from atc_stream.kernels.prepare import PrepareReport, kernels_loaded, prepare_kernels
+from atc_stream.kernels.prepare import PrepareReport, prepare_kernels
 from atc_stream.state import layout as L
 from atc_stream.state.arrays import StateStore
 
@@ -172,13 +170,16 @@ class Engine:
         key = StreamKey(symbol, self.interval, params_id)
         if key in self._slot_of:
             return key
-        slot = self.store.allocate(params_id)
+        self.register_slot(key, self.store.allocate(params_id))
+        return key
+
+    def register_slot(self, key: StreamKey, slot: int) -> None:
+        """Name ``slot`` (allocated, holding its state) as stream ``key``."""
         if self.store.capacity > len(self._keys_by_slot):
             self._keys_by_slot.extend([None] * (self.store.capacity - len(self._keys_by_slot)))
         self._keys_by_slot[slot] = key
         self._slot_of[key] = slot
-        self._set_symbol_slots(symbol, [*self._symbol_slots.get(symbol, ()), slot])
-        return key
+        self._set_symbol_slots(key.symbol, [*self._symbol_slots.get(key.symbol, ()), slot])
 
     def remove_symbol(self, symbol: str) -> None:
         for slot in self._symbol_slots.get(symbol, ()):
@@ -599,88 +600,7 @@ class Engine:
         strategy outputs are those of each stream's last bar (trades closed before it
         are in :meth:`strategy_metrics`, not listed).
         """
-        rejected: list[Rejection] = []
-        if self.strategies:
-            series_of = paper.ohlc_history(history, columns, time_unit, self._rejecter(rejected))
-            history = {sym: (v[0], v[4]) for sym, v in series_of.items()}
-        else:
-            history = inputs.history_from(history, columns=columns, time_unit=time_unit)
-        jobs = []  # (slot, times, closes[, opens, highs, lows, closes]): accepted bars only
-        for symbol, series in history.items():
-            parsed = parse_history(symbol, series, self._rejecter(rejected))
-            if parsed is None:
-                continue
-            times, closes = parsed
-            if symbol not in self._symbol_slots:
-                self.add_symbol(symbol)
-            for slot in self._symbol_slots[symbol]:
-                ok = self._accepted_history(slot, times, closes, rejected)
-                job: tuple = (int(slot), times[ok], closes[ok])
-                if self.strategies:
-                    job += tuple(v[ok] for v in series_of[symbol][1:])
-                jobs.append(job)
-        results = []
-        chunk = self.backend.warmup_chunk
-        if self.strategies:  # every bar's outputs are kept: bound them like backtest()
-            longest = max((len(job[1]) for job in jobs), default=1)
-            chunk = max(1, min(chunk, SIGNAL_CHUNK_BYTES // (8 * longest * output_row.N_OUT)))
-        chunks = range(0, len(jobs), chunk)
-        if progress:
-            from tqdm import tqdm
-
-            self._load_kernels_first()
-            chunks = tqdm(chunks, desc="warmup", unit="chunk", leave=False)
-        for start in chunks:
-            results.append(self._warmup_chunk(jobs[start : start + chunk]))
-        if not results:
-            empty = np.zeros(0, np.int64)
-            return self._result(
-                empty, empty, np.zeros(0), np.zeros((0, output_row.N_OUT)), rejected
-            )
-        parts = list(zip(*results, strict=True))
-        slots, times, closes, outs = (np.concatenate(p) for p in parts[:4])
-        applied = ~np.isnan(outs[:, output_row.OUT_BAR_INDEX])
-        strategy = paper.concat_rows(parts[4]) if self.strategies else None
-        return self._result(
-            slots[applied], times[applied], closes[applied], outs[applied], rejected,
-            strategy=None if strategy is None else strategy.take(applied),
-        )  # fmt: skip
-
-    def _load_kernels_first(self) -> None:
-        """A phase of its own before a progress bar, so its rate and ETA leave compiling
-        (or loading) the kernels out."""
-        if self.backend.name != "cpu":
-            return
-        if not kernels_loaded():
-            self.compile(progress=True)
-
-    def _accepted_history(self, slot, times, closes, rejected):
-        reasons = np.zeros(times.shape[0], np.int64)
-        last_time = self.store.counters[slot, L.LAST_TIME]
-        batch.check_history(self.store.in_use, slot, times, closes, last_time, reasons)
-        ok = reasons == batch.ACCEPTED
-        if not ok.all():
-            self._report_codes(
-                reasons, np.full(times.shape[0], slot), times, closes,
-                np.arange(times.shape[0]), rejected,
-            )  # fmt: skip
-        return ok
-
-    def _warmup_chunk(self, jobs):
-        slots, times, closes, counts = pad_histories([job[:3] for job in jobs])
-        last = np.maximum(counts - 1, 0)
-        rows = np.arange(len(jobs))
-        if not self.strategies:
-            out = self.backend.warmup(slots, times, closes, counts, False)[:, 0]
-            return slots, times[rows, last], closes[rows, last], out
-        every = self.backend.warmup(slots, times, closes, counts, True)
-        ready_from = self.store.params.ready_bars[self.store.counters[slots, L.PARAM_ROW]]
-        prices = paper.pad_prices(jobs, times.shape[1])
-        strategy = paper.warmup_strategies(
-            self.store, self.threads, slots, times, prices, counts, every, ready_from
-        )
-        out = every[rows, last]
-        return slots, times[rows, last], closes[rows, last], out, strategy
+        return warmups.warmup(self, history, progress, time_unit, columns)
 
     # -- snapshots (format: state/snapshot.py; stores: state/snapshot_stores.py) ---------------
 
@@ -700,33 +620,7 @@ class Engine:
         Only array copies: cheap enough for the step loop; encoding can run elsewhere.
         ``source_offsets`` are merged into ``self.source_offsets`` first.
         """
-        from atc_stream.state.snapshot import capture_state, normalize_offsets
-
-        if source_offsets:
-            self.source_offsets.update(normalize_offsets(source_offsets))
-        self.backend.pull_state()
-        s = self.store
-        # free slots after the last live one are left out, so a snapshot's size follows
-        # the streams, not the capacity (slot numbers stay as they are)
-        live = np.flatnonzero(s.in_use)
-        n = int(live[-1]) + 1 if live.size else 1
-        rows = n * len(s.strategies)
-        return capture_state(
-            params=s.params.params, interval=self.interval,
-            backend=self.backend.name,
-            registry=self._slot_of, ring=s.ring[:n], values=s.values[:n],
-            counters=s.counters[:n], in_use=s.in_use[:n],
-            param_lengths=s.params.lengths, param_values=s.params.values,
-            ring_capacity=s.ring_capacity, source_offsets=self.source_offsets,
-            rejections=self.rejections, copy=copy, strategies=s.strategies.strategies,
-            strategy_arrays={
-                "strategy_values": s.strategy_values[:rows],
-                "strategy_counters": s.strategy_counters[:rows],
-                "strategy_entry_times": s.strategy_entry_times[:rows],
-                "strategy_param_values": s.strategies.values,
-                "strategy_param_ints": s.strategies.ints,
-            },
-        )  # fmt: skip
+        return snapshots.capture(self, source_offsets, copy)
 
     def snapshot(
         self, source_offsets: Mapping[str, Any] | None = None, compression: str = "zlib"
@@ -762,35 +656,7 @@ class Engine:
             threads=threads, outputs=outputs, cuda_graph=cuda_graph,
             strategies=snap.strategies or None,
         )  # fmt: skip
-        store = eng.store
-        reshaped = False
-        names = ["ring", "values", "counters", "in_use"]
-        if snap.header.strategies:
-            names += ["strategy_values", "strategy_counters", "strategy_entry_times"]
-        for name in names:
-            current = getattr(store, name)
-            if current.shape == snap.arrays[name].shape:
-                np.copyto(current, snap.arrays[name])  # keeps the backend's host buffers
-            else:
-                setattr(store, name, snap.arrays[name])
-                reshaped = True
-        if reshaped:
-            store.ring_capacity = h.ring_capacity
-            store.generation += 1
-            old, eng.backend = (
-                eng.backend,
-                make_backend(backend, store, eng.threads, eng.cuda_graph),
-            )
-            old.close()
-        by_symbol: dict[str, list[int]] = {}
-        for key, slot in h.registry.items():
-            eng._keys_by_slot[slot] = key
-            eng._slot_of[key] = slot
-            by_symbol.setdefault(key.symbol, []).append(slot)
-        eng._symbol_slots = {sym: np.array(sorted(v), np.int64) for sym, v in by_symbol.items()}
-        eng.rejections.update(h.rejections)
-        eng.source_offsets = h.source_offsets
-        eng.backend.push_state()
+        snapshots.load_state(eng, snap, backend)
         return eng
 
 
