@@ -20,7 +20,13 @@ from atc_stream.core.params import ATCParams
 from atc_stream.core.results import StreamKey
 from atc_stream.core.strategy import Strategy
 from atc_stream.state import layout as L
-from atc_stream.state import strategy_layout as SL
+from atc_stream.state.snapshot_strategies import (
+    STRATEGY_DTYPES,
+    check_strategy_table,
+    empty_strategy_arrays,
+    strategy_layout_fingerprint,
+    strategy_shapes,
+)
 
 __all__ = [
     "CHECKSUM_ALGORITHM",
@@ -65,14 +71,8 @@ ARRAY_DTYPES: dict[str, str] = {
     "in_use": "|b1",
     "param_lengths": "<i8",
     "param_values": "<f8",
-    "strategy_values": "<f8",
-    "strategy_counters": "<i8",
-    "strategy_entry_times": "<i8",
-    "strategy_param_values": "<f8",
-    "strategy_param_ints": "<i8",
+    **STRATEGY_DTYPES,
 }
-#: The arrays a version-1 snapshot lacks (empty: no strategies).
-STRATEGY_ARRAYS = tuple(name for name in ARRAY_DTYPES if name.startswith("strategy_"))
 
 
 def layout_fingerprint() -> dict[str, int]:
@@ -90,17 +90,6 @@ def layout_fingerprint() -> dict[str, int]:
         "PARAM_ROW": L.PARAM_ROW,
         "DIRECTION": L.DIRECTION,
     }
-
-
-def strategy_layout_fingerprint() -> dict[str, int]:
-    """The constants the strategy arrays depend on (``state/strategy_layout.py``)."""
-    return {
-        name: getattr(SL, name)
-        for name in (
-            "N_STRATEGY_VALUES", "N_STRATEGY_COUNTERS", "N_STRATEGY_PARAM_VALUES",
-            "N_STRATEGY_PARAM_INTS", "S_CASH", "S_EQUITY", "S_SIDE", "S_BARS", "S_TRADES",
-        )
-    }  # fmt: skip
 
 
 class SnapshotError(ValueError):
@@ -292,7 +281,7 @@ def capture_state(
 ) -> CapturedState:
     """Copy the given host state (``copy=False`` only when it is encoded right away).
 
-    ``strategy_arrays``: the ``STRATEGY_ARRAYS`` of an engine with ``strategies``."""
+    ``strategy_arrays``: the ``STRATEGY_DTYPES`` of an engine with ``strategies``."""
     arrays = {
         "ring": ring,
         "values": values,
@@ -300,7 +289,7 @@ def capture_state(
         "in_use": in_use,
         "param_lengths": param_lengths,
         "param_values": param_values,
-        **_strategy_arrays(0, len(strategies)),
+        **empty_strategy_arrays(0, len(strategies)),
         **(strategy_arrays or {}),
     }
     arrays = {name: np.array(a, copy=True) if copy else np.asarray(a) for name, a in arrays.items()}
@@ -315,22 +304,6 @@ def capture_state(
         rejections={str(k): int(v) for k, v in (rejections or {}).items()},
         strategies=[s.to_dict() for s in strategies],
     )
-
-
-def _strategy_arrays(rows: int, n_strategies: int) -> dict[str, np.ndarray]:
-    """Empty strategy arrays (as a version-1 snapshot implies)."""
-    shapes = _strategy_shapes(rows, n_strategies)
-    return {name: np.zeros(shape, ARRAY_DTYPES[name]) for name, shape in shapes.items()}
-
-
-def _strategy_shapes(rows: int, n_strategies: int) -> dict[str, tuple[int, ...]]:
-    return {
-        "strategy_values": (rows, SL.N_STRATEGY_VALUES),
-        "strategy_counters": (rows, SL.N_STRATEGY_COUNTERS),
-        "strategy_entry_times": (rows,),
-        "strategy_param_values": (n_strategies, SL.N_STRATEGY_PARAM_VALUES),
-        "strategy_param_ints": (n_strategies, SL.N_STRATEGY_PARAM_INTS),
-    }
 
 
 # -- encode (may run on a background thread) ------------------------------------------------------
@@ -539,10 +512,10 @@ def read_header(blob) -> SnapshotHeader:
 def _arrays_from_raw(header: SnapshotHeader, raw) -> dict[str, np.ndarray]:
     specs = {s.name: s for s in header.arrays}
     older = header.format_version < 2  # written before strategies: none
-    missing = [n for n in ARRAY_DTYPES if n not in specs and not (older and n in STRATEGY_ARRAYS)]
+    missing = [n for n in ARRAY_DTYPES if n not in specs and not (older and n in STRATEGY_DTYPES)]
     if missing:
         raise SnapshotError(f"snapshot lacks the state array(s) {missing}")
-    arrays = _strategy_arrays(0, 0) if older else {}
+    arrays = empty_strategy_arrays(0, 0) if older else {}
     for name, want in ARRAY_DTYPES.items():
         if name not in specs:
             continue
@@ -578,7 +551,7 @@ def _array_shapes(header: SnapshotHeader) -> dict[str, tuple[int, ...]]:
         "in_use": (cap,),
         "param_lengths": (n_params, L.N_LENGTH_COLUMNS),
         "param_values": (n_params, L.N_PARAM_VALUES),
-        **_strategy_shapes(cap * len(header.strategies), len(header.strategies)),
+        **strategy_shapes(cap * len(header.strategies), len(header.strategies)),
     }
 
 
@@ -615,7 +588,10 @@ def _check_consistency(header: SnapshotHeader, arrays: dict[str, np.ndarray]) ->
             f"snapshot ring capacity {rc} is below the {table.ring_capacity_needed} "
             "closes its parameter sets need"
         )
-    _check_strategies(header, arrays)
+    try:
+        check_strategy_table(header.strategies, arrays)
+    except (TypeError, ValueError) as exc:
+        raise SnapshotError(f"snapshot strategies: {exc}") from None
     in_use, counters = arrays["in_use"], arrays["counters"]
     seen_slots: set[int] = set()
     seen_keys: set[StreamKey] = set()
@@ -647,21 +623,6 @@ def _check_consistency(header: SnapshotHeader, arrays: dict[str, np.ndarray]) ->
         )
 
 
-def _check_strategies(header: SnapshotHeader, arrays: dict[str, np.ndarray]) -> None:
-    """The strategy dicts must rebuild exactly the stored strategy table."""
-    from atc_stream.state.arrays import StrategyTable
-
-    try:
-        table = StrategyTable([Strategy.from_dict(d) for d in header.strategies])
-    except (TypeError, ValueError) as exc:
-        raise SnapshotError(f"snapshot strategy is invalid: {exc}") from None
-    if not (
-        np.array_equal(table.values.view(np.int64), arrays["strategy_param_values"].view(np.int64))
-        and np.array_equal(table.ints, arrays["strategy_param_ints"])
-    ):
-        raise SnapshotError("snapshot strategy table does not match its strategies")
-
-
 def _expected_raw_size(header: SnapshotHeader) -> int:
     """Bytes of the state arrays that ``header``'s capacity, ring and parameter sets need."""
     cap, rc = header.capacity, header.ring_capacity
@@ -669,7 +630,7 @@ def _expected_raw_size(header: SnapshotHeader) -> int:
         raise SnapshotError(f"snapshot declares a negative capacity ({cap}) or ring ({rc})")
     shapes = _array_shapes(header)
     if header.format_version < 2:
-        shapes = {n: shape for n, shape in shapes.items() if n not in STRATEGY_ARRAYS}
+        shapes = {n: shape for n, shape in shapes.items() if n not in STRATEGY_DTYPES}
     return sum(math.prod(shape) * np.dtype(ARRAY_DTYPES[n]).itemsize for n, shape in shapes.items())
 
 
