@@ -250,3 +250,11 @@ def test_a_format_1_snapshot_loads_and_continues_like_a_fresh_engine():
     b = fresh.step([("AAA", int(times[40]), float(closes[40]))])
     assert np.array_equal(a.signal.view(np.int64), b.signal.view(np.int64))
     assert np.array_equal(a.long_events, b.long_events)
+
+
+def test_the_readme_paper_trading_example_runs(capsys):
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    block = next(b for b in readme.split("```python\n")[1:] if "strategies=[" in b)
+    names: dict = {}
+    exec(compile(block.split("```")[0], "README.md (paper trading)", "exec"), names)
+    assert len(names["eng"].strategy_metrics()["trades"]) == 2
