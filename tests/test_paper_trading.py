@@ -258,3 +258,29 @@ def test_the_readme_paper_trading_example_runs(capsys):
     names: dict = {}
     exec(compile(block.split("```")[0], "README.md (paper trading)", "exec"), names)
     assert len(names["eng"].strategy_metrics()["trades"]) == 2
+
+
+def test_growing_capacity_and_previews_leave_the_strategy_streams_as_backtest(bars, reference):
+    eng = engine(capacity=1)  # every add grows the store, strategy rows with it
+    assert eng.store.strategy_values.shape[0] == eng.store.capacity * len(STRATEGIES)
+    trades = []
+    for t in sorted({r[1] for r in bars}):
+        step_bars = [r for r in bars if r[1] == t]
+        preview = eng.preview([(s, t + BAR_MS, *p[:3], p[3]) for s, _, *p in step_bars])
+        assert preview.strategy is None
+        trades += eng.step(step_bars).trade_records()
+    assert_same_trades(trades, expected_records(reference))
+    assert_same_metrics(eng, reference)
+    with pytest.raises(ValueError, match="CPU backend"):
+        eng.move_to("cuda")
+
+
+def test_a_removed_then_added_symbol_starts_its_strategies_afresh(bars):
+    eng = engine()
+    eng.step([r for r in bars if r[1] <= BASE_TIME + BAR_MS * 50])
+    eng.remove_symbol("AAA")
+    eng.add_symbol("AAA")
+    metrics = eng.strategy_metrics()
+    fresh = metrics["symbol"] == "AAA"
+    assert (metrics["trades"][fresh] == 0).all() and (metrics["final_equity"][fresh] == 1.0).all()
+    assert (metrics["trades"][~fresh] > 0).any()

@@ -136,8 +136,9 @@ class Engine:
         to the new one. Raises like the constructor when the backend is unavailable
         (the engine then stays where it was).
         """
-        if self.strategies and backend != "cpu":
+        if self.strategies and backend not in ("cpu", "auto"):
             raise ValueError("strategies run on the CPU backend only for now")
+        backend = "cpu" if self.strategies else backend
         self.backend.pull_state()
         new = make_backend(backend, self.store, self.threads, self.cuda_graph)
         new.push_state()
@@ -357,6 +358,11 @@ class Engine:
         ``ValueError``; bad values in a good form are rejected and counted as usual.
         The result carries the output groups of :attr:`outputs` (default: signal and
         events).
+
+        With strategies, bars are ``(symbol, bar_time, open, high, low, close)`` (or a
+        table with ``open``, ``high``, ``low`` columns too, renamed by ``columns``); a
+        bar without them, or one that cannot be traded, is rejected and counted
+        (``missing_ohlc``, ``bad_ohlc``).
         """
         return self._step(*self._parse_input(bars, time_unit, columns)).result()
 
@@ -511,9 +517,10 @@ class Engine:
     ) -> StepResult:
         """Outputs for in-progress bars as if they closed now; state is not changed.
 
-        Accepts the same forms as :meth:`step`.
+        Accepts the same forms as :meth:`step` (with strategies, bars with OHLC); the
+        strategies are not previewed (the result has no strategy outputs).
         """
-        return self._preview(*self._parse_input(bars, time_unit, columns))
+        return self._preview(*self._parse_input(bars, time_unit, columns)[:5])
 
     def preview_arrays(self, slots, times, closes) -> StepResult:
         slots, times, closes = as_update_arrays(slots, times, closes)
