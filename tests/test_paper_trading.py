@@ -284,3 +284,27 @@ def test_a_removed_then_added_symbol_starts_its_strategies_afresh(bars):
     fresh = metrics["symbol"] == "AAA"
     assert (metrics["trades"][fresh] == 0).all() and (metrics["final_equity"][fresh] == 1.0).all()
     assert (metrics["trades"][~fresh] > 0).any()
+
+
+def test_an_arrow_table_with_renamed_price_columns_steps_like_tuples(bars):
+    pa = pytest.importorskip("pyarrow")
+    rows = [r for r in bars if r[1] <= BASE_TIME + BAR_MS * 40]
+    table = as_table(rows)
+    renamed = pa.table({
+        "sym": table["symbol"].tolist(), "ts": table["time"], "o": table["open"],
+        "h": table["high"], "l": table["low"], "close": table["close"],
+    })  # fmt: skip
+    a, b = engine(), engine()
+    names = {"symbol": "sym", "time": "ts", "open": "o", "high": "h", "low": "l"}
+    got = a.step(renamed, columns=names)
+    want = b.step(rows)
+    assert got.trade_records() == want.trade_records()
+    assert got.position_records() == want.position_records()
+    assert_same_metrics_between(a, b)
+    bad = a.step([("AAA", 2**63, 1.0, 1.0, 1.0, 1.0), ["BBB", 2**62, 1.0, 1.0, 1.0, 1.0]])
+    assert [r.reason for r in bad.rejected] == ["bad_time_type"]
+
+
+def assert_same_metrics_between(a, b):
+    for name, values in a.strategy_metrics().items():
+        assert np.array_equal(values, b.strategy_metrics()[name]), name

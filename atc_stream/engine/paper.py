@@ -12,7 +12,13 @@ import numpy as np
 
 from atc_stream.core import inputs, output_row
 from atc_stream.core.strategy_outputs import StrategyRows
-from atc_stream.engine.parsing import BAD_HISTORY, MALFORMED_UPDATE, UNKNOWN_SYMBOL, Reject
+from atc_stream.engine.parsing import (
+    BAD_HISTORY,
+    BAD_TIME_TYPE,
+    MALFORMED_UPDATE,
+    UNKNOWN_SYMBOL,
+    Reject,
+)
 from atc_stream.kernels.paper_cpu import run_strategy_step, run_strategy_warmup
 from atc_stream.state import strategy_layout as SL
 from atc_stream.state.arrays import StateStore
@@ -24,6 +30,7 @@ BAD_OHLC = "bad_ohlc"
 #: the price columns a bar of a strategy engine carries, besides ``close``
 EXTRA_PRICES = ("open", "high", "low")
 
+_INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 #: ``(opens, highs, lows)``, one value per update row
 Ohlc = tuple[np.ndarray, np.ndarray, np.ndarray]
 
@@ -82,7 +89,7 @@ def ohlc_items(bars: Any, columns: Mapping[str, str] | None, time_unit: str | No
     items = list(bars)
     out = []
     for item in items:
-        if isinstance(item, tuple) and len(item) == 6:
+        if isinstance(item, (tuple, list)) and len(item) == 6:
             bar_time = item[1]
             datelike = inputs.is_datetime_like(bar_time)
             if datelike or (time_unit and isinstance(bar_time, (int, np.integer))):
@@ -101,16 +108,20 @@ def parse_ohlc_items(items: list, slot_lists: Mapping[str, list[int]], reject: R
     malformed, unknown or untradeable item is rejected with its reason."""
     good: list[tuple[int, str, int, float, float, float, float]] = []
     for index, item in enumerate(items):
-        if isinstance(item, tuple) and len(item) == 3:
+        if isinstance(item, (tuple, list)) and len(item) == 3:
             reject(index, MISSING_OHLC, f"no open/high/low: {item!r}", str(item[0]))
             continue
-        if not isinstance(item, tuple) or len(item) != 6:
+        if not isinstance(item, (tuple, list)) or len(item) != 6:
             reject(index, MALFORMED_UPDATE, f"not (symbol, time, open, high, low, close): "
                    f"{item!r}", None)  # fmt: skip
             continue
         symbol, bar_time = item[0], item[1]
-        if not isinstance(bar_time, numbers.Integral) or isinstance(bar_time, bool):
-            reject(index, "bad_time_type", f"time {bar_time!r}", str(symbol))
+        if (
+            not isinstance(bar_time, numbers.Integral)
+            or isinstance(bar_time, bool)
+            or not _INT64_MIN <= int(bar_time) <= _INT64_MAX
+        ):
+            reject(index, BAD_TIME_TYPE, f"time {bar_time!r}", str(symbol))
             continue
         if not all(_real(v) for v in item[2:]):
             reject(index, BAD_OHLC, f"prices {item[2:]!r}", str(symbol))
