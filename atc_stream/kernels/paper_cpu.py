@@ -122,10 +122,11 @@ def run_strategy_step(
     out = strategy_outputs(slots.shape[0] * len(store.strategies))
     n_rounds = max(round_starts.shape[0] - 1, 1)
     widest = order.shape[0] if n_rounds == 1 else int(np.diff(round_starts).max())
-    work = order.shape[0] * len(store.strategies) // n_rounds
+    # a strategy bar costs a small fraction of an ATC update: the streams' updates, not
+    # times the strategies, are the work that decides the threads
     threading_policy.run(
         strategy_step_serial, strategy_step_parallel,
-        threading_policy.choose_threads(work, widest, threads),
+        threading_policy.choose_threads(order.shape[0] // n_rounds, widest, threads),
         store.strategy_values, store.strategy_counters, store.strategy_entry_times,
         store.strategies.values, store.strategies.ints, slots, times, opens, highs, lows,
         closes, ready, longs, shorts, order, round_starts, *_outputs_args(out),
@@ -141,9 +142,7 @@ def run_strategy_warmup(
     out = strategy_outputs(slots.shape[0] * len(store.strategies))
     threading_policy.run(
         strategy_warmup_serial, strategy_warmup_parallel,
-        threading_policy.choose_threads(
-            int(counts.sum()) * len(store.strategies), slots.shape[0], threads
-        ),
+        threading_policy.choose_threads(int(counts.sum()), slots.shape[0], threads),
         store.strategy_values, store.strategy_counters, store.strategy_entry_times,
         store.strategies.values, store.strategies.ints, slots, times, opens, highs, lows,
         closes, counts, ready, longs, shorts, *_outputs_args(out),
