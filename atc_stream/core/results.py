@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from atc_stream.core import output_row, schema
+from atc_stream.core.strategy_outputs import StrategyRows, records
 
 
 @dataclass(frozen=True, order=True)
@@ -73,7 +74,9 @@ class StepResult:
     key columns plus those groups' columns, in schema order, and reading a property of a
     group that was not requested raises ``OutputNotRequestedError`` naming the fix.
     ``ready_from`` is, per row, the first ready bar of the row's parameter set.
-    ``rejected`` lists the inputs that were left out, with reasons.
+    ``rejected`` lists the inputs that were left out, with reasons. ``strategy``: the
+    strategy outputs of each row (an engine with strategies, output group "strategy"),
+    read as :meth:`position_columns` / :meth:`trade_columns` (and ``*_records``).
     """
 
     def __init__(
@@ -87,6 +90,7 @@ class StepResult:
         provisional: bool = False,
         ready_from: np.ndarray | None = None,
         groups: tuple[str, ...] = schema.ALL_OUTPUTS,
+        strategy: StrategyRows | None = None,
     ) -> None:
         self._keys_by_slot = keys_by_slot
         self.slots = slots
@@ -101,6 +105,7 @@ class StepResult:
         if ready_from is None:  # unknown parameter sets: no row claims to be ready
             ready_from = np.full(slots.shape[0], np.iinfo(np.int64).max, np.int64)
         self.ready_from = ready_from
+        self.strategy = strategy
         self._column_values: list[list[Any]] | None = None
         self._encoded_rows: list[bytes] | None = None  # JSON rows (messages.encoded_rows)
 
@@ -117,6 +122,7 @@ class StepResult:
             self._keys_by_slot, self.slots[rows], self.times[rows], self.closes[rows],
             {name: values[rows] for name, values in self.fields.items()},
             self.rejected, self.provisional, self.ready_from[rows], self.groups,
+            None if self.strategy is None else self.strategy.take(rows),
         )  # fmt: skip
 
     @property
@@ -141,6 +147,33 @@ class StepResult:
                 f"Engine(outputs='all') / engine.request_outputs({group!r}, ...)"
             )
         return values
+
+    def _strategy_rows(self) -> StrategyRows:
+        if self.strategy is None:
+            raise schema.OutputNotRequestedError(
+                "this result carries no strategy outputs: give the engine strategies "
+                "(Engine(..., strategies=[Strategy(...)])) and keep the 'strategy' output group"
+            )
+        return self.strategy
+
+    def position_columns(self) -> dict[str, np.ndarray]:
+        """Per row and strategy: symbol, interval, params_id, strategy_id, time, side
+        (+1/-1/0 held at the close) and equity (marked at the close)."""
+        return self._strategy_rows().position_columns(self.keys, self.times)
+
+    def trade_columns(self) -> dict[str, np.ndarray]:
+        """The trades closed on these rows' bars, with ``BacktestResult.trades``' columns
+        (symbol, interval, params_id, strategy_id, side, entry_time, exit_time,
+        entry_price, exit_price, reason, return)."""
+        return self._strategy_rows().trade_columns(self.keys, self.times)
+
+    def position_records(self) -> list[dict[str, Any]]:
+        """:meth:`position_columns` as one dict per row."""
+        return records(self.position_columns())
+
+    def trade_records(self) -> list[dict[str, Any]]:
+        """:meth:`trade_columns` as one dict per trade."""
+        return records(self.trade_columns())
 
     @property
     def outputs(self) -> np.ndarray:

@@ -49,7 +49,7 @@ def backtest(
     symbol's previous one, an invalid strategy. Nothing is skipped silently.
     """
     param_sets = _param_list(params)
-    strategy_list = _strategy_list(strategies)
+    strategy_list = as_strategy_list(strategies)
     symbols, times, prices = _bar_columns(bars, time_unit)
     _check_prices(symbols, times, prices)
     names, rows_of = _group_rows(symbols, times)
@@ -109,7 +109,7 @@ def _param_list(params: Any) -> list[ATCParams]:
     return items
 
 
-def _strategy_list(strategies: Any) -> list[Strategy]:
+def as_strategy_list(strategies: Any) -> list[Strategy]:
     items = [Strategy()] if strategies is None else strategies
     items = [items] if isinstance(items, (Strategy, Mapping)) else list(items)
     out = []

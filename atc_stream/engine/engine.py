@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from atc_stream.core import inputs, output_row, schema
+from atc_stream.core import inputs, schema
 from atc_stream.core.params import ATCParams
 from atc_stream.core.results import (
     PendingStep,
@@ -20,20 +20,21 @@ from atc_stream.core.results import (
     StreamKey,
     UnknownStreamError,
 )
+from atc_stream.core.strategy import Strategy
+from atc_stream.engine import paper, snapshots, warmups
 from atc_stream.engine.backends import make_backend
+from atc_stream.engine.backtest import as_strategy_list
 from atc_stream.engine.parsing import (
     Columns,
     Reject,
     as_update_arrays,
     is_symbol,
-    pad_histories,
     parse_columns,
-    parse_history,
     parse_items,
 )
 from atc_stream.kernels import batch
-from atc_stream.kernels.backend import Backend
-from atc_stream.kernels.prepare import PrepareReport, kernels_loaded, prepare_kernels
+from atc_stream.kernels.backend import Backend, ReadyFields
+from atc_stream.kernels.prepare import PrepareReport, prepare_kernels
 from atc_stream.state import layout as L
 from atc_stream.state.arrays import StateStore
 
@@ -65,11 +66,20 @@ class Engine:
         threads: int | None = None,
         outputs: str | Sequence[str] | None = None,
         cuda_graph: bool = False,
+        strategies: Strategy | Sequence[Strategy] | None = None,
     ) -> None:
         """``outputs``: the output groups ``step``/``preview``/``warmup`` return
         (``schema.OUTPUT_GROUPS``: "signal", "events", "layers", "equities", "growth", or
         "all"); default ``schema.DEFAULT_OUTPUTS``, the signal and the events. See
         :attr:`outputs`.
+
+        ``strategies``: paper trading (docs/spec.md, "Backtest"): every stream also
+        trades each strategy (a strategy stream per (symbol, parameter set, strategy)),
+        so ``step`` and ``warmup`` take bars with open, high, low and close, and results
+        carry the "strategy" output group (on by default with strategies; see
+        :meth:`StepResult.position_columns`, :meth:`StepResult.trade_columns`,
+        :meth:`strategy_metrics`). CPU backend only for now: with strategies, the
+        "cuda" backend raises ``ValueError`` and "auto" picks the CPU.
 
         ``cuda_graph``: on the CUDA backend, replay the steady step (the same streams
         every step, one bar each) as one captured CUDA graph (needs CuPy on a real
@@ -77,9 +87,17 @@ class Engine:
         Off by default; results are identical either way. Ignored on the CPU."""
         from atc_stream.kernels.threads import check_threads
 
-        self._outputs = schema.resolve_outputs(outputs)
         self.threads = check_threads(threads)
         self.store = StateStore(capacity)
+        if strategies is not None:
+            self.store.set_strategies(as_strategy_list(strategies))
+            if backend == "cuda":
+                raise ValueError(
+                    "strategies run on the CPU backend only for now: use backend='cpu' "
+                    "(or 'auto') for paper trading"
+                )
+            backend = "cpu"
+        self.outputs = outputs
         self.interval = interval
         self._keys_by_slot: list[StreamKey | None] = [None] * self.store.capacity
         self._slot_of: dict[StreamKey, int] = {}
@@ -118,6 +136,9 @@ class Engine:
         to the new one. Raises like the constructor when the backend is unavailable
         (the engine then stays where it was).
         """
+        if self.strategies and backend not in ("cpu", "auto"):
+            raise ValueError("strategies run on the CPU backend only for now")
+        backend = "cpu" if self.strategies else backend
         self.backend.pull_state()
         new = make_backend(backend, self.store, self.threads, self.cuda_graph)
         new.push_state()
@@ -150,13 +171,16 @@ class Engine:
         key = StreamKey(symbol, self.interval, params_id)
         if key in self._slot_of:
             return key
-        slot = self.store.allocate(params_id)
+        self.register_slot(key, self.store.allocate(params_id))
+        return key
+
+    def register_slot(self, key: StreamKey, slot: int) -> None:
+        """Name ``slot`` (allocated, holding its state) as stream ``key``."""
         if self.store.capacity > len(self._keys_by_slot):
             self._keys_by_slot.extend([None] * (self.store.capacity - len(self._keys_by_slot)))
         self._keys_by_slot[slot] = key
         self._slot_of[key] = slot
-        self._set_symbol_slots(symbol, [*self._symbol_slots.get(symbol, ()), slot])
-        return key
+        self._set_symbol_slots(key.symbol, [*self._symbol_slots.get(key.symbol, ()), slot])
 
     def remove_symbol(self, symbol: str) -> None:
         for slot in self._symbol_slots.get(symbol, ()):
@@ -250,8 +274,14 @@ class Engine:
     def _parse_input(self, bars, time_unit, columns):
         """``bars`` in any accepted form (``inputs.bars_from``) as ``_parse_bars`` columns:
         ``(slots, times, closes, origin, rejected)``."""
-        converted = inputs.bars_from(bars, columns=columns, time_unit=time_unit)
         rejected: list[Rejection] = []
+        if self.strategies:
+            items = paper.ohlc_items(bars, columns, time_unit)
+            *parsed, ohlc = paper.parse_ohlc_items(
+                items, self._slot_lists(), self._rejecter(rejected)
+            )
+            return (*parsed, rejected, ohlc)
+        converted = inputs.bars_from(bars, columns=columns, time_unit=time_unit)
         parsed = self._parse_bars(bars if converted is None else converted, rejected)
         return (*parsed, rejected)
 
@@ -328,6 +358,11 @@ class Engine:
         ``ValueError``; bad values in a good form are rejected and counted as usual.
         The result carries the output groups of :attr:`outputs` (default: signal and
         events).
+
+        With strategies, bars are ``(symbol, bar_time, open, high, low, close)`` (or a
+        table with ``open``, ``high``, ``low`` columns too, renamed by ``columns``); a
+        bar without them, or one that cannot be traded, is rejected and counted
+        (``missing_ohlc``, ``bad_ohlc``).
         """
         return self._step(*self._parse_input(bars, time_unit, columns)).result()
 
@@ -349,27 +384,49 @@ class Engine:
         """
         return self._step(*self._parse_input(bars, time_unit, columns))
 
-    def step_arrays_async(self, slots, times, closes, inputs=None) -> PendingStep:
+    def step_arrays_async(
+        self, slots, times, closes, inputs=None, *, opens=None, highs=None, lows=None
+    ) -> PendingStep:
         """:meth:`step_arrays` without waiting (see :meth:`step_async`)."""
-        return self._step(*self._array_input(slots, times, closes, inputs))
+        return self._step(*self._array_input(slots, times, closes, inputs, opens, highs, lows))
 
-    def step_arrays(self, slots, times, closes, inputs=None) -> StepResult:
+    def step_arrays(
+        self, slots, times, closes, inputs=None, *, opens=None, highs=None, lows=None
+    ) -> StepResult:
         """Array fast path: ``slots`` from ``slot_of``/``slots_of``; no per-item Python work.
 
         ``inputs[u]`` is the position of the input update ``u`` came from, when one input
         fans out to several slots (default: its own position); rejections count per input.
+        With strategies, ``opens``, ``highs``, ``lows`` go with ``closes`` (rows without
+        them, or with untradeable prices, are rejected and counted).
         """
-        return self._step(*self._array_input(slots, times, closes, inputs)).result()
+        args = self._array_input(slots, times, closes, inputs, opens, highs, lows)
+        return self._step(*args).result()
 
-    @staticmethod
-    def _array_input(slots, times, closes, inputs):
+    def _array_input(self, slots, times, closes, inputs, opens=None, highs=None, lows=None):
         slots, times, closes = as_update_arrays(slots, times, closes)
         inputs = np.arange(slots.shape[0]) if inputs is None else np.asarray(inputs, np.int64)
         if inputs.shape != slots.shape:
             raise ValueError(
                 f"inputs must have the shape of slots {slots.shape}, got {inputs.shape}"
             )
-        return slots, times, closes, inputs, []
+        rejected: list[Rejection] = []
+        if not self.strategies:
+            return slots, times, closes, inputs, rejected
+        reported: set[int] = set()
+
+        def reject(row: int, reason: str, detail: str, symbol: str | None) -> None:
+            if int(inputs[row]) not in reported:  # once per input, not per fanned-out row
+                reported.add(int(inputs[row]))
+                self._reject(rejected, int(inputs[row]), reason, detail, symbol)
+
+        keep, ohlc = paper.check_array_ohlc(closes, opens, highs, lows, reject)
+        if ohlc is None:
+            ohlc = (closes, closes, closes)
+        if not keep.all():
+            slots, times, closes, inputs = slots[keep], times[keep], closes[keep], inputs[keep]
+            ohlc = (ohlc[0][keep], ohlc[1][keep], ohlc[2][keep])
+        return slots, times, closes, inputs, rejected, ohlc
 
     def _plan(self, slots, times, closes, reasons):
         """``batch.plan_rounds``, or its steady-case shortcut: while a batch's slots are
@@ -400,19 +457,32 @@ class Engine:
     _unique_slots: np.ndarray | None = None
     _all_rows = np.zeros(0, np.int64)
 
-    def _step(self, slots, times, closes, origin, rejected) -> PendingStep:
+    def _step(self, slots, times, closes, origin, rejected, ohlc=None) -> PendingStep:
         reasons = np.zeros(slots.shape[0], np.int64)
         order, round_starts = self._plan(slots, times, closes, reasons)
         if order.shape[0] != slots.shape[0]:
             self._report_codes(reasons, slots, times, closes, origin, rejected)
-        pending = self.backend.step_outputs_async(
-            slots, times, closes, order, round_starts, self._outputs
-        )
+        strategy = None
+        if ohlc is None:
+            pending = self.backend.step_outputs_async(
+                slots, times, closes, order, round_starts, self._outputs
+            )
+        else:  # the strategies of the same slots step right after their ATC update
+            raw = self.backend.step(slots, times, closes, order, round_starts)
+            param_rows = self.store.counters[slots, L.PARAM_ROW]
+            strategy = paper.step_strategies(
+                self.store, self.threads, slots, times, closes, ohlc, raw, order,
+                round_starts, self.store.params.ready_bars[param_rows],
+            )  # fmt: skip
+            pending = ReadyFields(schema.kernel_fields(raw, self._outputs))
         if order.shape[0] != slots.shape[0]:  # rejected updates have no row
             keep = np.sort(order)
             slots, times, closes = slots[keep], times[keep], closes[keep]
+            strategy = None if strategy is None else strategy.take(keep)
         else:
             keep = None
+        if not self._strategy_output:
+            strategy = None
         # the result's rows are fixed now (a later step may reuse or free a slot)
         ready_from = self.store.params.ready_bars[self.store.counters[slots, L.PARAM_ROW]]
         outputs, keys_by_slot = self._outputs, self._keys_by_slot
@@ -422,17 +492,20 @@ class Engine:
             if keep is not None:
                 out = {name: values[keep] for name, values in out.items()}
             return StepResult(
-                keys_by_slot, slots, times, closes, out, rejected, False, ready_from, outputs
-            )
+                keys_by_slot, slots, times, closes, out, rejected, False, ready_from, outputs,
+                strategy,
+            )  # fmt: skip
 
         return PendingStep(result)
 
-    def _result(self, slots, times, closes, out, rejected, provisional=False) -> StepResult:
+    def _result(
+        self, slots, times, closes, out, rejected, provisional=False, strategy=None
+    ) -> StepResult:
         """``out``: kernel output rows or typed fields (``schema.kernel_fields``)."""
         ready_from = self.store.params.ready_bars[self.store.counters[slots, L.PARAM_ROW]]
         return StepResult(
             self._keys_by_slot, slots, times, closes, out, rejected, provisional, ready_from,
-            self._outputs,
+            self._outputs, strategy if self._strategy_output else None,
         )  # fmt: skip
 
     def preview(
@@ -444,9 +517,10 @@ class Engine:
     ) -> StepResult:
         """Outputs for in-progress bars as if they closed now; state is not changed.
 
-        Accepts the same forms as :meth:`step`.
+        Accepts the same forms as :meth:`step` (with strategies, bars with OHLC); the
+        strategies are not previewed (the result has no strategy outputs).
         """
-        return self._preview(*self._parse_input(bars, time_unit, columns))
+        return self._preview(*self._parse_input(bars, time_unit, columns)[:5])
 
     def preview_arrays(self, slots, times, closes) -> StepResult:
         slots, times, closes = as_update_arrays(slots, times, closes)
@@ -483,7 +557,24 @@ class Engine:
 
     @outputs.setter
     def outputs(self, value: str | Sequence[str] | None) -> None:
-        self._outputs = schema.resolve_outputs(value)
+        names = [value] if isinstance(value, str) else list(value or ())
+        if "strategy" in names and not self.strategies:
+            raise ValueError("the 'strategy' outputs need an engine with strategies")
+        self._strategy_output = bool(self.strategies) and (
+            value is None or "strategy" in names or "all" in names
+        )
+        groups = [g for g in names if g != "strategy"]
+        self._outputs = schema.resolve_outputs(None if value is None else groups)
+
+    @property
+    def strategies(self) -> list[Strategy]:
+        """The strategies every stream trades (``strategy_id`` = position here)."""
+        return list(self.store.strategies.strategies)
+
+    def strategy_metrics(self) -> dict[str, np.ndarray]:
+        """Per (stream, strategy), streams in :attr:`streams` order: the key columns,
+        ``strategy_id`` and the metrics so far (``BacktestResult.metric_columns``)."""
+        return paper.metric_columns(self.store, [(k, self._slot_of[k]) for k in self.streams])
 
     def request_outputs(self, *groups: str) -> None:
         """Return only these output groups from now on (none given: all); see :attr:`outputs`."""
@@ -509,67 +600,14 @@ class Engine:
         Bad bars are rejected as in ``step`` and the rest of the history still applies;
         a form that cannot be converted exactly raises ``ValueError``.
         Returns the outputs of each stream's last applied bar.
+
+        With strategies, each symbol's history is ``(times, opens, highs, lows, closes)``
+        (or a long table with those columns): the strategies step every bar too, so that
+        warmup then ``step`` equals ``backtest`` over the whole series; the result's
+        strategy outputs are those of each stream's last bar (trades closed before it
+        are in :meth:`strategy_metrics`, not listed).
         """
-        history = inputs.history_from(history, columns=columns, time_unit=time_unit)
-        rejected: list[Rejection] = []
-        jobs = []  # (slot, times, closes) with only accepted bars
-        for symbol, series in history.items():
-            parsed = parse_history(symbol, series, self._rejecter(rejected))
-            if parsed is None:
-                continue
-            times, closes = parsed
-            if symbol not in self._symbol_slots:
-                self.add_symbol(symbol)
-            for slot in self._symbol_slots[symbol]:
-                jobs.append((int(slot), *self._accepted_history(slot, times, closes, rejected)))
-        results = []
-        chunk = self.backend.warmup_chunk
-        chunks = range(0, len(jobs), chunk)
-        if progress:
-            from tqdm import tqdm
-
-            self._load_kernels_first()
-            chunks = tqdm(chunks, desc="warmup", unit="chunk", leave=False)
-        for start in chunks:
-            results.append(self._warmup_chunk(jobs[start : start + chunk]))
-        if not results:
-            empty = np.zeros(0, np.int64)
-            return self._result(
-                empty, empty, np.zeros(0), np.zeros((0, output_row.N_OUT)), rejected
-            )
-        slots, times, closes, outs = (np.concatenate(parts) for parts in zip(*results, strict=True))
-        applied = ~np.isnan(outs[:, output_row.OUT_BAR_INDEX])
-        return self._result(
-            slots[applied], times[applied], closes[applied], outs[applied], rejected
-        )
-
-    def _load_kernels_first(self) -> None:
-        """A phase of its own before a progress bar, so its rate and ETA leave compiling
-        (or loading) the kernels out."""
-        if self.backend.name != "cpu":
-            return
-        if not kernels_loaded():
-            self.compile(progress=True)
-
-    def _accepted_history(self, slot, times, closes, rejected):
-        reasons = np.zeros(times.shape[0], np.int64)
-        last_time = self.store.counters[slot, L.LAST_TIME]
-        batch.check_history(self.store.in_use, slot, times, closes, last_time, reasons)
-        ok = reasons == batch.ACCEPTED
-        if not ok.all():
-            self._report_codes(
-                reasons, np.full(times.shape[0], slot), times, closes,
-                np.arange(times.shape[0]), rejected,
-            )  # fmt: skip
-            return times[ok], closes[ok]
-        return times, closes
-
-    def _warmup_chunk(self, jobs):
-        slots, times, closes, counts = pad_histories(jobs)
-        out = self.backend.warmup(slots, times, closes, counts, False)[:, 0]
-        last = np.maximum(counts - 1, 0)
-        rows = np.arange(len(jobs))
-        return slots, times[rows, last], closes[rows, last], out
+        return warmups.warmup(self, history, progress, time_unit, columns)
 
     # -- snapshots (format: state/snapshot.py; stores: state/snapshot_stores.py) ---------------
 
@@ -589,25 +627,7 @@ class Engine:
         Only array copies: cheap enough for the step loop; encoding can run elsewhere.
         ``source_offsets`` are merged into ``self.source_offsets`` first.
         """
-        from atc_stream.state.snapshot import capture_state, normalize_offsets
-
-        if source_offsets:
-            self.source_offsets.update(normalize_offsets(source_offsets))
-        self.backend.pull_state()
-        s = self.store
-        # free slots after the last live one are left out, so a snapshot's size follows
-        # the streams, not the capacity (slot numbers stay as they are)
-        live = np.flatnonzero(s.in_use)
-        n = int(live[-1]) + 1 if live.size else 1
-        return capture_state(
-            params=s.params.params, interval=self.interval,
-            backend=self.backend.name,
-            registry=self._slot_of, ring=s.ring[:n], values=s.values[:n],
-            counters=s.counters[:n], in_use=s.in_use[:n],
-            param_lengths=s.params.lengths, param_values=s.params.values,
-            ring_capacity=s.ring_capacity, source_offsets=self.source_offsets,
-            rejections=self.rejections, copy=copy,
-        )  # fmt: skip
+        return snapshots.capture(self, source_offsets, copy)
 
     def snapshot(
         self, source_offsets: Mapping[str, Any] | None = None, compression: str = "zlib"
@@ -641,33 +661,9 @@ class Engine:
         eng = cls(
             snap.params, backend=backend, interval=h.interval, capacity=h.capacity,
             threads=threads, outputs=outputs, cuda_graph=cuda_graph,
+            strategies=snap.strategies or None,
         )  # fmt: skip
-        store = eng.store
-        reshaped = False
-        for name in ("ring", "values", "counters", "in_use"):
-            current = getattr(store, name)
-            if current.shape == snap.arrays[name].shape:
-                np.copyto(current, snap.arrays[name])  # keeps the backend's host buffers
-            else:
-                setattr(store, name, snap.arrays[name])
-                reshaped = True
-        if reshaped:
-            store.ring_capacity = h.ring_capacity
-            store.generation += 1
-            old, eng.backend = (
-                eng.backend,
-                make_backend(backend, store, eng.threads, eng.cuda_graph),
-            )
-            old.close()
-        by_symbol: dict[str, list[int]] = {}
-        for key, slot in h.registry.items():
-            eng._keys_by_slot[slot] = key
-            eng._slot_of[key] = slot
-            by_symbol.setdefault(key.symbol, []).append(slot)
-        eng._symbol_slots = {sym: np.array(sorted(v), np.int64) for sym, v in by_symbol.items()}
-        eng.rejections.update(h.rejections)
-        eng.source_offsets = h.source_offsets
-        eng.backend.push_state()
+        snapshots.load_state(eng, snap, backend)
         return eng
 
 

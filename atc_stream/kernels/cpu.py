@@ -29,7 +29,7 @@ stream_growth = _core.stream_growth
 growth_factor = _core.growth_factor
 
 
-def _compile_both(function):
+def compile_both(function):
     """(serial, parallel) dispatchers of ``function``, each cached under its own name.
 
     numba's cache index is named by ``__qualname__`` and its key ignores compile flags,
@@ -150,9 +150,9 @@ def warmup(
             )
 
 
-step_serial, step_parallel = _compile_both(step)
-preview_serial, preview_parallel = _compile_both(preview)
-warmup_serial, warmup_parallel = _compile_both(warmup)
+step_serial, step_parallel = compile_both(step)
+preview_serial, preview_parallel = compile_both(preview)
+warmup_serial, warmup_parallel = compile_both(warmup)
 # the plain names stay the parallel drivers, as before the serial variants existed
 step, preview, warmup = step_parallel, preview_parallel, warmup_parallel
 DRIVERS = (step_serial, step_parallel, preview_serial, preview_parallel,

@@ -13,7 +13,9 @@ import numpy as np
 
 from atc_stream.core.params import ATCParams
 from atc_stream.core.schema import ready_bar
+from atc_stream.core.strategy import Strategy
 from atc_stream.state import layout as L
+from atc_stream.state import strategy_layout as SL
 
 
 class ParameterTable:
@@ -55,6 +57,22 @@ class ParameterTable:
         return max((p.max_length for p in self.params), default=0) + 1
 
 
+class StrategyTable:
+    """Strategies as two small arrays, one row per strategy (``SP_*`` floats, ``SI_*`` ints)."""
+
+    def __init__(self, strategies: list[Strategy] | None = None) -> None:
+        self.strategies: list[Strategy] = list(strategies or [])
+        self.values = np.array(
+            [[s.stop, s.take_profit, s.fee, s.slippage] for s in self.strategies], np.float64
+        ).reshape(-1, SL.N_STRATEGY_PARAM_VALUES)
+        self.ints = np.array(
+            [[s.max_hold, s.long_target, s.short_target] for s in self.strategies], np.int64
+        ).reshape(-1, SL.N_STRATEGY_PARAM_INTS)
+
+    def __len__(self) -> int:
+        return len(self.strategies)
+
+
 class StateStore:
     """Host state arrays indexed ``[slot, field]``, plus slot allocation and growth."""
 
@@ -70,6 +88,12 @@ class StateStore:
         # per-slot scratch for batch planning (kernels/batch.py); always zero between calls
         self.pending_last = np.zeros(capacity, np.int64)
         self.pending_count = np.zeros(capacity, np.int64)
+        self.strategies = StrategyTable()
+        #: strategy state, row ``slot * len(strategies) + k`` for strategy ``k`` of a slot
+        self.strategy_values = np.zeros((0, SL.N_STRATEGY_VALUES))
+        self.strategy_counters = np.zeros((0, SL.N_STRATEGY_COUNTERS), np.int64)
+        #: open time of the open position's entry bar, per strategy row
+        self.strategy_entry_times = np.zeros(0, np.int64)
         #: bumped whenever array shapes or the parameter table change
         self.generation = 0
         #: every slot below this one is in use (so allocation never rescans them)
@@ -111,6 +135,16 @@ class StateStore:
         self.in_use = np.concatenate([self.in_use, np.zeros(extra, np.bool_)])
         self.pending_last = np.concatenate([self.pending_last, np.zeros(extra, np.int64)])
         self.pending_count = np.concatenate([self.pending_count, np.zeros(extra, np.int64)])
+        n = len(self.strategies)
+        self.strategy_values = np.concatenate(
+            [self.strategy_values, np.zeros((extra * n, SL.N_STRATEGY_VALUES))]
+        )
+        self.strategy_counters = np.concatenate(
+            [self.strategy_counters, np.zeros((extra * n, SL.N_STRATEGY_COUNTERS), np.int64)]
+        )
+        self.strategy_entry_times = np.concatenate(
+            [self.strategy_entry_times, np.zeros(extra * n, np.int64)]
+        )
         self.generation += 1
 
     def _grow_ring(self, ring_capacity: int) -> None:
@@ -138,6 +172,39 @@ class StateStore:
             self._grow_ring(self.params.ring_capacity_needed)
             self.generation += 1
         return row
+
+    # -- strategies ---------------------------------------------------------------------
+
+    def set_strategies(self, strategies: list[Strategy]) -> None:
+        """Every stream trades these strategies (one state row per slot and strategy); only
+        while no slot is in use."""
+        if self.in_use.any():
+            raise ValueError("strategies can only be set before any stream is added")
+        self.strategies = StrategyTable(strategies)
+        rows = self.capacity * len(self.strategies)
+        self.strategy_values = np.zeros((rows, SL.N_STRATEGY_VALUES))
+        self.strategy_counters = np.zeros((rows, SL.N_STRATEGY_COUNTERS), np.int64)
+        self.strategy_entry_times = np.zeros(rows, np.int64)
+        for slot in range(self.capacity):
+            self._reset_strategies(slot)
+        self.generation += 1
+
+    def strategy_rows(self, slot: int) -> slice:
+        """The strategy state rows of ``slot``."""
+        n = len(self.strategies)
+        return slice(slot * n, (slot + 1) * n)
+
+    def _reset_strategies(self, slot: int) -> None:
+        """Flat with cash 1.0, no order, no bars (``kernels/strategy.py``'s
+        ``strategy_reset``)."""
+        rows = self.strategy_rows(slot)
+        self.strategy_values[rows] = 0.0
+        self.strategy_counters[rows] = 0
+        self.strategy_entry_times[rows] = 0
+        self.strategy_values[rows, SL.S_CASH] = 1.0
+        self.strategy_values[rows, SL.S_EQUITY] = 1.0
+        self.strategy_values[rows, SL.S_PEAK] = 1.0
+        self.strategy_counters[rows, SL.S_ENTRY_BAR] = -1
 
     # -- slots ----------------------------------------------------------------------
 
@@ -180,3 +247,5 @@ class StateStore:
         counters[L.RING_HEAD] = self.ring_capacity - 1
         counters[L.LAST_TIME] = L.NO_TIME
         counters[L.PARAM_ROW] = param_row
+        if len(self.strategies):
+            self._reset_strategies(slot)

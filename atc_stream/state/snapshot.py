@@ -18,7 +18,15 @@ import numpy as np
 
 from atc_stream.core.params import ATCParams
 from atc_stream.core.results import StreamKey
+from atc_stream.core.strategy import Strategy
 from atc_stream.state import layout as L
+from atc_stream.state.snapshot_strategies import (
+    STRATEGY_DTYPES,
+    check_strategy_table,
+    empty_strategy_arrays,
+    strategy_layout_fingerprint,
+    strategy_shapes,
+)
 
 __all__ = [
     "CHECKSUM_ALGORITHM",
@@ -43,10 +51,11 @@ __all__ = [
 
 #: First bytes of every snapshot blob.
 MAGIC = b"ATCSNAP\x00"
-#: Version of the blob layout and header schema written by this build.
-FORMAT_VERSION = 1
+#: Version of the blob layout and header schema written by this build (2: the strategy
+#: table and state; a version-1 snapshot loads as an engine without strategies).
+FORMAT_VERSION = 2
 #: Versions this build can read.
-READABLE_VERSIONS = frozenset({FORMAT_VERSION})
+READABLE_VERSIONS = frozenset({1, FORMAT_VERSION})
 #: Floating-point dtype of the state arrays in this build.
 STATE_DTYPE = "float64"
 CHECKSUM_ALGORITHM = "blake2b-256"
@@ -62,6 +71,7 @@ ARRAY_DTYPES: dict[str, str] = {
     "in_use": "|b1",
     "param_lengths": "<i8",
     "param_values": "<f8",
+    **STRATEGY_DTYPES,
 }
 
 
@@ -142,6 +152,10 @@ class SnapshotHeader(msgspec.Struct, kw_only=True):
     checksum_algorithm: str
     checksum: str  #: hex digest of the raw (decompressed) array bytes
     payload_checksum: str  #: hex digest of the stored payload bytes
+    #: the strategy table, row order (``Strategy.to_dict``); empty before version 2
+    strategies: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    #: ``strategy_layout_fingerprint()`` of the writer (empty without strategies)
+    strategy_layout: dict[str, int] = msgspec.field(default_factory=dict)
 
     @property
     def registry(self) -> dict[StreamKey, int]:
@@ -226,6 +240,7 @@ class CapturedState:
     source_offsets: dict[str, Any] = field(default_factory=dict)
     rejections: dict[str, int] = field(default_factory=dict)
     created_at: float = field(default_factory=time.time)
+    strategies: list[dict[str, Any]] = field(default_factory=list)
 
 
 def normalize_offsets(source_offsets: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -261,8 +276,12 @@ def capture_state(
     source_offsets: Mapping[str, Any] | None = None,
     rejections: Mapping[str, int] | None = None,
     copy: bool = True,
+    strategies: Sequence[Strategy] = (),
+    strategy_arrays: Mapping[str, np.ndarray] | None = None,
 ) -> CapturedState:
-    """Copy the given host state (``copy=False`` only when it is encoded right away)."""
+    """Copy the given host state (``copy=False`` only when it is encoded right away).
+
+    ``strategy_arrays``: the ``STRATEGY_DTYPES`` of an engine with ``strategies``."""
     arrays = {
         "ring": ring,
         "values": values,
@@ -270,6 +289,8 @@ def capture_state(
         "in_use": in_use,
         "param_lengths": param_lengths,
         "param_values": param_values,
+        **empty_strategy_arrays(0, len(strategies)),
+        **(strategy_arrays or {}),
     }
     arrays = {name: np.array(a, copy=True) if copy else np.asarray(a) for name, a in arrays.items()}
     return CapturedState(
@@ -281,6 +302,7 @@ def capture_state(
         ring_capacity=int(ring_capacity),
         source_offsets=normalize_offsets(source_offsets),
         rejections={str(k): int(v) for k, v in (rejections or {}).items()},
+        strategies=[s.to_dict() for s in strategies],
     )
 
 
@@ -346,6 +368,8 @@ def encode_snapshot(
         checksum_algorithm=CHECKSUM_ALGORITHM,
         checksum=raw_digest,
         payload_checksum=raw_digest if payload is raw else _digest(payload).hex(),
+        strategies=captured.strategies,
+        strategy_layout=strategy_layout_fingerprint() if captured.strategies else {},
     )
     return assemble_blob(header, payload)
 
@@ -380,6 +404,10 @@ class Snapshot:
     @property
     def source_offsets(self) -> dict[str, Any]:
         return self.header.source_offsets
+
+    @property
+    def strategies(self) -> list[Strategy]:
+        return [Strategy.from_dict(d) for d in self.header.strategies]
 
 
 def _split(blob) -> tuple[SnapshotHeader, memoryview]:
@@ -460,6 +488,11 @@ def _check_header(header: SnapshotHeader, dtype: str) -> None:
             f"snapshot checksum algorithm {header.checksum_algorithm!r} is not supported "
             f"(expected {CHECKSUM_ALGORITHM!r})"
         )
+    if header.strategies and header.strategy_layout != strategy_layout_fingerprint():
+        raise SnapshotError(
+            "snapshot strategy layout differs from this build's (state/strategy_layout.py): "
+            f"{header.strategy_layout} vs {strategy_layout_fingerprint()}"
+        )
     if header.compression not in COMPRESSIONS:
         raise SnapshotError(
             f"snapshot compression {header.compression!r} is not supported here "
@@ -478,11 +511,14 @@ def read_header(blob) -> SnapshotHeader:
 
 def _arrays_from_raw(header: SnapshotHeader, raw) -> dict[str, np.ndarray]:
     specs = {s.name: s for s in header.arrays}
-    missing = [name for name in ARRAY_DTYPES if name not in specs]
+    older = header.format_version < 2  # written before strategies: none
+    missing = [n for n in ARRAY_DTYPES if n not in specs and not (older and n in STRATEGY_DTYPES)]
     if missing:
         raise SnapshotError(f"snapshot lacks the state array(s) {missing}")
-    arrays = {}
+    arrays = empty_strategy_arrays(0, 0) if older else {}
     for name, want in ARRAY_DTYPES.items():
+        if name not in specs:
+            continue
         spec = specs[name]
         if spec.dtype != want:
             raise SnapshotError(
@@ -515,6 +551,7 @@ def _array_shapes(header: SnapshotHeader) -> dict[str, tuple[int, ...]]:
         "in_use": (cap,),
         "param_lengths": (n_params, L.N_LENGTH_COLUMNS),
         "param_values": (n_params, L.N_PARAM_VALUES),
+        **strategy_shapes(cap * len(header.strategies), len(header.strategies)),
     }
 
 
@@ -551,6 +588,10 @@ def _check_consistency(header: SnapshotHeader, arrays: dict[str, np.ndarray]) ->
             f"snapshot ring capacity {rc} is below the {table.ring_capacity_needed} "
             "closes its parameter sets need"
         )
+    try:
+        check_strategy_table(header.strategies, arrays)
+    except (TypeError, ValueError) as exc:
+        raise SnapshotError(f"snapshot strategies: {exc}") from None
     in_use, counters = arrays["in_use"], arrays["counters"]
     seen_slots: set[int] = set()
     seen_keys: set[StreamKey] = set()
@@ -588,6 +629,8 @@ def _expected_raw_size(header: SnapshotHeader) -> int:
     if cap < 0 or rc < 0:
         raise SnapshotError(f"snapshot declares a negative capacity ({cap}) or ring ({rc})")
     shapes = _array_shapes(header)
+    if header.format_version < 2:
+        shapes = {n: shape for n, shape in shapes.items() if n not in STRATEGY_DTYPES}
     return sum(math.prod(shape) * np.dtype(ARRAY_DTYPES[n]).itemsize for n, shape in shapes.items())
 
 

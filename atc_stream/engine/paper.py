@@ -1,0 +1,311 @@
+"""Paper trading in the engine: bars with OHLC in, the strategy step after the ATC update
+of the same slots, the strategy outputs and metrics of the live strategy streams."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from dataclasses import fields
+from typing import Any
+
+import numpy as np
+
+from atc_stream.core import inputs, output_row
+from atc_stream.core.strategy_outputs import StrategyRows
+from atc_stream.engine.parsing import (
+    BAD_HISTORY,
+    BAD_TIME_TYPE,
+    MALFORMED_UPDATE,
+    UNKNOWN_SYMBOL,
+    Reject,
+)
+from atc_stream.kernels.paper_cpu import run_strategy_step, run_strategy_warmup
+from atc_stream.state import strategy_layout as SL
+from atc_stream.state.arrays import StateStore
+
+#: a bar without open/high/low while the engine trades strategies
+MISSING_OHLC = "missing_ohlc"
+#: a bar whose open/high/low/close are not finite prices > 0 with low <= open, close <= high
+BAD_OHLC = "bad_ohlc"
+#: the price columns a bar of a strategy engine carries, besides ``close``
+EXTRA_PRICES = ("open", "high", "low")
+
+_INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
+#: ``(opens, highs, lows)``, one value per update row
+Ohlc = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def bad_ohlc(o: np.ndarray, h: np.ndarray, lo: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """True where a bar cannot be traded: a price not finite or not > 0, ``high < low``,
+    an open or close outside ``[low, high]``."""
+    finite = np.isfinite(o) & np.isfinite(h) & np.isfinite(lo) & np.isfinite(c)
+    with np.errstate(invalid="ignore"):
+        positive = (o > 0) & (h > 0) & (lo > 0) & (c > 0)
+        inside = (lo <= h) & (lo <= o) & (o <= h) & (lo <= c) & (c <= h)
+    return ~(finite & positive & inside)
+
+
+def _describe(o: float, h: float, lo: float, c: float) -> str:
+    return f"open {o!r} high {h!r} low {lo!r} close {c!r}"
+
+
+# -- step input -----------------------------------------------------------------------------
+
+
+def _frame_prices(frame: Any, columns: Mapping[str, str] | None, time_unit: str | None):
+    """``(symbols, times, {price: values})`` of a long table with OHLC columns."""
+    renames = dict(columns or {})
+    base = {k: v for k, v in renames.items() if k not in EXTRA_PRICES}
+    symbols, times, closes = inputs.frame_columns(frame, columns=base, time_unit=time_unit)
+    prices = {"close": closes}
+    for name in EXTRA_PRICES:
+        source = renames.get(name, name)
+        try:
+            _, _, prices[name] = inputs.frame_columns(
+                frame, columns={**base, "close": source}, time_unit=time_unit
+            )
+        except ValueError:
+            raise ValueError(
+                f"bar table has no {source!r} column: an engine with strategies steps bars "
+                "with open, high, low and close (rename with columns={'open': ..., ...})"
+            ) from None
+    return symbols, times, prices
+
+
+def ohlc_items(bars: Any, columns: Mapping[str, str] | None, time_unit: str | None) -> list:
+    """Any accepted bars form as ``(symbol, time, open, high, low, close)`` items (times
+    converted where needed); malformed items pass through for :func:`parse_ohlc_items`."""
+    if inputs.is_frame(bars):
+        symbols, times, p = _frame_prices(bars, columns, time_unit)
+        return list(
+            zip(symbols.tolist(), times.tolist(), p["open"].tolist(), p["high"].tolist(),
+                p["low"].tolist(), p["close"].tolist(), strict=True)
+        )  # fmt: skip
+    if isinstance(bars, Mapping):
+        raise ValueError(
+            "an engine with strategies steps a long table (symbol, time, open, high, low, "
+            "close) or (symbol, time, open, high, low, close) tuples, not a mapping"
+        )
+    items = list(bars)
+    out = []
+    for item in items:
+        if isinstance(item, (tuple, list)) and len(item) == 6:
+            bar_time = item[1]
+            datelike = inputs.is_datetime_like(bar_time)
+            if datelike or (time_unit and isinstance(bar_time, (int, np.integer))):
+                if not isinstance(bar_time, bool):
+                    item = (item[0], inputs.time_to_ms(bar_time, time_unit), *item[2:])
+        out.append(item)
+    return out
+
+
+def _real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def parse_ohlc_items(items: list, slot_lists: Mapping[str, list[int]], reject: Reject):
+    """``(slots, times, closes, origin, (opens, highs, lows))`` of OHLC items; each
+    malformed, unknown or untradeable item is rejected with its reason."""
+    good: list[tuple[int, str, int, float, float, float, float]] = []
+    for index, item in enumerate(items):
+        if isinstance(item, (tuple, list)) and len(item) == 3:
+            reject(index, MISSING_OHLC, f"no open/high/low: {item!r}", str(item[0]))
+            continue
+        if not isinstance(item, (tuple, list)) or len(item) != 6:
+            reject(index, MALFORMED_UPDATE, f"not (symbol, time, open, high, low, close): "
+                   f"{item!r}", None)  # fmt: skip
+            continue
+        symbol, bar_time = item[0], item[1]
+        if (
+            not isinstance(bar_time, numbers.Integral)
+            or isinstance(bar_time, bool)
+            or not _INT64_MIN <= int(bar_time) <= _INT64_MAX
+        ):
+            reject(index, BAD_TIME_TYPE, f"time {bar_time!r}", str(symbol))
+            continue
+        if not all(_real(v) for v in item[2:]):
+            reject(index, BAD_OHLC, f"prices {item[2:]!r}", str(symbol))
+            continue
+        if not isinstance(symbol, str) or symbol not in slot_lists:
+            reject(index, UNKNOWN_SYMBOL, f"symbol {symbol!r}", str(symbol))
+            continue
+        o, h, lo, c = (float(v) for v in item[2:])
+        if bad_ohlc(*(np.array([v]) for v in (o, h, lo, c)))[0]:
+            reject(index, BAD_OHLC, _describe(o, h, lo, c), symbol)
+            continue
+        good.append((index, symbol, int(bar_time), o, h, lo, c))
+    counts = [len(slot_lists[g[1]]) for g in good]
+    origin = np.repeat(np.array([g[0] for g in good], np.int64), counts)
+    slots = np.array([s for g in good for s in slot_lists[g[1]]], np.int64)
+
+    def column(k: int, dtype: Any) -> np.ndarray:
+        return np.repeat(np.array([g[k] for g in good], dtype), counts)
+
+    ohlc = (column(3, np.float64), column(4, np.float64), column(5, np.float64))
+    return slots, column(2, np.int64), column(6, np.float64), origin, ohlc
+
+
+def check_array_ohlc(closes, opens, highs, lows, reject: Reject) -> tuple[np.ndarray, Ohlc | None]:
+    """The array path's OHLC: a mask of the rows to keep and the arrays (None: none given,
+    every row rejected as ``MISSING_OHLC``)."""
+    n = closes.shape[0]
+    if opens is None or highs is None or lows is None:
+        for row in range(n):
+            reject(row, MISSING_OHLC, "step_arrays without opens/highs/lows", None)
+        return np.zeros(n, bool), None
+    ohlc = tuple(np.ascontiguousarray(a, np.float64) for a in (opens, highs, lows))
+    if any(a.shape != closes.shape for a in ohlc):
+        raise ValueError("opens, highs and lows must have the shape of closes")
+    bad = bad_ohlc(ohlc[0], ohlc[1], ohlc[2], closes)
+    for i in np.flatnonzero(bad):
+        reject(int(i), BAD_OHLC, _describe(ohlc[0][i], ohlc[1][i], ohlc[2][i], closes[i]), None)
+    return ~bad, (ohlc[0], ohlc[1], ohlc[2])
+
+
+# -- warmup input ---------------------------------------------------------------------------
+
+
+def ohlc_history(
+    history: Any, columns: Mapping[str, str] | None, time_unit: str | None, reject: Reject
+) -> dict[str, tuple[np.ndarray, ...]]:
+    """``{symbol: (times, opens, highs, lows, closes)}`` of a long table with OHLC
+    columns or a mapping of such 5-tuples; a symbol's history of another form is
+    rejected (``MISSING_OHLC`` for ``(times, closes)``, else ``BAD_HISTORY``), bad bars
+    are rejected (``BAD_OHLC``, index = bar position) and left out."""
+    if inputs.is_frame(history):
+        symbols, times, p = _frame_prices(history, columns, time_unit)
+        keys = symbols.astype(str)
+        raw: dict[str, tuple] = {}
+        for symbol in dict.fromkeys(keys.tolist()):
+            rows = keys == symbol
+            raw[symbol] = (times[rows], *(p[k][rows] for k in ("open", "high", "low", "close")))
+    elif isinstance(history, Mapping):
+        raw = dict(history)
+    else:
+        raise ValueError(
+            "history must be a mapping {symbol: (times, opens, highs, lows, closes)} or a long "
+            f"table with open/high/low/close columns, got {type(history).__name__}"
+        )
+    out: dict[str, tuple[np.ndarray, ...]] = {}
+    for symbol, series in raw.items():
+        if isinstance(series, tuple) and len(series) == 2:
+            reject(-1, MISSING_OHLC, f"{symbol!r}: (times, closes) without open/high/low", symbol)
+            continue
+        try:
+            times, *prices = series
+            times = inputs.times_to_ms(times, time_unit, what=f"history of {symbol!r} times")
+            o, h, lo, c = (inputs.closes_array(v) for v in prices)
+        except (TypeError, ValueError) as exc:
+            reject(-1, BAD_HISTORY, f"{symbol!r}: {exc}", str(symbol))
+            continue
+        if times.ndim != 1 or any(v.shape != times.shape for v in (o, h, lo, c)):
+            reject(-1, BAD_HISTORY, f"{symbol!r}: times and prices of different shapes", symbol)
+            continue
+        bad = bad_ohlc(o, h, lo, c)
+        for i in np.flatnonzero(bad):
+            reject(int(i), BAD_OHLC, _describe(o[i], h[i], lo[i], c[i]), symbol)
+        keep = ~bad
+        out[symbol] = (times[keep], o[keep], h[keep], lo[keep], c[keep])
+    return out
+
+
+# -- the strategy step ----------------------------------------------------------------------
+
+
+def _events(raw: np.ndarray, ready_from: np.ndarray):
+    """``ready``, ``long``, ``short`` of kernel output rows (as ``backtest`` reads them)."""
+    bar_index = raw[..., output_row.OUT_BAR_INDEX]
+    with np.errstate(invalid="ignore"):
+        ready = bar_index >= ready_from
+    return ready, raw[..., output_row.OUT_LONG] == 1.0, raw[..., output_row.OUT_SHORT] == 1.0
+
+
+def rows_from_cells(out: dict[str, np.ndarray], n_strategies: int) -> StrategyRows:
+    """A driver's outputs of cells ``row * n_strategies + k`` as ``StrategyRows``."""
+    n = out["side"].shape[0] // n_strategies
+    trades = out["trades"].reshape(n, n_strategies, *out["trades"].shape[1:])
+    entry_times = out["trade_entry_times"]
+
+    def field(k: int) -> np.ndarray:
+        return trades[:, :, :, k]
+
+    return StrategyRows(
+        side=out["side"].reshape(n, n_strategies),
+        equity=out["equity"].reshape(n, n_strategies),
+        n_closed=out["n_closed"].reshape(n, n_strategies),
+        trade_side=field(SL.TR_SIDE),
+        trade_entry_time=entry_times.reshape(n, n_strategies, *entry_times.shape[1:]),
+        trade_entry_price=field(SL.TR_ENTRY_PRICE),
+        trade_exit_price=field(SL.TR_EXIT_PRICE),
+        trade_reason=np.nan_to_num(field(SL.TR_REASON)).astype(np.int64),
+        trade_return=field(SL.TR_RETURN),
+    )
+
+
+def step_strategies(
+    store: StateStore, threads: int | None, slots, times, closes, ohlc: Ohlc, raw,
+    order, round_starts, ready_from,
+) -> StrategyRows:  # fmt: skip
+    """The strategies of the updated slots, after their ATC step (``raw``: its output rows)."""
+    ready, longs, shorts = _events(raw, ready_from)
+    out = run_strategy_step(
+        store, slots, times, ohlc[0], ohlc[1], ohlc[2], closes, ready, longs, shorts,
+        order, round_starts, threads,
+    )  # fmt: skip
+    return rows_from_cells(out, len(store.strategies))
+
+
+def warmup_strategies(
+    store: StateStore, threads: int | None, slots, times, prices, counts, raw, ready_from
+) -> StrategyRows:
+    """Every history row's bars through its slot's strategies (``raw``: every bar's ATC
+    output rows); the outputs of each row's last bar."""
+    ready, longs, shorts = _events(raw, ready_from[:, None])
+    o, h, lo, c = prices
+    out = run_strategy_warmup(
+        store, slots, times, o, h, lo, c, counts, ready, longs, shorts, threads
+    )
+    return rows_from_cells(out, len(store.strategies))
+
+
+def pad_prices(jobs, width: int) -> tuple[np.ndarray, ...]:
+    """Each job's ``(slot, times, closes, opens, highs, lows, closes)`` prices as
+    ``(opens, highs, lows, closes)`` padded to ``width`` bars (1.0)."""
+    padded = tuple(np.ones((len(jobs), max(width, 1))) for _ in range(4))
+    for s, job in enumerate(jobs):
+        for k in range(4):
+            padded[k][s, : len(job[3 + k])] = job[3 + k]
+    return padded
+
+
+def metric_columns(store: StateStore, keys_slots: list[tuple[Any, int]]) -> dict[str, np.ndarray]:
+    """One row per (stream, strategy): key columns and ``strategy_layout.METRIC_NAMES``, as
+    ``BacktestResult.metric_columns`` (``strategy_metrics``' arithmetic)."""
+    n = len(store.strategies)
+    rows = np.array([slot * n + k for _, slot in keys_slots for k in range(n)], np.int64)
+    sv, sc = store.strategy_values[rows], store.strategy_counters[rows]
+    final = sv[:, SL.S_EQUITY]
+    bars = sc[:, SL.S_BARS]
+    exposure = np.zeros(rows.shape[0])
+    seen = bars > 0
+    exposure[seen] = sc[seen, SL.S_EXPOSED].astype(np.float64) / bars[seen].astype(np.float64)
+    keys = [key for key, _ in keys_slots for _ in range(n)]
+    return {
+        "symbol": np.array([k.symbol for k in keys], dtype=object),
+        "interval": np.array([k.interval for k in keys], dtype=object),
+        "params_id": np.array([k.params_id for k in keys], np.int64),
+        "strategy_id": np.tile(np.arange(n, dtype=np.int64), len(keys_slots)),
+        "trades": sc[:, SL.S_TRADES].copy(),
+        "wins": sc[:, SL.S_WINS].copy(),
+        "total_return": final - 1.0,
+        "max_drawdown": sv[:, SL.S_MAX_DRAWDOWN].copy(),
+        "exposure": exposure,
+        "final_equity": final.copy(),
+    }
+
+
+def concat_rows(parts) -> StrategyRows:
+    """``StrategyRows`` of several chunks, in order."""
+    return StrategyRows(
+        *(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(StrategyRows))
+    )

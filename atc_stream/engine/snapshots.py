@@ -1,0 +1,68 @@
+"""An engine's state to and from a snapshot (format: ``state/snapshot.py``): the arrays
+captured for a blob, and a decoded snapshot's state loaded into a fresh engine."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from atc_stream.engine.backends import make_backend
+from atc_stream.state.snapshot import CapturedState, Snapshot, capture_state, normalize_offsets
+
+
+def capture(engine: Any, source_offsets: Mapping[str, Any] | None, copy: bool) -> CapturedState:
+    """``engine.capture_snapshot()``: the state pulled from the backend, free slots after
+    the last live one left out (so a snapshot's size follows the streams, not the capacity;
+    slot numbers stay as they are)."""
+    if source_offsets:
+        engine.source_offsets.update(normalize_offsets(source_offsets))
+    engine.backend.pull_state()
+    s = engine.store
+    live = np.flatnonzero(s.in_use)
+    n = int(live[-1]) + 1 if live.size else 1
+    rows = n * len(s.strategies)
+    return capture_state(
+        params=s.params.params, interval=engine.interval, backend=engine.backend.name,
+        registry={key: engine.slot_of(key) for key in engine.streams},
+        ring=s.ring[:n], values=s.values[:n], counters=s.counters[:n], in_use=s.in_use[:n],
+        param_lengths=s.params.lengths, param_values=s.params.values,
+        ring_capacity=s.ring_capacity, source_offsets=engine.source_offsets,
+        rejections=engine.rejections, copy=copy, strategies=s.strategies.strategies,
+        strategy_arrays={
+            "strategy_values": s.strategy_values[:rows],
+            "strategy_counters": s.strategy_counters[:rows],
+            "strategy_entry_times": s.strategy_entry_times[:rows],
+            "strategy_param_values": s.strategies.values,
+            "strategy_param_ints": s.strategies.ints,
+        },
+    )  # fmt: skip
+
+
+def load_state(eng: Any, snap: Snapshot, backend: str) -> None:
+    """``snap``'s arrays, registry, rejection counts and offsets into ``eng``, an engine
+    just made with its parameter sets, strategies and capacity."""
+    h = snap.header
+    store = eng.store
+    reshaped = False
+    names = ["ring", "values", "counters", "in_use"]
+    if h.strategies:
+        names += ["strategy_values", "strategy_counters", "strategy_entry_times"]
+    for name in names:
+        current = getattr(store, name)
+        if current.shape == snap.arrays[name].shape:
+            np.copyto(current, snap.arrays[name])  # keeps the backend's host buffers
+        else:
+            setattr(store, name, snap.arrays[name])
+            reshaped = True
+    if reshaped:
+        store.ring_capacity = h.ring_capacity
+        store.generation += 1
+        old, eng.backend = eng.backend, make_backend(backend, store, eng.threads, eng.cuda_graph)
+        old.close()
+    for key, slot in h.registry.items():
+        eng.register_slot(key, slot)
+    eng.rejections.update(h.rejections)
+    eng.source_offsets = h.source_offsets
+    eng.backend.push_state()

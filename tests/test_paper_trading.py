@@ -1,0 +1,310 @@
+"""Paper trading: an engine with strategies, stepped bar by bar (after a warmup, across a
+snapshot and restore), trades exactly like ``backtest()`` on the whole series, bit for
+bit; bars it cannot trade are rejected and counted; old snapshots still load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from atc_stream import ATCParams, Engine, Strategy, backtest
+from atc_stream.core.backtest_result import TRADE_COLUMNS
+from atc_stream.core.strategy_outputs import POSITION_COLUMNS
+from atc_stream.engine.paper import BAD_OHLC, MISSING_OHLC
+from atc_stream.state.snapshot import FORMAT_VERSION, decode_snapshot
+
+BASE_TIME = 1_700_000_000_000
+BAR_MS = 60_000
+SHORT = ATCParams(
+    ema_len=6, hma_len=7, wma_len=5, dema_len=6, lsma_len=8, kama_len=5,
+    robustness="Narrow", La=0.05, De=0.1, cutout=3,
+)  # fmt: skip
+PARAMS = [
+    SHORT,
+    ATCParams(
+        ema_len=10, hma_len=9, wma_len=8, dema_len=9, lsma_len=9, kama_len=8,
+        robustness="Narrow", cutout=5,
+    ),
+]  # fmt: skip
+STRATEGIES = [
+    Strategy(),
+    Strategy(direction="long_only", fee_bps=10, slippage_bps=5),
+    Strategy(direction="short_only", stop=0.01, take_profit=0.02),
+    Strategy(stop=0.004, take_profit=0.006, max_hold=5, fee_bps=7.5, slippage_bps=2),
+    Strategy(max_hold=3, slippage_bps=1),
+]
+SYMBOLS = ("AAA", "BBB")
+GOLDEN_V1 = Path(__file__).parent / "golden" / "snapshot_v1.bin"
+
+
+def ohlc_bars(n=160, seed=3):
+    """A long table of OHLC bars of two symbols (the second one shorter), time order."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for k, symbol in enumerate(SYMBOLS):
+        length = n - 15 * k
+        c = 100 * np.exp(np.cumsum(rng.normal(0, 0.006, length)))
+        o = np.concatenate([[c[0]], c[:-1] * np.exp(rng.normal(0, 0.002, length - 1))])
+        h = np.maximum(o, c) * np.exp(np.abs(rng.normal(0, 0.003, length)))
+        lo = np.minimum(o, c) * np.exp(-np.abs(rng.normal(0, 0.003, length)))
+        t = BASE_TIME + BAR_MS * np.arange(length)
+        rows += [(symbol, int(t[j]), o[j], h[j], lo[j], c[j]) for j in range(length)]
+    rows.sort(key=lambda r: (r[1], r[0]))
+    return rows
+
+
+def as_table(rows):
+    names = ("symbol", "time", "open", "high", "low", "close")
+    return {name: np.array([r[k] for r in rows]) for k, name in enumerate(names)}
+
+
+def history_of(rows):
+    """``{symbol: (times, opens, highs, lows, closes)}`` of ``rows``."""
+    out = {}
+    for symbol in SYMBOLS:
+        mine = [r for r in rows if r[0] == symbol]
+        out[symbol] = tuple(np.array([r[k] for r in mine]) for k in range(1, 6))
+    return out
+
+
+def engine(**kwargs):
+    eng = Engine(PARAMS, backend="cpu", strategies=STRATEGIES, **kwargs)
+    for symbol in SYMBOLS:
+        eng.add_symbol(symbol)
+    return eng
+
+
+def trade_key(row):
+    return (row["symbol"], row["params_id"], row["strategy_id"], row["exit_time"],
+            row["entry_time"])  # fmt: skip
+
+
+def assert_same_trades(streamed, expected):
+    """Trade records equal, every float to the last bit (compared as float64 bits)."""
+    assert len(streamed) == len(expected)
+    for got, want in zip(sorted(streamed, key=trade_key), sorted(expected, key=trade_key),
+                         strict=True):  # fmt: skip
+        for name in TRADE_COLUMNS:
+            if isinstance(want[name], float):
+                assert np.float64(got[name]).view(np.int64) == np.float64(want[name]).view(
+                    np.int64
+                ), (name, got, want)
+            else:
+                assert got[name] == want[name], (name, got, want)
+
+
+def expected_records(result, after_time=None):
+    cols = result.trade_columns
+    rows = [
+        {name: cols[name][i].item() if hasattr(cols[name][i], "item") else cols[name][i]
+         for name in TRADE_COLUMNS}
+        for i in range(len(cols["symbol"]))
+    ]  # fmt: skip
+    return [r for r in rows if after_time is None or r["exit_time"] > after_time]
+
+
+def assert_same_metrics(eng, result):
+    got = eng.strategy_metrics()
+    want = result.metric_columns
+    order = np.lexsort((want["strategy_id"], want["params_id"], want["symbol"].astype(str)))
+    for name in ("params_id", "strategy_id", "trades", "wins"):
+        assert np.array_equal(got[name], want[name][order]), name
+    assert list(got["symbol"]) == list(want["symbol"][order])
+    for name in ("total_return", "max_drawdown", "exposure", "final_equity"):
+        assert np.array_equal(got[name].view(np.int64), want[name][order].view(np.int64)), name
+
+
+def equity_of(result):
+    """``(symbol, params_id, strategy_id, time) -> (equity, side)`` of a backtest."""
+    e = result.equity_columns
+    return {
+        (e["symbol"][i], int(e["params_id"][i]), int(e["strategy_id"][i]), int(e["time"][i])):
+        (float(e["equity"][i]), int(e["side"][i]))
+        for i in range(e["symbol"].shape[0])
+    }  # fmt: skip
+
+
+def check_positions(res, expected_equity):
+    for row in res.position_records():
+        want = expected_equity[(row["symbol"], row["params_id"], row["strategy_id"], row["time"])]
+        assert np.float64(row["equity"]).view(np.int64) == np.float64(want[0]).view(np.int64)
+        assert row["side"] == want[1]
+
+
+@pytest.fixture(scope="module")
+def bars():
+    return ohlc_bars()
+
+
+@pytest.fixture(scope="module")
+def reference(bars):
+    return backtest(as_table(bars), PARAMS, STRATEGIES)
+
+
+def test_stepping_bar_by_bar_trades_exactly_like_backtest(bars, reference):
+    eng = engine()
+    expected_equity = equity_of(reference)
+    trades = []
+    times = sorted({r[1] for r in bars})
+    for t in times:
+        res = eng.step([r for r in bars if r[1] == t])
+        assert not res.rejected
+        check_positions(res, expected_equity)
+        trades += res.trade_records()
+    assert len(reference.trade_columns["symbol"]) > 20
+    assert set(reference.trade_columns["reason"]) >= {"signal", "stop", "take_profit", "time"}
+    assert_same_trades(trades, expected_records(reference))
+    assert_same_metrics(eng, reference)
+
+
+def test_warmup_then_steps_with_a_snapshot_between_equal_backtest(bars, reference):
+    warm_until = BASE_TIME + BAR_MS * 60
+    restore_at = BASE_TIME + BAR_MS * 100
+    eng = engine()
+    res = eng.warmup(history_of([r for r in bars if r[1] <= warm_until]))
+    assert not res.rejected
+    check_positions(res, equity_of(reference))
+    trades = []
+    for t in sorted({r[1] for r in bars if r[1] > warm_until}):
+        if t == restore_at:
+            blob = eng.snapshot()
+            assert decode_snapshot(blob).header.format_version == FORMAT_VERSION
+            eng = Engine.restore(blob, backend="cpu")
+            assert eng.strategies == STRATEGIES
+        # a long table this time (the other test steps tuples)
+        res = eng.step(pd.DataFrame(as_table([r for r in bars if r[1] == t])))
+        trades += res.trade_records()
+    assert_same_trades(trades, expected_records(reference, after_time=warm_until))
+    assert_same_metrics(eng, reference)
+
+
+def test_one_step_of_many_bars_per_symbol_equals_backtest(bars, reference):
+    eng = engine()
+    half = BASE_TIME + BAR_MS * 80
+    first = eng.step([r for r in bars if r[1] <= half])
+    rest = [r for r in bars if r[1] > half]
+    slots = np.array([eng.slots_of(r[0])[p] for r in rest for p in range(len(PARAMS))])
+    cols = [np.repeat(np.array([r[k] for r in rest]), len(PARAMS)) for k in range(1, 6)]
+    second = eng.step_arrays(slots, cols[0], cols[4], opens=cols[1], highs=cols[2], lows=cols[3])
+    assert not first.rejected and not second.rejected
+    assert_same_trades(first.trade_records() + second.trade_records(), expected_records(reference))
+    assert_same_metrics(eng, reference)
+
+
+def test_bars_without_ohlc_or_with_bad_prices_are_rejected_and_counted(bars):
+    eng = engine()
+    t = BASE_TIME
+    res = eng.step([
+        ("AAA", t, 100.0),  # no open/high/low
+        ("AAA", t, 100.0, 99.0, 101.0, 100.0),  # high < low
+        ("AAA", t, 102.0, 101.0, 99.0, 100.0),  # open above high
+        ("AAA", t, 100.0, 101.0, 99.0, 98.0),  # close below low
+        ("AAA", t, float("nan"), 101.0, 99.0, 100.0),  # not finite
+        ("BBB", t, 100.0, 101.0, 99.0, 100.5),  # good
+    ])  # fmt: skip
+    assert [r.reason for r in res.rejected] == [MISSING_OHLC] + [BAD_OHLC] * 4
+    assert eng.rejections[MISSING_OHLC] == 1 and eng.rejections[BAD_OHLC] == 4
+    assert res.symbols == ["BBB", "BBB"]
+    assert [s for s in eng.last_bar_times("AAA")] == [None, None]
+    arrays = eng.step_arrays(eng.slots_of("AAA"), [t, t], [100.0, 100.0])
+    assert len(arrays) == 0 and eng.rejections[MISSING_OHLC] == 3
+    warm = eng.warmup({"CCC": (np.array([t]), np.array([1.0]))})
+    assert [r.reason for r in warm.rejected] == [MISSING_OHLC]
+
+
+def test_strategy_outputs_are_a_group_and_absent_without_strategies(bars):
+    plain = Engine(SHORT, backend="cpu")
+    plain.add_symbol("AAA")
+    res = plain.step([("AAA", BASE_TIME, 100.0)])
+    assert res.strategy is None
+    with pytest.raises(AttributeError, match="strategies"):
+        res.trade_columns()
+    with pytest.raises(ValueError, match="strategies"):
+        Engine(SHORT, outputs=["signal", "strategy"])
+    eng = engine()
+    res = eng.step(bars[:2])
+    assert tuple(res.position_columns()) == POSITION_COLUMNS
+    assert tuple(res.trade_columns()) == TRADE_COLUMNS
+    assert len(res.position_records()) == len(res) * len(STRATEGIES)
+    quiet = engine(outputs=["signal"])
+    assert quiet.step(bars[:2]).strategy is None
+
+
+def test_the_cuda_backend_refuses_strategies():
+    with pytest.raises(ValueError, match="CPU backend only"):
+        Engine(SHORT, backend="cuda", strategies=[Strategy()])
+
+
+def test_a_format_1_snapshot_loads_and_continues_like_a_fresh_engine():
+    old = Engine.restore(GOLDEN_V1.read_bytes(), backend="cpu")
+    assert old.strategies == [] and old.source_offsets == {"file": 40}
+    rng = np.random.default_rng(7)  # the series the golden snapshot was taken of
+    closes = 100 * np.exp(np.cumsum(rng.normal(0, 0.01, 41)))
+    times = np.arange(41, dtype=np.int64) * 60_000
+    fresh = Engine(ATCParams(), backend="cpu")
+    fresh.warmup({"AAA": (times[:40], closes[:40])})
+    a = old.step([("AAA", int(times[40]), float(closes[40]))])
+    b = fresh.step([("AAA", int(times[40]), float(closes[40]))])
+    assert np.array_equal(a.signal.view(np.int64), b.signal.view(np.int64))
+    assert np.array_equal(a.long_events, b.long_events)
+
+
+def test_the_readme_paper_trading_example_runs(capsys):
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    block = next(b for b in readme.split("```python\n")[1:] if "strategies=[" in b)
+    names: dict = {}
+    exec(compile(block.split("```")[0], "README.md (paper trading)", "exec"), names)
+    assert len(names["eng"].strategy_metrics()["trades"]) == 2
+
+
+def test_growing_capacity_and_previews_leave_the_strategy_streams_as_backtest(bars, reference):
+    eng = engine(capacity=1)  # every add grows the store, strategy rows with it
+    assert eng.store.strategy_values.shape[0] == eng.store.capacity * len(STRATEGIES)
+    trades = []
+    for t in sorted({r[1] for r in bars}):
+        step_bars = [r for r in bars if r[1] == t]
+        preview = eng.preview([(s, t + BAR_MS, *p[:3], p[3]) for s, _, *p in step_bars])
+        assert preview.strategy is None
+        trades += eng.step(step_bars).trade_records()
+    assert_same_trades(trades, expected_records(reference))
+    assert_same_metrics(eng, reference)
+    with pytest.raises(ValueError, match="CPU backend"):
+        eng.move_to("cuda")
+
+
+def test_a_removed_then_added_symbol_starts_its_strategies_afresh(bars):
+    eng = engine()
+    eng.step([r for r in bars if r[1] <= BASE_TIME + BAR_MS * 50])
+    eng.remove_symbol("AAA")
+    eng.add_symbol("AAA")
+    metrics = eng.strategy_metrics()
+    fresh = metrics["symbol"] == "AAA"
+    assert (metrics["trades"][fresh] == 0).all() and (metrics["final_equity"][fresh] == 1.0).all()
+    assert (metrics["trades"][~fresh] > 0).any()
+
+
+def test_an_arrow_table_with_renamed_price_columns_steps_like_tuples(bars):
+    pa = pytest.importorskip("pyarrow")
+    rows = [r for r in bars if r[1] <= BASE_TIME + BAR_MS * 40]
+    table = as_table(rows)
+    renamed = pa.table({
+        "sym": table["symbol"].tolist(), "ts": table["time"], "o": table["open"],
+        "h": table["high"], "l": table["low"], "close": table["close"],
+    })  # fmt: skip
+    a, b = engine(), engine()
+    names = {"symbol": "sym", "time": "ts", "open": "o", "high": "h", "low": "l"}
+    got = a.step(renamed, columns=names)
+    want = b.step(rows)
+    assert got.trade_records() == want.trade_records()
+    assert got.position_records() == want.position_records()
+    assert_same_metrics_between(a, b)
+    bad = a.step([("AAA", 2**63, 1.0, 1.0, 1.0, 1.0), ["BBB", 2**62, 1.0, 1.0, 1.0, 1.0]])
+    assert [r.reason for r in bad.rejected] == ["bad_time_type"]
+
+
+def assert_same_metrics_between(a, b):
+    for name, values in a.strategy_metrics().items():
+        assert np.array_equal(values, b.strategy_metrics()[name]), name
