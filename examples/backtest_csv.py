@@ -1,11 +1,13 @@
-"""Notebook-style backtest of one CSV of bars with pandas.
+"""Backtest one CSV of bars with ``atc_stream.backtest``: fills, stops, fees, metrics.
 
-    python examples/backtest_csv.py [bars.csv] [--plot chart.png]
+    python examples/backtest_csv.py [bars.csv] [--stop 0.02] [--fee-bps 10] [--plot chart.png]
 
-The CSV needs ``time`` (ISO or epoch) and ``close`` columns; by default the synthetic
-hourly series in examples/data/sample_1h.csv (a random walk, not market data) is used.
-Strategy: hold +1 after a long event and -1 after a short event, from the first ready
-bar on (docs/spec.md, "Warm-up and readiness"); positions act on the next bar's return.
+The CSV needs ``time`` (ISO or epoch) and ``close`` columns, and ``open``, ``high``,
+``low`` when it has them; a close-only file is turned into bars that open at the
+previous close (so fills happen at a price the series really had). By default the
+synthetic hourly series in examples/data/sample_1h.csv (a random walk, not market data)
+is used. The rules (fills at the next open, stop then take-profit inside a bar, fees on
+the notional) are docs/spec.md's "Backtest" section.
 """
 
 from __future__ import annotations
@@ -16,56 +18,65 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from atc_stream import ATCParams, compute
+from atc_stream import ATCParams, Strategy, backtest
 
 DEFAULT_CSV = Path(__file__).resolve().parent / "data" / "sample_1h.csv"
 
 
-def load_closes(path: Path) -> pd.Series:
-    """The CSV's closes as a Series on a UTC DatetimeIndex."""
+def load_bars(path: Path) -> pd.DataFrame:
+    """The CSV as a long OHLC table of one symbol (named after the file)."""
     bars = pd.read_csv(path)
-    times = pd.to_datetime(bars["time"], utc=True)
-    return pd.Series(bars["close"].to_numpy(float), index=pd.DatetimeIndex(times), name="close")
-
-
-def backtest(signals: pd.DataFrame) -> pd.DataFrame:
-    """Positions from events (ready rows only) and the strategy's bar returns."""
-    events = pd.Series(np.nan, index=signals.index)
-    events[signals["long"] & signals["ready"]] = 1.0
-    events[signals["short"] & signals["ready"]] = -1.0
-    position = events.ffill().fillna(0.0)
-    bar_return = signals["close"].pct_change().fillna(0.0)
-    strategy = position.shift(1).fillna(0.0) * bar_return
-    return pd.DataFrame({"position": position, "bar_return": bar_return, "strategy": strategy})
+    close = bars["close"].to_numpy(float)
+    if {"open", "high", "low"} <= set(bars.columns):
+        open_, high, low = (bars[c].to_numpy(float) for c in ("open", "high", "low"))
+    else:
+        open_ = np.r_[close[0], close[:-1]]
+        high, low = np.maximum(open_, close), np.minimum(open_, close)
+    return pd.DataFrame(
+        {
+            "symbol": path.stem,
+            "time": pd.to_datetime(bars["time"], utc=True),
+            "open": open_,
+            "high": high,
+            "low": low,
+            "close": close,
+        }
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("csv", nargs="?", type=Path, default=DEFAULT_CSV)
+    parser.add_argument("--direction", default="long_short")
+    parser.add_argument("--stop", type=float, default=0.0, help="stop, a fraction (0: none)")
+    parser.add_argument("--take-profit", type=float, default=0.0)
+    parser.add_argument("--fee-bps", type=float, default=10.0)
+    parser.add_argument("--slippage-bps", type=float, default=5.0)
     parser.add_argument("--plot", type=Path, help="also save a chart (needs matplotlib)")
     args = parser.parse_args()
 
-    closes = load_closes(args.csv)
-    signals = compute(closes, ATCParams(), symbol=args.csv.stem)  # a DataFrame on the index
-    result = backtest(signals)
-    ready_from = signals.index[signals["ready"].to_numpy().argmax()]
-    trades = int((result["position"].diff().fillna(0.0) != 0).sum())
-    total = (1 + result["strategy"]).prod() - 1
-    hold = closes.iloc[-1] / closes.loc[ready_from] - 1
-    print(f"bars             {len(signals)} ({signals.index[0]} .. {signals.index[-1]})")
-    print(
-        f"ready from       {ready_from} (bar {int(signals['bar_index'][signals['ready']].iloc[0])})"
-    )
-    print(f"events (ready)   {int((signals['long'] & signals['ready']).sum())} long, "
-          f"{int((signals['short'] & signals['ready']).sum())} short")  # fmt: skip
-    print(f"position changes {trades}")
-    print(f"strategy return  {total:+.2%}")
-    print(f"buy and hold     {hold:+.2%} (from the ready bar)")
-    print(signals[["close", "signal", "ready", "long", "short"]].tail(3).to_string())
+    bars = load_bars(args.csv)
+    strategy = Strategy(
+        direction=args.direction, stop=args.stop, take_profit=args.take_profit,
+        fee_bps=args.fee_bps, slippage_bps=args.slippage_bps,
+    )  # fmt: skip
+    result = backtest(bars, ATCParams(), strategy, interval="1h")
+    metrics = result.metrics.iloc[0]
+    trades = result.trades
+    hold = bars["close"].iloc[-1] / bars["close"].iloc[0] - 1
+    print(f"bars             {len(bars)} ({bars['time'].iloc[0]} .. {bars['time'].iloc[-1]})")
+    print(f"strategy         {strategy}")
+    print(f"trades           {int(metrics['trades'])} closed, {int(metrics['wins'])} won")
+    print(f"strategy return  {metrics['total_return']:+.2%}")
+    print(f"max drawdown     {metrics['max_drawdown']:.2%}")
+    print(f"exposure         {metrics['exposure']:.1%} of bars")
+    print(f"buy and hold     {hold:+.2%}")
+    columns = ["side", "entry_time", "exit_time", "entry_price", "exit_price", "reason", "return"]
+    print(trades[columns].tail(3).to_string())
     if args.plot:
-        from atc_stream.app.plot import plot_signals
+        from atc_stream.app.plot_backtest import plot_backtest
 
-        plot_signals(signals).savefig(args.plot, dpi=100)
+        plot_backtest(result, bars, path=args.plot)
         print(f"chart            {args.plot}")
 
 

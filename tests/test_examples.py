@@ -29,7 +29,8 @@ def test_backtest_csv(tmp_path):
     chart = tmp_path / "chart.png"
     out = run_example("backtest_csv.py", "--plot", str(chart))
     assert "bars             1000" in out
-    assert "ready from       2024-01-03 18:00:00+00:00 (bar 66)" in out
+    closed = next(line for line in out.splitlines() if line.startswith("trades"))
+    assert int(closed.split()[1]) > 0
     assert "strategy return" in out and chart.stat().st_size > 10_000
 
 
