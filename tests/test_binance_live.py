@@ -631,8 +631,9 @@ def test_connect_failures_back_off():
     t0 = time.monotonic()
     stats = run_client(client, max_seconds=1.0)
     assert 0.9 < time.monotonic() - t0 < 5
-    # delays 0.05, 0.1, 0.2, 0.4, 0.4 ...: about 5 tries in a second, not hundreds
-    assert 3 <= stats.disconnects["connect_failed"] <= 8
+    # delays 0.05, 0.1, 0.2, 0.4, 0.4 ...: about 5 tries in a second, not hundreds (a
+    # busy machine runs fewer of them in the second)
+    assert 2 <= stats.disconnects["connect_failed"] <= 8
     assert stats.connects == 0 and stats.bars == 0
     # a server that accepts TCP connections but never answers the handshake
     with socket.socket() as silent:
@@ -645,7 +646,8 @@ def test_connect_failures_back_off():
             Engine(backend="cpu", interval=INTERVAL, outputs="all"), ["BTCUSDT"], cfg
         )
         stats = run_client(client, max_seconds=1.0)
-    assert stats.connects == 0 and 2 <= stats.disconnects["connect_failed"] <= 6
+    # each try ends at the 0.2 s open timeout: at least one in the second, and backed off
+    assert stats.connects == 0 and 1 <= stats.disconnects["connect_failed"] <= 6
 
 
 def test_config_backoff_grows_is_capped_and_jittered():
