@@ -151,6 +151,15 @@ EventsBeforeReadyOption = Annotated[
     ),
 ]
 
+StrategyOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--strategy",
+        help="Paper trading (repeatable): a TOML file of [[strategy]] tables, or inline "
+        "key=value,... (direction, stop, take_profit, max_hold, fee_bps, slippage_bps).",
+    ),
+]
+
 
 @contextmanager
 def _user_errors():
@@ -243,9 +252,24 @@ def replay(
         bool, typer.Option("--strict", help="Exit 2 when any input row was rejected.")
     ] = False,
     events_before_ready: EventsBeforeReadyOption = False,
-) -> None:
+    strategy: StrategyOption = None,
+    trades: Annotated[
+        Path | None,
+        typer.Option(
+            "--trades", help="With --strategy: a trade record per closed trade "
+            "(FILE.jsonl or DIR.parquet)."
+        ),
+    ] = None,
+    positions: Annotated[
+        Path | None,
+        typer.Option(
+            "--positions", help="With --strategy: side and equity per bar and strategy "
+            "stream (FILE.jsonl or DIR.parquet)."
+        ),
+    ] = None,
+) -> None:  # fmt: skip
     """Feed bars (or ticks aggregated to bars) through the engine; one signal row per
-    (stream, bar)."""
+    (stream, bar). With --strategy, paper trading on bars with open/high/low/close."""
     from atc_stream.app.jobs.replay import run_replay
 
     _run_job(
@@ -256,6 +280,7 @@ def replay(
         output=output, warmup=warmup, speed=speed, progress=progress, backend=backend,
         interval=interval, redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
         snapshot_every=snapshot_every, resume=resume, events_before_ready=events_before_ready,
+        strategies=strategy or [], trades=trades, positions=positions,
     )  # fmt: skip
 
 
