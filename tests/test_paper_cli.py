@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import threading
 
+import msgspec
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from redis_fixtures import redis_server, redis_url  # noqa: F401
 from typer.testing import CliRunner
 
 from atc_stream import Strategy, backtest
 from atc_stream.app.cli import app, main
+from atc_stream.core.schema import SCHEMA_VERSION
 from atc_stream.core.strategy import parse_strategy, strategies_from_specs
 from atc_stream.core.strategy_outputs import records
 
@@ -180,3 +184,36 @@ def test_strategy_specs_inline_and_toml(tmp_path):
     assert parse_strategy(" direction = long_only ") == Strategy(direction="long_only")
     with pytest.raises(ValueError, match="given twice"):
         parse_strategy("stop=0.1,stop=0.2")
+
+
+@pytest.mark.redis
+def test_replay_publishes_a_trade_message_per_closed_trade(tmp_path, bars, redis_url):  # noqa: F811
+    pytest.importorskip("redis")
+    from atc_stream.connectors.redis.pubsub import SignalSubscriber
+
+    sub = SignalSubscriber(redis_url, trades=True, patterns=["atc:trade:*"])
+    sub.wait_ready()
+    got, done = [], threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            got.extend(sub.messages(timeout=0.2))
+        got.extend(sub.messages(timeout=1.0))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        run_paper(tmp_path, bars[0], "--redis", redis_url)
+    finally:
+        done.set()
+        reader.join()
+        sub.close()
+    written = sort_trades(read_jsonl(tmp_path / "trades.jsonl"))
+    on_all = [m for m in got if m.channel == "atc:trades"]
+    per_symbol = [m for m in got if m.channel.startswith("atc:trade:")]
+    assert {m.kind for m in got} == {"trade"}
+    assert len(on_all) == len(per_symbol) == len(written)
+    assert all(m.channel == f"atc:trade:{m.data.symbol}" for m in per_symbol)
+    published = [json.loads(msgspec.json.encode(m.data)) for m in on_all]
+    assert all(p.pop("v") == SCHEMA_VERSION for p in published)
+    assert sort_trades(published) == written
