@@ -159,6 +159,21 @@ StrategyOption = Annotated[
         "key=value,... (direction, stop, take_profit, max_hold, fee_bps, slippage_bps).",
     ),
 ]
+TradesOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--trades",
+        help="With --strategy: a trade record per closed trade (FILE.jsonl or DIR.parquet).",
+    ),
+]
+PositionsOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--positions",
+        help="With --strategy: side and equity per bar and strategy stream (FILE.jsonl or "
+        "DIR.parquet).",
+    ),
+]
 
 
 @contextmanager
@@ -253,21 +268,9 @@ def replay(
     ] = False,
     events_before_ready: EventsBeforeReadyOption = False,
     strategy: StrategyOption = None,
-    trades: Annotated[
-        Path | None,
-        typer.Option(
-            "--trades", help="With --strategy: a trade record per closed trade "
-            "(FILE.jsonl or DIR.parquet)."
-        ),
-    ] = None,
-    positions: Annotated[
-        Path | None,
-        typer.Option(
-            "--positions", help="With --strategy: side and equity per bar and strategy "
-            "stream (FILE.jsonl or DIR.parquet)."
-        ),
-    ] = None,
-) -> None:  # fmt: skip
+    trades: TradesOption = None,
+    positions: PositionsOption = None,
+) -> None:
     """Feed bars (or ticks aggregated to bars) through the engine; one signal row per
     (stream, bar). With --strategy, paper trading on bars with open/high/low/close."""
     from atc_stream.app.jobs.replay import run_replay
@@ -353,6 +356,9 @@ def live(
     snapshot_every: SnapshotEveryOption = None,
     resume: ResumeOption = False,
     events_before_ready: EventsBeforeReadyOption = False,
+    strategy: StrategyOption = None,
+    trades: TradesOption = None,
+    positions: PositionsOption = None,
 ) -> None:
     """Stream exchange klines (Binance combined-stream format) through the engine.
 
@@ -360,6 +366,8 @@ def live(
     reconnects with backoff and backfills every missed closed bar over REST. With
     --resume the latest snapshot is restored and each stream is backfilled from its
     last bar. A status line goes to stderr; signals to --output (and Redis with --redis).
+    With --strategy, paper trading on the klines' open/high/low/close (from the bar after
+    the REST warmup: trades closed within the warmup are in the state, not written).
     """
     from atc_stream.app.jobs.live import run_live
 
@@ -370,7 +378,8 @@ def live(
         idle_timeout=idle_timeout, rest_rate=rest_rate, ws_compression=ws_compression,
         status_every=status_every, params=params, backend=backend, redis=redis,
         redis_prefix=redis_prefix, snapshot_dir=snapshot_dir, snapshot_every=snapshot_every,
-        resume=resume, events_before_ready=events_before_ready,
+        resume=resume, events_before_ready=events_before_ready, strategies=strategy or [],
+        trades=trades, positions=positions,
     )  # fmt: skip
 
 

@@ -11,19 +11,18 @@ go to ``err``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from atc_stream.app.console import OptionError, RunError, err, log_warnings
 from atc_stream.app.defaults import INTERVAL
 from atc_stream.app.durability import Durability, check_backend, play_durably
+from atc_stream.app.paper import PaperOptions, check_paper_options, paper_lines
 from atc_stream.connectors.replay.player import TableBars
 from atc_stream.connectors.replay.stream import BarFileSource
 from atc_stream.connectors.replay.ticks import aggregate_ticks
 from atc_stream.core.intervals import interval_ms, is_calendar, validate_interval
 from atc_stream.core.params import load_param_sets
-from atc_stream.core.strategy import Strategy, strategies_from_specs
 from atc_stream.io.ohlc import PRICES, read_ohlc
 from atc_stream.io.readers import BarTable, InputError, infer_interval
 from atc_stream.io.table_writers import PaperOutputs
@@ -32,9 +31,6 @@ from atc_stream.io.writers import output_format
 
 #: Name of a replayed file's entry in ``Engine.source_offsets``.
 FILE_SOURCE = "file"
-
-#: The bar file's column names when no ``--*-column`` option renames them.
-DEFAULT_COLUMNS = {"symbol": "symbol", "time": "time", "close": "close"}
 
 #: The refusal of a replay given both or neither of a bar file and ``--ticks``.
 ONE_INPUT = "give either a bar file BARS or --ticks FILE (exactly one)"
@@ -91,56 +87,6 @@ def run_replay(
         durability=durability, paper=paper,
     )  # fmt: skip
     return 0
-
-
-@dataclass(frozen=True)
-class PaperOptions:
-    """Paper trading asked of a replay: the strategies and where their outputs go."""
-
-    strategies: list[Strategy]
-    trades: Path | None = None
-    positions: Path | None = None
-
-
-def check_paper_options(
-    specs: Sequence[str],
-    *,
-    trades: Path | None,
-    positions: Path | None,
-    ticks: Path | None,
-    warmup: int,
-    columns: dict[str, str],
-) -> PaperOptions | None:
-    """The ``PaperOptions`` of ``--strategy``/``--trades``/``--positions`` (None without
-    ``--strategy``); ``OptionError`` naming the option for a value or combination refused."""
-    if not specs:
-        for name, given in (("--trades", trades), ("--positions", positions)):
-            if given is not None:
-                raise OptionError(f"{name} needs --strategy", param_hint=name)
-        return None
-    try:
-        strategies = strategies_from_specs(list(specs))
-    except ValueError as exc:
-        raise OptionError(str(exc), param_hint="--strategy") from None
-    if not strategies:
-        raise OptionError("the TOML file holds no strategy", param_hint="--strategy")
-    if ticks is not None:
-        raise OptionError("--strategy trades bars with open/high/low/close: give a bar "
-                          "file BARS, not --ticks", param_hint="--strategy")  # fmt: skip
-    if warmup:
-        raise OptionError(
-            "--strategy replays every bar (the trades of warmup bars would not be written); "
-            "leave out --warmup", param_hint="--warmup",
-        )  # fmt: skip
-    if columns != DEFAULT_COLUMNS:
-        raise OptionError(
-            "--strategy reads the columns symbol, time, open, high, low, close; "
-            "rename the file's columns instead of --*-column", param_hint="--strategy",
-        )  # fmt: skip
-    for name, path in (("--trades", trades), ("--positions", positions)):
-        if path is not None and output_format(path) not in ("jsonl", "parquet"):
-            raise OptionError(f"{path}: use .jsonl or .parquet", param_hint=name)
-    return PaperOptions(strategies, trades, positions)
 
 
 def replay(
@@ -251,18 +197,6 @@ def replay_source(
     for line in summary.lines() + (paper_lines(engine) if paper is not None else []):
         err("  " + line)
     return engine, summary
-
-
-def paper_lines(engine) -> list[str]:
-    """Summary lines of the strategies: per strategy, trades closed and mean return."""
-    metrics = engine.strategy_metrics()
-    lines = []
-    for k in range(len(engine.strategies)):
-        mine = metrics["strategy_id"] == k
-        trades = int(metrics["trades"][mine].sum())
-        mean = float(metrics["total_return"][mine].mean()) if mine.any() else 0.0
-        lines.append(f"strategy {k:<7} {trades} trades, mean total return {mean:+.4%}")
-    return lines
 
 
 def ohlc_source(
