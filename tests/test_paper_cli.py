@@ -217,3 +217,34 @@ def test_replay_publishes_a_trade_message_per_closed_trade(tmp_path, bars, redis
     published = [json.loads(msgspec.json.encode(m.data)) for m in on_all]
     assert all(p.pop("v") == SCHEMA_VERSION for p in published)
     assert sort_trades(published) == written
+
+
+@pytest.mark.redis
+def test_run_stream_trades_entries_with_ohlc_as_backtest(capsys, bars, redis_url):  # noqa: F811
+    redis = pytest.importorskip("redis")
+    from atc_stream.connectors.redis.pubsub import SignalSubscriber
+
+    frame = bars[1]
+    client = redis.Redis.from_url(redis_url)
+    pipe = client.pipeline(transaction=False)
+    for row in frame.itertuples(index=False):
+        pipe.xadd("bars", {"symbol": row.symbol, "time": row.time, "open": repr(row.open),
+                           "high": repr(row.high), "low": repr(row.low),
+                           "close": repr(row.close)})  # fmt: skip
+    pipe.xadd("bars", {"symbol": "AAA", "time": 1, "close": "1.0"})  # no open/high/low
+    pipe.execute()
+    client.close()
+    sub = SignalSubscriber(redis_url, prefix="paper", trades=True)
+    sub.wait_ready()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run-stream", "--redis", redis_url, "--input-stream", "bars", "--publish",
+              "--redis-prefix", "paper", "--stop-when-idle", "0.3", "--backend", "cpu",
+              "--strategy", SPECS[0], "--strategy", SPECS[1]])  # fmt: skip
+    assert exit_info.value.code == 0, capsys.readouterr().err
+    assert "missing_ohlc=1" in capsys.readouterr().err
+    got = [json.loads(msgspec.json.encode(m.data)) for m in sub.messages(timeout=1.0)]
+    sub.close()
+    for record in got:
+        record.pop("v")
+    want = sort_trades(records(backtest(frame, None, STRATEGIES).trade_columns))
+    assert sort_trades(got) == want and want

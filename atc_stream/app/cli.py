@@ -487,11 +487,14 @@ def run_stream(
             "convention; auto: by magnitude). ISO-8601 times need none.",
         ),
     ] = None,
+    strategy: StrategyOption = None,
 ) -> None:
     """Apply bars from a Redis Stream (consumer group), exactly once across restarts.
 
     Outputs go to --output-stream (and pub/sub with --publish). Snapshots record the last
-    applied entry; --resume continues from there (see connectors/redis/streams.py)."""
+    applied entry; --resume continues from there (see connectors/redis/streams.py).
+    With --strategy, entries carry open, high, low and close (paper trading), and each
+    closed trade is published on {prefix}:trades with --publish."""
     from atc_stream.app.jobs.run_stream import run_stream as run
 
     _run_job(
@@ -501,6 +504,7 @@ def run_stream(
         redis_prefix=redis_prefix, batch_size=batch_size, output_maxlen=output_maxlen,
         namespace=namespace, params=params, backend=backend, interval=interval,
         time_unit=time_unit.value if time_unit is not None else None,
+        strategies=strategy or [],
     )  # fmt: skip
 
 
