@@ -18,6 +18,7 @@ from atc_stream.app.cli import app, main
 from atc_stream.core.schema import SCHEMA_VERSION
 from atc_stream.core.strategy import parse_strategy, strategies_from_specs
 from atc_stream.core.strategy_outputs import records
+from atc_stream.state.snapshot_stores import DirectorySnapshotStore
 
 runner = CliRunner(env={"COLUMNS": "240", "TERMINAL_WIDTH": "240", "NO_COLOR": "1"})
 
@@ -75,9 +76,9 @@ def sort_trades(records: list[dict]) -> list[dict]:
     return sorted(records, key=lambda r: tuple(r[k] for k in keys))
 
 
-def run_paper(tmp_path, bars_path, *extra: str):
+def run_paper(tmp_path, bars_path, *extra: str, trades: str = "trades.jsonl"):
     out = tmp_path / "signals.jsonl"
-    args = [str(bars_path), "-o", str(out), "--trades", str(tmp_path / "trades.jsonl")]
+    args = [str(bars_path), "-o", str(out), "--trades", str(tmp_path / trades)]
     for spec in SPECS:
         args += ["--strategy", spec]
     result = replay(*args, "--positions", str(tmp_path / "positions.parquet"), *extra)
@@ -134,6 +135,33 @@ def test_resume_continues_the_trades_exactly_once(tmp_path, bars):
     got = pq.read_table(resumed / "positions.parquet").to_pandas()
     want = pq.read_table(whole / "positions.parquet").to_pandas()
     pd.testing.assert_frame_equal(got, want)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_resume_from_an_older_snapshot_cuts_the_outputs_back(tmp_path, bars, suffix):
+    path, _ = bars
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    run_paper(whole, path, trades=f"t{suffix}")
+    snaps = tmp_path / "snaps"
+    again = tmp_path / "again"
+    again.mkdir()
+    options = ["--snapshot-dir", str(snaps)]
+    run_paper(again, path, *options, "--snapshot-every", "200", trades=f"t{suffix}")
+    store = DirectorySnapshotStore(snaps)
+    kept = store.list()
+    assert len(kept) >= 3
+    for newer in kept[-2:]:  # as if the run had been killed after the older snapshot
+        store.delete(newer)
+    run_paper(again, path, *options, "--resume", trades=f"t{suffix}")
+    if suffix == ".jsonl":
+        assert (again / "t.jsonl").read_bytes() == (whole / "t.jsonl").read_bytes()
+    else:
+        got = pq.read_table(again / "t.parquet").to_pandas()
+        pd.testing.assert_frame_equal(got, pq.read_table(whole / "t.parquet").to_pandas())
+    got = pq.read_table(again / "positions.parquet").to_pandas()
+    pd.testing.assert_frame_equal(got, pq.read_table(whole / "positions.parquet").to_pandas())
+    assert (again / "signals.jsonl").read_bytes() == (whole / "signals.jsonl").read_bytes()
 
 
 @pytest.mark.parametrize(
