@@ -173,6 +173,7 @@ def test_resume_from_an_older_snapshot_cuts_the_outputs_back(tmp_path, bars, suf
         (["--trades", "t.jsonl"], "--trades needs --strategy"),
         (["--strategy", "stop=0.1", "--warmup", "10"], "--warmup"),
         (["--strategy", "stop=0.1", "--trades", "t.csv"], "use .jsonl or .parquet"),
+        (["--strategy", "stop=0.1", "--positions", "-"], "stdout is the signal output's"),
     ],
 )
 def test_bad_paper_options_are_one_line_and_exit_2(capsys, tmp_path, bars, args, named):

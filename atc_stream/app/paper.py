@@ -60,6 +60,8 @@ def check_paper_options(
             "rename the file's columns instead of --*-column", param_hint="--strategy",
         )  # fmt: skip
     for name, path in (("--trades", trades), ("--positions", positions)):
+        if path is not None and str(path) == "-":
+            raise OptionError("give a file: stdout is the signal output's", param_hint=name)
         if path is not None and output_format(path) not in ("jsonl", "parquet"):
             raise OptionError(f"{path}: use .jsonl or .parquet", param_hint=name)
     return PaperOptions(strategies, trades, positions)
