@@ -35,7 +35,6 @@ class ColumnsWriter:
             raise OutputError(f"{str(path)!r}: trades and positions go to .jsonl or .parquet")
         self.path = Path(path)
         here = resume_from if _same_output(resume_from, self.format, self.path) else None
-        assert here is None or isinstance(here, dict)
         self.rows_written = 0
         if self.format == "jsonl":
             self._lines: LineFile | None = LineFile(
@@ -89,6 +88,9 @@ class _Parts(ParquetWriter):
 
     def add(self, columns: dict[str, np.ndarray]) -> None:
         self._columns.append(columns)
+        self._pending_rows += len(next(iter(columns.values())))
+        if self._pending_rows >= self._rows_per_part:
+            self.flush()
 
     def flush(self) -> int:
         """Write the rows added since the last flush as one part; the parts written."""
@@ -104,7 +106,7 @@ class _Parts(ParquetWriter):
             with atomic_file(self.path / name, f".{name}.") as f:
                 pq.write_table(table, f)
             self._next_part += 1
-            self._columns = []
+            self._columns, self._pending_rows = [], 0
         return self._next_part
 
 
