@@ -808,6 +808,53 @@ def test_cli_live_streams_to_file(tmp_path):
     assert "reconnects" in result.stderr
 
 
+def test_cli_live_paper_trades_as_backtest_after_the_warmup(tmp_path):
+    from typer.testing import CliRunner
+
+    from atc_stream import Strategy, backtest
+    from atc_stream.app.cli import app
+    from atc_stream.core.strategy_outputs import records
+
+    closes = make_bars(["BTCUSDT", "ETHUSDT"], 260, seed=12)
+    start, history = 230, 100
+    t0 = int(time.time() * 1000) - start * IMS - 1000
+    trades, positions = tmp_path / "trades.jsonl", tmp_path / "positions.jsonl"
+    with FakeExchange(closes, start, t0=t0) as ex:
+        result = CliRunner().invoke(
+            app,
+            [
+                "live", "--symbols", "BTCUSDT,ETHUSDT", "--history", str(history),
+                "--ws-url", ex.ws_url, "--rest-url", ex.rest_url,
+                "--output", str(tmp_path / "live.jsonl"), "--max-bars", str(2 * (260 - start)),
+                "--max-seconds", "60", "--backend", "cpu", "--no-previews",
+                "--status-every", "0", "--strategy", "max_hold=2,fee_bps=5",
+                "--trades", str(trades), "--positions", str(positions),
+            ],
+        )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    held = [json.loads(x) for x in positions.read_text().splitlines()]
+    last = (max(r["time"] for r in held) - t0) // IMS
+    index = np.arange(start - history, last + 1)
+    frame = {  # the exchange's klines: open = high = low = close
+        "symbol": np.repeat(["BTCUSDT", "ETHUSDT"], index.size),
+        "time": np.tile(t0 + index * IMS, 2),
+        **{k: np.concatenate([closes[s][index] for s in ("BTCUSDT", "ETHUSDT")])
+           for k in ("open", "high", "low", "close")},
+    }  # fmt: skip
+    expected = backtest(frame, None, Strategy(max_hold=2, fee_bps=5))
+    warm_end = t0 + (start - 1) * IMS  # trades closed before the warmup's last bar: not written
+    want = [r for r in records(expected.trade_columns) if r["exit_time"] >= warm_end]
+    got = [json.loads(x) for x in trades.read_text().splitlines()]
+
+    def key(r):
+        return r["symbol"], r["exit_time"]
+
+    assert sorted(got, key=key) == sorted(want, key=key) and want
+    finals = {r["symbol"]: r["equity"] for r in held if r["time"] == t0 + last * IMS}
+    metrics = expected.metric_columns
+    assert finals == dict(zip(metrics["symbol"], metrics["final_equity"], strict=True))
+
+
 def test_cli_live_snapshot_resume_every_bar_once(tmp_path):
     from typer.testing import CliRunner
 

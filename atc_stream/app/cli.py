@@ -151,6 +151,30 @@ EventsBeforeReadyOption = Annotated[
     ),
 ]
 
+StrategyOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--strategy",
+        help="Paper trading (repeatable): a TOML file of [[strategy]] tables, or inline "
+        "key=value,... (direction, stop, take_profit, max_hold, fee_bps, slippage_bps).",
+    ),
+]
+TradesOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--trades",
+        help="With --strategy: a trade record per closed trade (FILE.jsonl or DIR.parquet).",
+    ),
+]
+PositionsOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--positions",
+        help="With --strategy: side and equity per bar and strategy stream (FILE.jsonl or "
+        "DIR.parquet).",
+    ),
+]
+
 
 @contextmanager
 def _user_errors():
@@ -243,9 +267,12 @@ def replay(
         bool, typer.Option("--strict", help="Exit 2 when any input row was rejected.")
     ] = False,
     events_before_ready: EventsBeforeReadyOption = False,
+    strategy: StrategyOption = None,
+    trades: TradesOption = None,
+    positions: PositionsOption = None,
 ) -> None:
     """Feed bars (or ticks aggregated to bars) through the engine; one signal row per
-    (stream, bar)."""
+    (stream, bar). With --strategy, paper trading on bars with open/high/low/close."""
     from atc_stream.app.jobs.replay import run_replay
 
     _run_job(
@@ -256,6 +283,7 @@ def replay(
         output=output, warmup=warmup, speed=speed, progress=progress, backend=backend,
         interval=interval, redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
         snapshot_every=snapshot_every, resume=resume, events_before_ready=events_before_ready,
+        strategies=strategy or [], trades=trades, positions=positions,
     )  # fmt: skip
 
 
@@ -328,6 +356,9 @@ def live(
     snapshot_every: SnapshotEveryOption = None,
     resume: ResumeOption = False,
     events_before_ready: EventsBeforeReadyOption = False,
+    strategy: StrategyOption = None,
+    trades: TradesOption = None,
+    positions: PositionsOption = None,
 ) -> None:
     """Stream exchange klines (Binance combined-stream format) through the engine.
 
@@ -335,6 +366,8 @@ def live(
     reconnects with backoff and backfills every missed closed bar over REST. With
     --resume the latest snapshot is restored and each stream is backfilled from its
     last bar. A status line goes to stderr; signals to --output (and Redis with --redis).
+    With --strategy, paper trading on the klines' open/high/low/close (from the bar after
+    the REST warmup: trades closed within the warmup are in the state, not written).
     """
     from atc_stream.app.jobs.live import run_live
 
@@ -345,7 +378,8 @@ def live(
         idle_timeout=idle_timeout, rest_rate=rest_rate, ws_compression=ws_compression,
         status_every=status_every, params=params, backend=backend, redis=redis,
         redis_prefix=redis_prefix, snapshot_dir=snapshot_dir, snapshot_every=snapshot_every,
-        resume=resume, events_before_ready=events_before_ready,
+        resume=resume, events_before_ready=events_before_ready, strategies=strategy or [],
+        trades=trades, positions=positions,
     )  # fmt: skip
 
 
@@ -453,11 +487,14 @@ def run_stream(
             "convention; auto: by magnitude). ISO-8601 times need none.",
         ),
     ] = None,
+    strategy: StrategyOption = None,
 ) -> None:
     """Apply bars from a Redis Stream (consumer group), exactly once across restarts.
 
     Outputs go to --output-stream (and pub/sub with --publish). Snapshots record the last
-    applied entry; --resume continues from there (see connectors/redis/streams.py)."""
+    applied entry; --resume continues from there (see connectors/redis/streams.py).
+    With --strategy, entries carry open, high, low and close (paper trading), and each
+    closed trade is published on {prefix}:trades with --publish."""
     from atc_stream.app.jobs.run_stream import run_stream as run
 
     _run_job(
@@ -467,6 +504,7 @@ def run_stream(
         redis_prefix=redis_prefix, batch_size=batch_size, output_maxlen=output_maxlen,
         namespace=namespace, params=params, backend=backend, interval=interval,
         time_unit=time_unit.value if time_unit is not None else None,
+        strategies=strategy or [],
     )  # fmt: skip
 
 

@@ -18,6 +18,7 @@ from atc_stream.app.extras import require
 from atc_stream.connectors.replay.player import BarPlayer
 from atc_stream.core.params import ATCParams
 from atc_stream.core.schema import params_metadata
+from atc_stream.core.strategy import Strategy
 from atc_stream.engine.engine import Engine
 from atc_stream.io.writers import open_writer
 from atc_stream.kernels import cuda_available
@@ -145,20 +146,32 @@ class Durability:
         return engine
 
     def open_engine(
-        self, backend: str, param_sets=None, interval: str | None = None, outputs="all"
+        self,
+        backend: str,
+        param_sets=None,
+        interval: str | None = None,
+        outputs="all",
+        strategies: list[Strategy] | None = None,
     ):
         """The engine to run: with ``--resume`` the restored one (``RunError`` when it does
         not match ``param_sets``/``interval``), else a fresh one (defaults for None). Its CPU
         kernels are compiled or loaded before it returns, so no progress rate, ETA,
         ``--max-seconds`` or event loop includes compilation. ``outputs``: the engine's
-        output groups (``Engine(outputs=...)``); the CLI writes the full schema."""
+        output groups (``Engine(outputs=...)``); the CLI writes the full schema.
+        ``strategies``: paper trading (a resumed engine must trade the same ones)."""
         engine = self.restore(backend, outputs)
         if engine is not None:
             check_resume_matches(engine, param_sets=param_sets, interval=interval)
+            if [s.to_dict() for s in engine.strategies] != [s.to_dict() for s in strategies or []]:
+                raise RunError(
+                    f"--strategy differs from the snapshot's ({len(strategies or [])} "
+                    f"strategies asked, the snapshot trades {len(engine.strategies)}); resume "
+                    "with the snapshot's strategies, or start fresh with another --snapshot-dir"
+                )
         else:
             engine = Engine(
                 param_sets or [ATCParams()], backend=backend, interval=interval or INTERVAL,
-                outputs=outputs,
+                outputs=outputs, strategies=strategies or None,
             )  # fmt: skip
         _load_kernels(engine)
         return engine

@@ -117,3 +117,31 @@ def _structs(result: StepResult, base: type) -> list[Any]:
         return []
     struct = _struct_for(base, result.column_names)
     return [struct(*row) for row in zip(*result.column_values(), strict=True)]
+
+
+class TradeRecord(msgspec.Struct, gc=False):
+    """One closed trade of a strategy stream (``StepResult.trade_columns``), plus ``v``:
+    the message on the Redis trade channels."""
+
+    symbol: str
+    interval: str
+    params_id: int
+    strategy_id: int
+    side: int
+    entry_time: int
+    exit_time: int
+    entry_price: float
+    exit_price: float
+    reason: str
+    return_: float = msgspec.field(name="return")
+    v: int = SCHEMA_VERSION
+
+
+def trade_records_from_result(result: StepResult) -> list[TradeRecord]:
+    """The :class:`TradeRecord` of every trade closed on ``result``'s bars (none for a
+    result without strategy outputs)."""
+    if result.strategy is None or len(result) == 0:
+        return []
+    columns = result.trade_columns()
+    lists = [values.tolist() for values in columns.values()]
+    return [TradeRecord(*row) for row in zip(*lists, strict=True)]

@@ -103,3 +103,45 @@ def load_strategies(path: str | os.PathLike) -> list[Strategy]:
         return [Strategy.from_dict(item) for item in items]
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{path}: {exc}") from None
+
+
+def parse_strategy(text: str) -> Strategy:
+    """A strategy from inline ``key=value,key=value`` (e.g. ``stop=0.02,direction=long_only``);
+    ``ValueError`` (one line) for a malformed pair, an unknown key or an invalid value."""
+    known = {f.name: f.type for f in fields(Strategy)}
+    data: dict[str, Any] = {}
+    for pair in (p.strip() for p in text.split(",")):
+        if not pair:
+            continue
+        key, sep, value = (s.strip() for s in pair.partition("="))
+        if not sep or not key:
+            raise ValueError(f"{pair!r} is not key=value")
+        if key not in known:
+            raise ValueError(f"unknown strategy parameter {key!r} (known: {', '.join(known)})")
+        if key in data:
+            raise ValueError(f"{key!r} given twice")
+        data[key] = value if key == "direction" else _number(key, value)
+    return Strategy.from_dict(data)
+
+
+def _number(key: str, value: str) -> int | float:
+    try:
+        return int(value) if key == "max_hold" else float(value)
+    except ValueError:
+        kind = "an int" if key == "max_hold" else "a number"
+        raise ValueError(f"{key} must be {kind}, got {value!r}") from None
+
+
+def strategies_from_specs(specs: list[str]) -> list[Strategy]:
+    """The strategies of ``--strategy`` values, in order: each a TOML file of strategies
+    (a path ending ``.toml`` or an existing file) or an inline ``key=value,...`` spec."""
+    out: list[Strategy] = []
+    for spec in specs:
+        if spec.endswith(".toml") or ("=" not in spec and os.path.isfile(spec)):
+            out.extend(load_strategies(spec))
+        else:
+            try:
+                out.append(parse_strategy(spec))
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{spec!r}: {exc}") from None
+    return out

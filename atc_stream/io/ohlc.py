@@ -71,10 +71,15 @@ class OhlcTable:
 
 
 def read_ohlc(
-    path: str | Path, *, time_unit: str = "auto", bad: BadRows | None = None
+    path: str | Path,
+    *,
+    time_unit: str = "auto",
+    bad: BadRows | None = None,
+    symbol: str | None = None,
 ) -> OhlcTable:
     """An ``OhlcTable`` of a CSV/Parquet file or a directory of them (a file without a
-    ``symbol`` column is the symbol of its stem). ``InputError`` for an unreadable file."""
+    ``symbol`` column is the symbol ``symbol``, else of its stem; a directory's files
+    always their stems). ``InputError`` for an unreadable file."""
     epoch_unit(time_unit)
     path = Path(path)
     bad = bad if bad is not None else BadRows()
@@ -90,7 +95,8 @@ def read_ohlc(
         )
         unit = epoch_unit(time_unit)
         for batch, line_of in batches:
-            parsed = _parse(f, number, batch, unit, codes, bad, line_of)
+            default = symbol if (symbol and not path.is_dir()) else f.stem
+            parsed = _parse(f, number, batch, unit, codes, bad, line_of, default)
             if parsed is not None:
                 parts.append(parsed)
     if parts:
@@ -123,7 +129,7 @@ def _rank(names: np.ndarray) -> np.ndarray:
     return rank
 
 
-def _parse(path: Path, number: int, batch, unit: EpochUnit, codes, bad, line_of):
+def _parse(path: Path, number: int, batch, unit: EpochUnit, codes, bad, line_of, default: str):
     """The good rows of one record batch: (codes, times, open, high, low, close, lines,
     file numbers), or None when none is good."""
     names = batch.schema.names
@@ -135,7 +141,7 @@ def _parse(path: Path, number: int, batch, unit: EpochUnit, codes, bad, line_of)
     symbols = (
         as_text(batch.column(names.index("symbol")))
         if has_symbol
-        else pa.array([path.stem] * n, pa.string())
+        else pa.array([default] * n, pa.string())
     )
     blank = np.ones(n, bool)  # a blank line: nothing to report
     for cells in (*text.values(), *([symbols] if has_symbol else [])):

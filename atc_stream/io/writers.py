@@ -51,7 +51,7 @@ def output_format(path: str | Path | None) -> str:
     return FORMATS_BY_SUFFIX[suffix]
 
 
-class _LineFile:
+class LineFile:
     """An append-only byte file whose position can be made durable and cut back to."""
 
     def __init__(self, path: str | Path | None, resume_bytes: int | None) -> None:
@@ -103,7 +103,7 @@ class JsonlWriter:
     format = "jsonl"
 
     def __init__(self, path: str | Path | None = None, resume_bytes: int | None = None) -> None:
-        self._out = _LineFile(path, resume_bytes)
+        self._out = LineFile(path, resume_bytes)
         self.rows_written = 0
 
     def write(self, result: StepResult) -> None:
@@ -150,7 +150,7 @@ class CsvWriter(JsonlWriter):
     ) -> None:
         import pyarrow  # noqa: F401  (fail early with ImportError if the extra is missing)
 
-        self._out = _LineFile(path, resume_bytes)
+        self._out = LineFile(path, resume_bytes)
         self.rows_written = 0
         self.columns = tuple(columns)
         if not resume_bytes:

@@ -13,14 +13,24 @@ fresh with the rows from the snapshot on.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from atc_stream.app.console import OptionError, err, log_warnings, status, stderr_is_terminal
+from atc_stream.app.console import (
+    OptionError,
+    RunError,
+    err,
+    log_warnings,
+    status,
+    stderr_is_terminal,
+)
 from atc_stream.app.durability import Durability, check_backend
 from atc_stream.app.extras import require
+from atc_stream.app.paper import DEFAULT_COLUMNS, check_paper_options, paper_lines
 from atc_stream.core.intervals import validate_interval
 from atc_stream.core.params import load_param_sets
+from atc_stream.io.table_writers import PaperOutputs
 from atc_stream.io.writers import output_format
 
 if TYPE_CHECKING:
@@ -54,6 +64,9 @@ def run_live(
     snapshot_every: int | None,
     resume: bool,
     events_before_ready: bool,
+    strategies: Sequence[str] = (),
+    trades: Path | None = None,
+    positions: Path | None = None,
 ) -> int:
     """Run the live feed until ``max_seconds``/``max_bars``/SIGINT; the exit status
     (1 when the feed failed: REST unusable, no symbol known)."""
@@ -80,12 +93,21 @@ def run_live(
     except ValueError as exc:
         raise OptionError(str(exc)) from None
     output_format(output)
+    paper = check_paper_options(
+        strategies, trades=trades, positions=positions, ticks=None, warmup=0,
+        columns=DEFAULT_COLUMNS,
+    )  # fmt: skip
     durability = Durability(
         redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
         snapshot_every=snapshot_every, resume=resume, events_before_ready=events_before_ready,
         publish=False,  # the client publishes from its event loop (LoopPublisher)
     )  # fmt: skip
-    engine = durability.open_engine(backend, param_sets, interval)  # before connecting
+    try:  # before connecting
+        engine = durability.open_engine(
+            backend, param_sets, interval, strategies=paper.strategies if paper else None
+        )
+    except ValueError as exc:  # e.g. strategies on a backend that cannot trade them
+        raise RunError(str(exc)) from None
     publisher: LoopPublisher | None = None
     if redis is not None:
         from atc_stream.connectors.redis.loop import LoopPublisher
@@ -98,7 +120,14 @@ def run_live(
         # e.g. warmed up by `replay`, now going live: allowed
         err(f"atc-stream: note: the snapshot holds no live output position (taken by "
             f"another command); {output} gets the rows from the snapshot on")  # fmt: skip
-    with durability.open_output(engine, output, LIVE_SOURCE) as sink:
+    with durability.open_output(engine, output, LIVE_SOURCE) as signals:
+        sink = signals
+        if paper is not None:
+            recorded = engine.source_offsets.get(LIVE_SOURCE) if durability.restored else None
+            sink = PaperOutputs(
+                signals, trades=paper.trades, positions=paper.positions,
+                resume_from=(recorded or {}).get("output"),
+            )  # fmt: skip
         durability.start(engine)
 
         def offsets() -> dict[str, Any]:
@@ -122,11 +151,15 @@ def run_live(
             f"atc-stream: live {len(client.symbols)} symbols x {engine.interval} from "
             f"{config.ws_url} ({engine.backend.name} backend)"
         )
-        failed, stats = _run_client(client, durability, max_seconds, max_bars, status_every)
+        try:
+            failed, stats = _run_client(client, durability, max_seconds, max_bars, status_every)
+        finally:
+            if paper is not None:
+                sink.close()
     if stderr_is_terminal() and status_every > 0:
         err("")
     err("atc-stream: live done" + (f" (failed: {failed})" if failed else ""))
-    for line in stats.lines():
+    for line in stats.lines() + (paper_lines(engine) if paper is not None else []):
         err("  " + line)
     return 1 if failed is not None else 0
 

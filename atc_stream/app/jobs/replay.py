@@ -10,17 +10,22 @@ go to ``err``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from atc_stream.app.console import OptionError, RunError, err, log_warnings
 from atc_stream.app.defaults import INTERVAL
 from atc_stream.app.durability import Durability, check_backend, play_durably
+from atc_stream.app.paper import PaperOptions, check_paper_options, paper_lines
+from atc_stream.connectors.replay.player import TableBars
 from atc_stream.connectors.replay.stream import BarFileSource
 from atc_stream.connectors.replay.ticks import aggregate_ticks
 from atc_stream.core.intervals import interval_ms, is_calendar, validate_interval
 from atc_stream.core.params import load_param_sets
-from atc_stream.io.readers import InputError
+from atc_stream.io.ohlc import PRICES, read_ohlc
+from atc_stream.io.readers import BarTable, InputError, infer_interval
+from atc_stream.io.table_writers import PaperOutputs
 from atc_stream.io.tick_reader import load_ticks
 from atc_stream.io.writers import output_format
 
@@ -54,6 +59,9 @@ def run_replay(
     snapshot_every: int | None,
     resume: bool,
     events_before_ready: bool,
+    strategies: Sequence[str] = (),
+    trades: Path | None = None,
+    positions: Path | None = None,
 ) -> int:
     """Replay ``bars`` or ``ticks`` into ``output`` with the snapshots asked for; the exit
     status."""
@@ -64,6 +72,10 @@ def run_replay(
         param_sets = load_param_sets(params) if params is not None else None
     except ValueError as exc:
         raise OptionError(str(exc)) from None
+    paper = check_paper_options(
+        strategies, trades=trades, positions=positions, ticks=ticks, warmup=warmup,
+        columns=columns,
+    )  # fmt: skip
     durability = Durability(
         redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
         snapshot_every=snapshot_every, resume=resume, events_before_ready=events_before_ready,
@@ -72,7 +84,7 @@ def run_replay(
         bars=bars, ticks=ticks, columns=columns, tick_columns=tick_columns, empty=empty,
         symbol=symbol, time_unit=time_unit, strict=strict, params=param_sets, output=output,
         warmup=warmup, speed=speed, progress=progress, backend=backend, interval=interval,
-        durability=durability,
+        durability=durability, paper=paper,
     )  # fmt: skip
     return 0
 
@@ -95,6 +107,7 @@ def replay(
     backend: str,
     interval: str | None,
     durability: Durability,
+    paper: PaperOptions | None = None,
 ):
     """Replay ``bars`` (CSV/Parquet file or directory, streamed) or ``ticks`` (aggregated
     to ``interval`` bars) into ``output``; returns ``(engine, summary)``.
@@ -104,7 +117,14 @@ def replay(
     None: the snapshot's on ``--resume``, else the defaults (interval: inferred).
     """
     log_warnings()  # e.g. sort files of a killed replay removed
-    if bars is not None and ticks is None:
+    if paper is not None and bars is not None:
+        source, interval = ohlc_source(
+            bars, symbol=symbol, time_unit=time_unit, interval=interval, strict=strict,
+            resume=durability.resume,
+        )  # fmt: skip
+        source_input = str(bars.resolve())
+        columns = {**columns, **{name: name for name in PRICES}}
+    elif bars is not None and ticks is None:
         source, interval = bar_source(
             bars, columns=columns, symbol=symbol, time_unit=time_unit, interval=interval,
             strict=strict, resume=durability.resume, warmup=warmup,
@@ -126,7 +146,7 @@ def replay(
     return replay_source(
         source, params=params, output=output, warmup=warmup, speed=speed, progress=progress,
         backend=backend, interval=interval, durability=durability,
-        source={"name": FILE_SOURCE, "input": source_input, "columns": columns},
+        source={"name": FILE_SOURCE, "input": source_input, "columns": columns}, paper=paper,
     )  # fmt: skip
 
 
@@ -142,23 +162,82 @@ def replay_source(
     interval: str | None,
     durability: Durability | None = None,
     source: dict[str, Any] | None = None,
+    paper: PaperOptions | None = None,
 ):
     """Replay ``bars`` (a ``BarTable`` or ``BarFileSource``) into ``output`` (resuming from
-    a snapshot with ``--resume``); returns ``(engine, summary)``."""
+    a snapshot with ``--resume``); returns ``(engine, summary)``. With ``paper``, the
+    engine trades its strategies and their outputs go to its files."""
     output_format(output)  # refuse an unknown extension before any work
     if durability is None:
         durability = Durability(redis=None, snapshot_dir=None, snapshot_every=None, resume=False)
     source = source or {"name": FILE_SOURCE, "input": None}
-    engine = durability.open_engine(backend, params, interval)
-    with durability.open_output(engine, output, source["name"]) as writer:
-        summary = play_durably(
-            engine, bars, warmup=warmup, speed=speed, progress=progress, writer=writer,
-            durability=durability, source=source,
-        )  # fmt: skip
+    try:
+        engine = durability.open_engine(
+            backend, params, interval, strategies=paper.strategies if paper else None
+        )
+    except ValueError as exc:  # e.g. strategies on a backend that cannot trade them
+        raise RunError(str(exc)) from None
+    with durability.open_output(engine, output, source["name"]) as signals:
+        writer = signals
+        if paper is not None:
+            recorded = engine.source_offsets.get(source["name"]) if durability.restored else None
+            writer = PaperOutputs(
+                signals, trades=paper.trades, positions=paper.positions,
+                resume_from=(recorded or {}).get("output"),
+            )  # fmt: skip
+        try:
+            summary = play_durably(
+                engine, bars, warmup=warmup, speed=speed, progress=progress, writer=writer,
+                durability=durability, source=source,
+            )  # fmt: skip
+        finally:
+            if paper is not None:
+                writer.close()
     err(f"atc-stream: replay done ({engine.backend.name} backend)")
-    for line in summary.lines():
+    for line in summary.lines() + (paper_lines(engine) if paper is not None else []):
         err("  " + line)
     return engine, summary
+
+
+def ohlc_source(
+    path: Path,
+    *,
+    symbol: str | None,
+    time_unit: str,
+    interval: str | None,
+    strict: bool,
+    resume: bool,
+):
+    """The OHLC bars of ``path`` (read whole, strictly: bad rows reported on stderr) as a
+    ``TableBars`` source with OHLC, and the interval to label them with (as
+    ``bar_source``)."""
+    if interval is not None:
+        try:
+            validate_interval(interval)
+        except ValueError as exc:
+            raise OptionError(str(exc), param_hint="--interval") from None
+    try:
+        table = read_ohlc(path, time_unit=time_unit, symbol=symbol)
+    except InputError as exc:
+        raise RunError(str(exc)) from None
+    for line in table.bad_rows.lines():
+        err(f"atc-stream: {line}")
+    if strict and table.bad_rows.total:
+        raise RunError(f"{table.bad_rows.total} rejected rows in {path} (--strict)")
+    bars = BarTable(table.symbols, table.times, table.close)
+    source = TableBars(bars, ohlc=(table.open, table.high, table.low))
+    inferred = infer_interval(bars)
+    if interval is None:
+        if resume:
+            return source, None
+        return source, inferred or INTERVAL
+    if inferred is not None and not is_calendar(interval):
+        if interval_ms(interval) != interval_ms(inferred):
+            raise RunError(
+                f"--interval {interval} does not match the bars, which are {inferred} apart "
+                f"(most common spacing in {path.name}); give --interval {inferred}"
+            )
+    return source, interval
 
 
 def bar_source(

@@ -4,11 +4,13 @@ and the last applied entry (``app.durability.Durability``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
-from atc_stream.app.console import OptionError, err, log_warnings
+from atc_stream.app.console import OptionError, RunError, err, log_warnings
 from atc_stream.app.durability import Durability, check_backend
 from atc_stream.app.extras import require
+from atc_stream.app.paper import DEFAULT_COLUMNS, check_paper_options, paper_lines
 from atc_stream.core.params import load_param_sets
 
 
@@ -32,6 +34,7 @@ def run_stream(
     backend: str,
     interval: str | None,
     time_unit: str | None = None,
+    strategies: Sequence[str] = (),
 ) -> int:
     """Consume ``input_stream`` until SIGINT/SIGTERM or ``stop_when_idle``; the exit
     status (1 when Redis cannot be reached)."""
@@ -46,12 +49,20 @@ def run_stream(
         param_sets = load_param_sets(params) if params is not None else None
     except ValueError as exc:
         raise OptionError(str(exc)) from None
+    paper = check_paper_options(
+        strategies, trades=None, positions=None, ticks=None, warmup=0, columns=DEFAULT_COLUMNS
+    )
     durability = Durability(
         redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
         snapshot_every=snapshot_every, resume=resume, publish=publish,
         namespace=namespace, refuse_existing=True,
     )  # fmt: skip
-    engine = durability.open_engine(backend, param_sets, interval)  # before reading
+    try:  # before reading
+        engine = durability.open_engine(
+            backend, param_sets, interval, strategies=paper.strategies if paper else None
+        )
+    except ValueError as exc:  # e.g. strategies on a backend that cannot trade them
+        raise RunError(str(exc)) from None
     durability.start(engine)
     try:
         runner = RedisStreamRunner(
@@ -73,6 +84,6 @@ def run_stream(
             f"({engine.backend.name} backend)")  # fmt: skip
         stats = runner.run(stop_when_idle=stop_when_idle)
     err("atc-stream: run-stream done")
-    for line in stats.lines(engine):
+    for line in stats.lines(engine) + (paper_lines(engine) if paper is not None else []):
         err("  " + line)
     return 0

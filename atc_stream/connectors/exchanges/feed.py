@@ -100,6 +100,8 @@ class KlineClient:
         if not names:
             raise ValueError("symbols must name at least one symbol")
         self.engine = engine
+        #: an engine with strategies steps (symbol, time, open, high, low, close) bars
+        self._ohlc = bool(engine.strategies)
         self.interval = validate_interval(engine.interval)
         self._interval_ms = None if is_calendar(self.interval) else interval_ms(self.interval)
         self._interval_bound = approx_interval_ms(self.interval)
@@ -123,7 +125,7 @@ class KlineClient:
             self.engine.add_symbol(s)
         self._state = {s: _SymbolState(last=t) for s, t in self._engine_lasts(names).items()}
         self._engine_rejections_at_start = Counter(engine.rejections)
-        self._pending: list[tuple[str, int, float]] = []
+        self._pending: list[tuple] = []  # engine updates (``_bar``)
         self._preview_symbols: set[str] = set()
         self._stopper: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
         self.rest: KlineRest | None = None  #: the REST client of the latest ``run``
@@ -271,13 +273,10 @@ class KlineClient:
             for symbol, klines in zip(fresh, fetched, strict=True):
                 closed = [k for k in klines if k.closed][-history:]
                 if closed:
-                    series[symbol] = (
-                        np.array([k.open_time for k in closed], np.int64),
-                        np.array([k.close for k in closed], np.float64),
-                    )
+                    series[symbol] = self._series(closed)
             if series:
                 result = self.engine.warmup(series)
-                self.stats.warmup_bars = sum(len(t) for t, _ in series.values())
+                self.stats.warmup_bars = sum(len(s[0]) for s in series.values())
                 for symbol, last in self._engine_lasts(series).items():
                     self._state[symbol].last = last
                 self._emit(result)
@@ -351,7 +350,7 @@ class KlineClient:
                 self._hold(st, k)
                 return
         if k.closed:
-            self._pending.append((k.symbol, k.open_time, k.close))
+            self._pending.append(self._bar(k))
             st.last = k.open_time
             self.stats.closed_klines += 1
             if st.preview is not None and st.preview.open_time <= k.open_time:
@@ -361,6 +360,20 @@ class KlineClient:
                 self.stats.previews_superseded += 1
             st.preview = k
             self._preview_symbols.add(k.symbol)
+
+    def _bar(self, k: Kline) -> tuple:
+        """The engine's update of a kline: with strategies, its OHLC too."""
+        if self._ohlc:
+            return (k.symbol, k.open_time, k.open, k.high, k.low, k.close)
+        return (k.symbol, k.open_time, k.close)
+
+    def _series(self, klines: list[Kline]) -> tuple[np.ndarray, ...]:
+        """A warmup history of closed klines: ``(times, closes)``, with strategies
+        ``(times, opens, highs, lows, closes)``."""
+        times = np.array([k.open_time for k in klines], np.int64)
+        fields = ("open", "high", "low", "close") if self._ohlc else ("close",)
+        prices = (np.array([getattr(k, f) for k in klines], np.float64) for f in fields)
+        return (times, *prices)
 
     def _hold(self, st: _SymbolState, k: Kline) -> None:
         if not k.closed:
@@ -422,7 +435,7 @@ class KlineClient:
         st.failures = 0
         for k in done.bars:
             if st.last is None or k.open_time > st.last:
-                self._pending.append((k.symbol, k.open_time, k.close))
+                self._pending.append(self._bar(k))
                 st.last = k.open_time
                 self.stats.backfilled_bars += 1
         if done.bound is not None:
@@ -445,7 +458,7 @@ class KlineClient:
                 lasts = self._engine_lasts({updates[i][0] for i in rejected})
                 for symbol, last in lasts.items():
                     self._state[symbol].last = last
-            newest = max(t for _, t, _ in updates)
+            newest = max(u[1] for u in updates)
             self.stats.last_bar_lag_ms = float(self.clock_ms() - next_open(newest, self.interval))
             self._emit(result)
             if self.snapshotter is not None:
@@ -458,7 +471,7 @@ class KlineClient:
                 if k is None or st.backfill is not None:
                     continue
                 if st.last is None or k.open_time > st.last:
-                    updates.append((symbol, k.open_time, k.close))
+                    updates.append(self._bar(k))
             self._preview_symbols.clear()
             if updates:
                 result = self.engine.preview(updates)

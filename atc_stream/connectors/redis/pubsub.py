@@ -21,10 +21,12 @@ from atc_stream.connectors.redis.resp import CRLF, bulk, fail_fast_client, send_
 from atc_stream.connectors.retry import DEFAULT_BACKOFF, Backoff
 from atc_stream.core.messages import (
     SignalRecord,
+    TradeRecord,
     encoded_rows,
     record_json,
     record_type,
     records_from_result,
+    trade_records_from_result,
 )
 from atc_stream.core.results import StepResult, StreamKey
 from atc_stream.core.schema import SCHEMA_VERSION, columns_for, resolve_outputs
@@ -80,6 +82,10 @@ def signal_channel(prefix: str, symbol: str) -> str:
     return f"{prefix}:signal:{symbol}"
 
 
+def trade_channel(prefix: str, symbol: str) -> str:
+    return f"{prefix}:trade:{symbol}"
+
+
 #: PUBLISH every (channel, message) pair of ARGV in one command (Lua scripts run atomically).
 PUBLISH_SCRIPT = (
     b"for i = 1, #ARGV, 2 do redis.call('PUBLISH', ARGV[i], ARGV[i + 1]) end return #ARGV / 2"
@@ -122,7 +128,9 @@ class SignalMessages:
         self.latest = latest
         self.batch_channel = f"{prefix}:batch"
         self.events_channel = f"{prefix}:events"
+        self.trades_channel = f"{prefix}:trades"
         self.latest_key = f"{prefix}:latest"
+        self._trades_bulk = bulk(self.trades_channel.encode())
         self._batch_bulk = bulk(self.batch_channel.encode())
         self._events_bulk = bulk(self.events_channel.encode())
         self._latest_key_bulk = bulk(self.latest_key.encode())
@@ -205,6 +213,15 @@ class SignalMessages:
                     if (long or short) and (ready or self.events_before_ready):
                         publish += (self._events_bulk, head, data, CRLF)
                         n_publish += 1
+            for trade in trade_records_from_result(result):
+                data = self._encoder.encode(trade)
+                head = b"$%d\r\n" % len(data)
+                channels = [self._trades_bulk]
+                if self.per_symbol:
+                    channels.append(bulk(trade_channel(self.prefix, trade.symbol).encode()))
+                for channel in channels:
+                    publish += (channel, head, data, CRLF)
+                n_publish += len(channels)
             if self.latest:
                 field_of = self._fields.get
                 keys = zip(symbols, columns["interval"], columns["params_id"], strict=True)
@@ -452,7 +469,7 @@ class SignalPublisher(SignalMessages):
 
 
 class Message(msgspec.Struct):
-    """One received message: its channel, kind (``signal``, ``event`` or ``batch``) and
+    """One received message: its channel, kind (``signal``, ``event``, ``trade`` or ``batch``) and
     decoded payload (a Struct, or a dict with ``as_dict=True``)."""
 
     channel: str
@@ -483,6 +500,7 @@ class SignalSubscriber:
         encoding: str = "json",
         symbols: Iterable[str] | None = None,
         events: bool = False,
+        trades: bool = False,
         batch: bool = False,
         all_symbols: bool = False,
         channels: Iterable[str] = (),
@@ -496,8 +514,10 @@ class SignalSubscriber:
         self.as_dict = as_dict
         self.batch_channel = f"{prefix}:batch"
         self.events_channel = f"{prefix}:events"
+        self.trades_channel = f"{prefix}:trades"
         self.latest_key = f"{prefix}:latest"
         record, batch_type = _message_types(outputs)
+        self._trade_decoder = codec.Decoder(TradeRecord)
         self._record_decoder = codec.Decoder(record)
         self._batch_decoder = codec.Decoder(batch_type)
         self.backoff = backoff
@@ -511,6 +531,8 @@ class SignalSubscriber:
         names = [signal_channel(prefix, s) for s in (symbols or ())]
         if events:
             names.append(self.events_channel)
+        if trades:
+            names.append(self.trades_channel)
         if batch:
             names.append(self.batch_channel)
         names.extend(channels)
@@ -549,6 +571,8 @@ class SignalSubscriber:
         """Decode one payload received on ``channel``."""
         if channel == self.batch_channel:
             kind, value = "batch", self._batch_decoder.decode(data)
+        elif channel == self.trades_channel or channel.startswith(f"{self.prefix}:trade:"):
+            kind, value = "trade", self._trade_decoder.decode(data)
         else:
             kind = "event" if channel == self.events_channel else "signal"
             value = self._record_decoder.decode(data)

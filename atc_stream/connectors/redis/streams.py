@@ -25,6 +25,7 @@ from atc_stream.core.messages import records_from_result
 from atc_stream.core.results import StepResult
 from atc_stream.core.timetext import epoch_to_ms, text_to_ms
 from atc_stream.engine.engine import Engine
+from atc_stream.engine.paper import BAD_OHLC, MISSING_OHLC
 
 log = logging.getLogger("atc_stream.redis")
 
@@ -90,6 +91,14 @@ def parse_bar_time(raw: Any, time_unit: str | None = None) -> int | None:
     if not isinstance(raw, str):
         return None
     return text_to_ms(raw, time_unit)
+
+
+def _raw_prices(fields: Any) -> list[Any]:
+    """An entry's raw open, high and low (None where one is missing)."""
+    if isinstance(fields, list):  # msgpack path
+        found = dict(zip(fields[0::2], fields[1::2], strict=False))
+        return [found.get(name) for name in ("open", "high", "low")]
+    return [fields.get(name) for name in (b"open", b"high", b"low")]
 
 
 def parse_close(raw: Any) -> float | None:
@@ -225,6 +234,8 @@ class RedisStreamRunner:
         if not isinstance(block_ms, int) or block_ms < 1:
             raise ValueError(f"block_ms must be an int >= 1, got {block_ms!r}")
         self.engine = engine
+        #: with strategies, entries carry open/high/low too (``MISSING_OHLC`` without)
+        self._ohlc = bool(engine.strategies)
         if isinstance(redis_url_or_client, str):
             # no hidden retries: a lost XREADGROUP reply must surface (see _check_pending)
             self.client = fail_fast_client(
@@ -421,7 +432,7 @@ class RedisStreamRunner:
         self._faults.hit("after_read")
         self.stats.batches += 1
         self.stats.entries += len(entries)
-        bars: list[tuple[str, int, float]] = []
+        bars: list[tuple] = []  # (symbol, time, close[, open, high, low])
         src_of: dict[tuple[str, int, float], bytes | str] = {}
         ids = [entry_id for entry_id, _ in entries]
         offset = self._offset
@@ -440,7 +451,7 @@ class RedisStreamRunner:
             if bar[0] not in known:
                 self.engine.add_symbol(bar[0])
             bars.append(bar)
-            src_of.setdefault(bar, entry_id)
+            src_of.setdefault(bar[:3], entry_id)
         self.stats.bars += len(bars)
         result = self._step(bars)
         self._faults.hit("after_step")
@@ -460,7 +471,7 @@ class RedisStreamRunner:
             self.engine.source_offsets[self.source] = self.offset
         return result
 
-    def _step(self, bars: list[tuple[str, int, float]]) -> StepResult:
+    def _step(self, bars: list[tuple]) -> StepResult:
         """``Engine.step(bars)`` through the array fast path: the bars are already parsed
         and typed, so only the fan-out to each symbol's slots is left (same update
         order, same results and rejection counting as ``Engine.step``)."""
@@ -472,9 +483,15 @@ class RedisStreamRunner:
         slots = np.concatenate(slot_lists)
         times = np.repeat(np.fromiter((b[1] for b in bars), np.int64, len(bars)), counts)
         closes = np.repeat(np.fromiter((b[2] for b in bars), np.float64, len(bars)), counts)
-        return self.engine.step_arrays(slots, times, closes)
+        if not self._ohlc:
+            return self.engine.step_arrays(slots, times, closes)
+        o, h, lo = (
+            np.repeat(np.fromiter((b[k] for b in bars), np.float64, len(bars)), counts)
+            for k in (3, 4, 5)
+        )
+        return self.engine.step_arrays(slots, times, closes, opens=o, highs=h, lows=lo)
 
-    def _parse_bar(self, entry_id, fields) -> tuple[str, int, float] | None:
+    def _parse_bar(self, entry_id, fields) -> tuple | None:
         if isinstance(fields, list):  # msgpack path: [name, value, name, value, ...] of str
             if len(fields) == 6 and fields[0] == "symbol" and fields[2] == "time":
                 raw_symbol, raw_time = fields[1], fields[3]
@@ -507,7 +524,17 @@ class RedisStreamRunner:
         if close is None:
             self._malformed(MALFORMED_CLOSE, entry_id, fields)
             return None
-        return raw_symbol, bar_time, close
+        if not self._ohlc:
+            return raw_symbol, bar_time, close
+        raw = _raw_prices(fields)
+        if any(v is None for v in raw):
+            self._malformed(MISSING_OHLC, entry_id, fields)
+            return None
+        prices = [parse_close(v) for v in raw]
+        if any(p is None for p in prices):
+            self._malformed(BAD_OHLC, entry_id, fields)
+            return None
+        return (raw_symbol, bar_time, close, *prices)
 
     def _malformed(self, reason: str, entry_id: bytes | str, fields: Any) -> None:
         """Count an entry that is not a bar; log the first one of each reason."""

@@ -70,27 +70,41 @@ class ReplaySummary:
 
 
 class TableBars:
-    """A ``BarTable`` (every row in memory) as a bar source for ``BarPlayer``."""
+    """A ``BarTable`` (every row in memory) as a bar source for ``BarPlayer``; with
+    ``ohlc`` (opens, highs, lows per row) its bars carry OHLC, for an engine with
+    strategies."""
 
-    def __init__(self, table: BarTable) -> None:
+    def __init__(
+        self, table: BarTable, ohlc: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    ) -> None:
         names, codes = np.unique(table.symbols.astype(str), return_inverse=True)
         self.table = table
+        self.ohlc = ohlc
         self.symbol_names: list[str] = names.tolist()
         self.rows = len(table)
         self.skipped = 0
         self._codes = codes.astype(np.int32)
         self._warm = np.zeros(len(table), bool)
 
-    def warmup_history(self, n: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """Each symbol's first ``n`` bars (by time, then file order), by name."""
+    def warmup_history(self, n: int) -> dict[str, tuple[np.ndarray, ...]]:
+        """Each symbol's first ``n`` bars (by time, then file order), by name: ``(times,
+        closes)``, or with OHLC ``(times, opens, highs, lows, closes)``."""
         table = self.table
         self._warm = _rank_within_symbol(table.symbols, table.times) < n
         rows = np.flatnonzero(self._warm)
         rows = rows[np.lexsort((table.times[rows], self._codes[rows]))]
         codes = self._codes[rows]
         firsts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+        ohlc = self.ohlc
+
+        def series(group: np.ndarray) -> tuple[np.ndarray, ...]:
+            if ohlc is None:
+                return table.times[group], table.closes[group]
+            prices = (ohlc[0][group], ohlc[1][group], ohlc[2][group], table.closes[group])
+            return (table.times[group], *prices)
+
         return {
-            self.symbol_names[self._codes[group[0]]]: (table.times[group], table.closes[group])
+            self.symbol_names[self._codes[group[0]]]: series(group)
             for group in np.split(rows, firsts[1:])
             if group.size
         }
@@ -110,7 +124,10 @@ class TableBars:
         rows = np.flatnonzero(keep)
         rows = rows[np.argsort(table.times[rows], kind="stable")]
         if rows.size:
-            yield Block(self._codes[rows], table.times[rows], table.closes[rows], rows)
+            ohlc = None
+            if self.ohlc is not None:
+                ohlc = (self.ohlc[0][rows], self.ohlc[1][rows], self.ohlc[2][rows])
+            yield Block(self._codes[rows], table.times[rows], table.closes[rows], rows, ohlc)
 
 
 class BarPlayer:
@@ -162,7 +179,7 @@ class BarPlayer:
         """Warm up on each symbol's first ``warmup_bars`` bars in one batched pass."""
         history = self.source.warmup_history(self.warmup_bars)
         result = self.engine.warmup(history, progress=self.progress)
-        self.summary.warmup_bars = sum(len(times) for times, _ in history.values())
+        self.summary.warmup_bars = sum(len(series[0]) for series in history.values())
         self._emit(result)
 
     def _play(self, blocks) -> None:
@@ -185,11 +202,19 @@ class BarPlayer:
                 bar_time = int(block.times[start])
                 if self.speed is not None:
                     self._pace(bar_time, self.speed)
+                ohlc = {}
+                if block.ohlc is not None:
+                    ohlc = {
+                        name: np.repeat(prices[start:end], fan)
+                        for name, prices in zip(("opens", "highs", "lows"), block.ohlc,
+                                                strict=True)
+                    }  # fmt: skip
                 result = self.engine.step_arrays(
                     slot_table[block.codes[start:end]].ravel(),
                     np.repeat(block.times[start:end], fan),
                     np.repeat(block.closes[start:end], fan),
                     inputs=np.repeat(block.rows[start:end], fan),
+                    **ohlc,
                 )
                 if self.speed is not None and self._clock_origin is None:
                     # the clock starts once the first bar is applied, so the one-off kernel

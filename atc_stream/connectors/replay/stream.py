@@ -45,18 +45,33 @@ class Block:
     times: np.ndarray  # int64
     closes: np.ndarray  # float64
     rows: np.ndarray  # int64
+    #: (opens, highs, lows) of bars for strategies (``TableBars`` of an OHLC table)
+    ohlc: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return self.times.shape[0]
 
     def take(self, index) -> Block:
-        return Block(self.codes[index], self.times[index], self.closes[index], self.rows[index])
+        ohlc = None if self.ohlc is None else (
+            self.ohlc[0][index], self.ohlc[1][index], self.ohlc[2][index]
+        )  # fmt: skip
+        return Block(
+            self.codes[index], self.times[index], self.closes[index], self.rows[index], ohlc
+        )
 
     @staticmethod
     def concat(blocks: list[Block]) -> Block:
         if len(blocks) == 1:
             return blocks[0]
-        return Block(*(np.concatenate([getattr(b, name) for b in blocks]) for name in _FIELDS))
+        parts = [b.ohlc for b in blocks if b.ohlc is not None]
+        ohlc = None
+        if len(parts) == len(blocks):
+            o, h, lo = (np.concatenate([p[k] for p in parts]) for k in range(3))
+            ohlc = (o, h, lo)
+        codes, times, closes, rows = (
+            np.concatenate([getattr(b, name) for b in blocks]) for name in _FIELDS
+        )
+        return Block(codes, times, closes, rows, ohlc)
 
 
 _FIELDS = ("codes", "times", "closes", "rows")
