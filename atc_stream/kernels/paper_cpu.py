@@ -1,5 +1,8 @@
 """The strategy step of live streams on the CPU: ``kernels/strategy.py``'s ``strategy_bar``
-over the strategy rows of the slots an engine step or warmup updated."""
+over the strategy rows of the slots an engine step or warmup updated.
+
+On the CUDA backend too, after the device's ATC update (docs/design/cuda.md, "Strategies").
+"""
 
 from __future__ import annotations
 
@@ -97,6 +100,9 @@ def strategy_warmup(
 
 strategy_step_serial, strategy_step_parallel = compile_both(strategy_step)
 strategy_warmup_serial, strategy_warmup_parallel = compile_both(strategy_warmup)
+#: the dispatchers ``kernels.prepare`` compiles or loads before work
+DRIVERS = (strategy_step_serial, strategy_step_parallel,
+           strategy_warmup_serial, strategy_warmup_parallel)  # fmt: skip
 
 
 def strategy_outputs(n_cells: int) -> dict[str, np.ndarray]:
