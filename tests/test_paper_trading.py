@@ -268,11 +268,11 @@ def assert_same_metrics_of(got, want):
             assert np.array_equal(got[name], want[name]), name
 
 
-def cuda_pair():
+def cuda_pair(capacity=64):
     """The same small strategy engine on the CPU and on the (simulated) CUDA backend."""
     pair = []
     for backend in ("cpu", "cuda"):
-        eng = Engine(SHORT, backend=backend, strategies=STRATEGIES[2:])
+        eng = Engine(SHORT, backend=backend, strategies=STRATEGIES[2:], capacity=capacity)
         eng.add_symbol("AAA")
         pair.append(eng)
     assert pair[1].backend.name == "cuda"
@@ -286,12 +286,16 @@ def cuda_pair():
 )
 def test_a_cuda_engine_with_strategies_equals_the_cpu_bar_by_bar():
     bars = [r for r in ohlc_bars(n=45) if r[0] == "AAA"]
-    cpu, gpu = cuda_pair()
+    cpu, gpu = cuda_pair(capacity=1)
     history = history_of_symbol(bars[:25], "AAA")
     assert_same_step(cpu.warmup(history), gpu.warmup(history))
     for k, bar in enumerate(bars[25:]):
-        if k == 8:  # a stream added on the way: its state starts on the host
+        if k == 8:  # a stream added on the way (the store grows): it starts on the host
             for eng in (cpu, gpu):
+                eng.add_symbol("BBB")
+        if k == 11:  # removed and added again: its fresh state is uploaded
+            for eng in (cpu, gpu):
+                eng.remove_symbol("BBB")
                 eng.add_symbol("BBB")
         if k == 14:  # moved to the CPU and back: the state goes with it
             gpu.move_to("cpu")
@@ -299,6 +303,8 @@ def test_a_cuda_engine_with_strategies_equals_the_cpu_bar_by_bar():
         step = [bar] + ([("BBB", *bar[1:])] if k >= 8 else [])
         assert_same_step(cpu.step(step), gpu.step(step))
     assert gpu.backend.name == "cuda"
+    # the device holds the strategy state: the host mirror is current after a pull only
+    assert not np.array_equal(gpu.store.strategy_counters, cpu.store.strategy_counters)
     assert cpu.strategy_metrics()["trades"].sum() > 0
     assert_same_state(cpu, gpu)
 

@@ -78,9 +78,8 @@ class Engine:
         so ``step`` and ``warmup`` take bars with open, high, low and close, and results
         carry the "strategy" output group (on by default with strategies; see
         :meth:`StepResult.position_columns`, :meth:`StepResult.trade_columns`,
-        :meth:`strategy_metrics`). On every backend the strategy state lives in the host
-        store and the CPU strategy kernels step it after the backend's ATC update
-        (docs/design/cuda.md, "Strategies"): the same bits on CPU and CUDA.
+        :meth:`strategy_metrics`). On CUDA the strategy state lives on the device beside
+        the ATC state (docs/design/cuda.md, "Strategies"): the same bits as on the CPU.
 
         ``cuda_graph``: on the CUDA backend, replay the steady step (the same streams
         every step, one bar each) as one captured CUDA graph (needs CuPy on a real
@@ -463,7 +462,7 @@ class Engine:
             raw = self.backend.step(slots, times, closes, order, round_starts)
             param_rows = self.store.counters[slots, L.PARAM_ROW]
             strategy = paper.step_strategies(
-                self.store, self.threads, slots, times, closes, ohlc, raw, order,
+                self.backend, self.store, self.threads, slots, times, closes, ohlc, raw, order,
                 round_starts, self.store.params.ready_bars[param_rows],
             )  # fmt: skip
             pending = ReadyFields(schema.kernel_fields(raw, self._outputs))
@@ -566,6 +565,7 @@ class Engine:
     def strategy_metrics(self) -> dict[str, np.ndarray]:
         """Per (stream, strategy), streams in :attr:`streams` order: the key columns,
         ``strategy_id`` and the metrics so far (``BacktestResult.metric_columns``)."""
+        self.backend.pull_state()  # the strategy state may live on the device
         return paper.metric_columns(self.store, [(k, self._slot_of[k]) for k in self.streams])
 
     def request_outputs(self, *groups: str) -> None:

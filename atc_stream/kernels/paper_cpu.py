@@ -1,8 +1,5 @@
 """The strategy step of live streams on the CPU: ``kernels/strategy.py``'s ``strategy_bar``
-over the strategy rows of the slots an engine step or warmup updated.
-
-On the CUDA backend too, after the device's ATC update (docs/design/cuda.md, "Strategies").
-"""
+over the strategy rows of the slots an engine step or warmup updated."""
 
 from __future__ import annotations
 
