@@ -76,8 +76,8 @@ def warmup(
 def _load_kernels_first(engine: Any) -> None:
     """A phase of its own before a progress bar, so its rate and ETA leave compiling
     (or loading) the kernels out."""
-    if engine.backend.name != "cpu" and not engine.strategies:
-        return  # with strategies the CPU strategy kernels run on every backend
+    if engine.backend.name != "cpu":
+        return
     if not kernels_loaded():
         engine.compile(progress=True)
 
