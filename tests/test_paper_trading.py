@@ -398,3 +398,45 @@ def test_an_arrow_table_with_renamed_price_columns_steps_like_tuples(bars):
 def assert_same_metrics_between(a, b):
     for name, values in a.strategy_metrics().items():
         assert np.array_equal(values, b.strategy_metrics()[name]), name
+
+
+@pytest.mark.cudasim
+@pytest.mark.skipif(
+    os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
+    reason="needs NUMBA_ENABLE_CUDASIM=1 set before numba is imported",
+)
+def test_the_paper_kernels_launch_with_the_types_that_precompile_compiles(monkeypatch):
+    """On a GPU, ``CudaBackend.precompile`` compiles ``paper_signatures()``: every launch
+    of a warmup, a step and an upload of a re-added stream uses one of them."""
+    import numba
+
+    from atc_stream.kernels import cuda_paper
+
+    launched = []
+    original = cuda_paper.DeviceStrategies.__init__
+
+    def recording(self, store, stream, launch):
+        def record(kernel, count, *args):
+            launched.append((kernel, args))
+            launch(kernel, count, *args)
+
+        original(self, store, stream, record)
+
+    monkeypatch.setattr(cuda_paper.DeviceStrategies, "__init__", recording)
+    bars = [r for r in ohlc_bars(n=20) if r[0] == "AAA"][:12]
+    eng = Engine(SHORT, backend="cuda", strategies=STRATEGIES[:2])
+    eng.warmup(history_of_symbol(bars[:8], "AAA"))
+    eng.add_symbol("BBB")
+    eng.remove_symbol("BBB")
+    eng.add_symbol("BBB")
+    for bar in bars[8:]:
+        eng.step([bar, ("BBB", *bar[1:])])
+
+    def typeof(array):
+        return numba.typeof(getattr(array, "_ary", array))  # the simulator's device array
+
+    known = {(id(k), tuple(t)) for k, t in cuda_paper.paper_signatures().values()}
+    kinds = {getattr(k, "__name__", k) for k, _ in launched}
+    assert {"paper_warmup_kernel", "paper_step_kernel", "scatter_rows_kernel"} <= kinds
+    for kernel, args in launched:
+        assert (id(kernel), tuple(typeof(a) for a in args)) in known, kernel
