@@ -146,3 +146,18 @@ def test_auto_backend_without_a_gpu_picks_the_cpu():
     with pytest.raises(RuntimeError, match="CUDA is unavailable: " + re.escape(why)):
         Engine(backend="cuda")
     assert cuda_available() == (available, why)  # probed once, same answer
+
+
+def test_paper_kernel_ptx_has_no_fma(toolchain, guard):
+    """The live strategy step on the device (``cuda_paper.py``), with its launch types."""
+    from numba import cuda
+
+    from atc_stream.kernels.cuda_paper import paper_signatures
+
+    for name, (kernel, argtypes) in paper_signatures().items():
+        with guard.compute_capability_stand_in((9, 0)), guard.no_fma():
+            ptx, _ = cuda.compile_ptx(kernel.py_func, argtypes, cc=(9, 0), lineinfo=False)
+        assert not guard.ptx_has_fma(ptx), f"{name}: FMA contraction in the parity path"
+        if name.startswith("paper"):  # the strategy arithmetic, explicitly rounded
+            assert "mul.rn.f64" in ptx and "add.rn.f64" in ptx, name
+        guard.check_ptx_no_fma(name, [ptx])

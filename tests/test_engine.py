@@ -360,3 +360,42 @@ def test_cpu_step_outputs_async_is_ready_and_equals_step_outputs():
     assert got.keys() == fields.keys()
     for name in fields:
         np.testing.assert_array_equal(got[name], fields[name])
+
+
+STRATEGY_USE_AFTER_COMPILE = """
+import numpy as np
+from atc_stream import Engine, Strategy, backtest
+from atc_stream.kernels import backtest_cpu, paper_cpu, prepare
+Engine.compile()
+strategy_kernels = (*paper_cpu.DRIVERS, backtest_cpu.backtest_streams)
+loaded = all(d.signatures for d in strategy_kernels)
+before = [len(d.signatures) for d in prepare._dispatchers()]
+eng = Engine(backend="cpu", strategies=[Strategy(), Strategy(stop=0.01)])
+t = np.arange(40, dtype=np.int64) * 60_000
+c = 100 + np.sin(np.arange(40) / 3)
+eng.warmup({f"S{i}": (t, c, c + 1, c - 1, c) for i in range(3)})
+slots = np.concatenate([eng.slots_of(f"S{i}") for i in range(3)])
+p = np.full(3, 100.5)
+eng.step_arrays(slots, np.full(3, 40 * 60_000), p, opens=p, highs=p + 1, lows=p - 1)
+eng.step([("S0", 41 * 60_000, 100.0, 101.0, 99.0, 100.0)])
+bars = {"symbol": np.array(["A"] * 40), "time": t, "open": c, "high": c + 1, "low": c - 1,
+        "close": c}
+backtest(bars, strategies=[Strategy(), Strategy(max_hold=3)])
+after = [len(d.signatures) for d in prepare._dispatchers()]
+print(loaded, before == after)
+"""
+
+
+def test_after_compile_paper_trading_and_backtest_compile_nothing():
+    """``Engine.compile()`` (and so ``atc-stream compile``) also compiles or loads the
+    strategy kernels: a strategy engine's warmup and steps and a ``backtest`` after it
+    add no kernel signature."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", STRATEGY_USE_AFTER_COMPILE], capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True"]

@@ -4,6 +4,8 @@ bit; bars it cannot trade are rejected and counted; old snapshots still load."""
 
 from __future__ import annotations
 
+import os
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +14,7 @@ import pytest
 
 from atc_stream import ATCParams, Engine, Strategy, backtest
 from atc_stream.core.backtest_result import TRADE_COLUMNS
-from atc_stream.core.strategy_outputs import POSITION_COLUMNS
+from atc_stream.core.strategy_outputs import POSITION_COLUMNS, StrategyRows
 from atc_stream.engine.paper import BAD_OHLC, MISSING_OHLC
 from atc_stream.state.snapshot import FORMAT_VERSION, decode_snapshot
 
@@ -68,6 +70,12 @@ def history_of(rows):
         mine = [r for r in rows if r[0] == symbol]
         out[symbol] = tuple(np.array([r[k] for r in mine]) for k in range(1, 6))
     return out
+
+
+def history_of_symbol(rows, symbol):
+    """``{symbol: (times, opens, highs, lows, closes)}`` of ``symbol``'s rows."""
+    mine = [r for r in rows if r[0] == symbol]
+    return {symbol: tuple(np.array([r[k] for r in mine]) for k in range(1, 6))}
 
 
 def engine(**kwargs):
@@ -233,9 +241,93 @@ def test_strategy_outputs_are_a_group_and_absent_without_strategies(bars):
     assert quiet.step(bars[:2]).strategy is None
 
 
-def test_the_cuda_backend_refuses_strategies():
-    with pytest.raises(ValueError, match="CPU backend only"):
-        Engine(SHORT, backend="cuda", strategies=[Strategy()])
+# -- the CUDA backend (simulator) ----------------------------------------------------------
+
+
+def assert_same_step(a, b):
+    """Two step results: the same rows, signals and strategy outputs, to the last bit."""
+    assert a.symbols == b.symbols and np.array_equal(a.times, b.times)
+    assert np.array_equal(a.signal, b.signal, equal_nan=True)
+    for f in dataclass_fields(StrategyRows):
+        x, y = getattr(a.strategy, f.name), getattr(b.strategy, f.name)
+        assert np.array_equal(x, y, equal_nan=True), f.name
+
+
+def assert_same_state(a, b):
+    assert_same_metrics_of(a.strategy_metrics(), b.strategy_metrics())
+    rows = (max(a.slot_of(k) for k in a.streams) + 1) * len(a.strategies)
+    for name in ("strategy_values", "strategy_counters", "strategy_entry_times"):
+        assert np.array_equal(getattr(a.store, name)[:rows], getattr(b.store, name)[:rows]), name
+
+
+def assert_same_metrics_of(got, want):
+    for name in got:
+        if got[name].dtype == object:
+            assert list(got[name]) == list(want[name]), name
+        else:
+            assert np.array_equal(got[name], want[name]), name
+
+
+def cuda_pair(capacity=64):
+    """The same small strategy engine on the CPU and on the (simulated) CUDA backend."""
+    pair = []
+    for backend in ("cpu", "cuda"):
+        eng = Engine(SHORT, backend=backend, strategies=STRATEGIES[2:], capacity=capacity)
+        eng.add_symbol("AAA")
+        pair.append(eng)
+    assert pair[1].backend.name == "cuda"
+    return pair
+
+
+@pytest.mark.cudasim
+@pytest.mark.skipif(
+    os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
+    reason="needs NUMBA_ENABLE_CUDASIM=1 set before numba is imported",
+)
+def test_a_cuda_engine_with_strategies_equals_the_cpu_bar_by_bar():
+    bars = [r for r in ohlc_bars(n=45) if r[0] == "AAA"]
+    cpu, gpu = cuda_pair(capacity=1)
+    history = history_of_symbol(bars[:25], "AAA")
+    assert_same_step(cpu.warmup(history), gpu.warmup(history))
+    for k, bar in enumerate(bars[25:]):
+        if k == 8:  # a stream added on the way (the store grows): it starts on the host
+            for eng in (cpu, gpu):
+                eng.add_symbol("BBB")
+        if k == 11:  # removed and added again: its fresh state is uploaded
+            for eng in (cpu, gpu):
+                eng.remove_symbol("BBB")
+                eng.add_symbol("BBB")
+        if k == 14:  # moved to the CPU and back: the state goes with it
+            gpu.move_to("cpu")
+            gpu.move_to("cuda")
+        step = [bar] + ([("BBB", *bar[1:])] if k >= 8 else [])
+        assert_same_step(cpu.step(step), gpu.step(step))
+    assert gpu.backend.name == "cuda"
+    # the device holds the strategy state: the host mirror is current after a pull only
+    assert not np.array_equal(gpu.store.strategy_counters, cpu.store.strategy_counters)
+    assert cpu.strategy_metrics()["trades"].sum() > 0
+    assert_same_state(cpu, gpu)
+
+
+@pytest.mark.cudasim
+@pytest.mark.skipif(
+    os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
+    reason="needs NUMBA_ENABLE_CUDASIM=1 set before numba is imported",
+)
+@pytest.mark.parametrize(("taken_on", "restored_on"), [("cuda", "cpu"), ("cpu", "cuda")])
+def test_a_snapshot_of_a_strategy_engine_moves_between_cpu_and_cuda(taken_on, restored_on):
+    bars = [r for r in ohlc_bars(n=40) if r[0] == "AAA"]
+    cpu, gpu = cuda_pair()
+    history = history_of_symbol(bars[:25], "AAA")
+    cpu.warmup(history)
+    gpu.warmup(history)
+    source = gpu if taken_on == "cuda" else cpu
+    moved = Engine.restore(source.snapshot(), backend=restored_on)
+    assert moved.backend.name == restored_on and moved.strategies == STRATEGIES[2:]
+    for bar in bars[25:]:
+        expected = cpu.step([bar])
+        assert_same_step(expected, moved.step([bar]))
+    assert_same_state(cpu, moved)
 
 
 def test_a_format_1_snapshot_loads_and_continues_like_a_fresh_engine():
@@ -271,8 +363,6 @@ def test_growing_capacity_and_previews_leave_the_strategy_streams_as_backtest(ba
         trades += eng.step(step_bars).trade_records()
     assert_same_trades(trades, expected_records(reference))
     assert_same_metrics(eng, reference)
-    with pytest.raises(ValueError, match="CPU backend"):
-        eng.move_to("cuda")
 
 
 def test_a_removed_then_added_symbol_starts_its_strategies_afresh(bars):
@@ -308,3 +398,45 @@ def test_an_arrow_table_with_renamed_price_columns_steps_like_tuples(bars):
 def assert_same_metrics_between(a, b):
     for name, values in a.strategy_metrics().items():
         assert np.array_equal(values, b.strategy_metrics()[name]), name
+
+
+@pytest.mark.cudasim
+@pytest.mark.skipif(
+    os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
+    reason="needs NUMBA_ENABLE_CUDASIM=1 set before numba is imported",
+)
+def test_the_paper_kernels_launch_with_the_types_that_precompile_compiles(monkeypatch):
+    """On a GPU, ``CudaBackend.precompile`` compiles ``paper_signatures()``: every launch
+    of a warmup, a step and an upload of a re-added stream uses one of them."""
+    import numba
+
+    from atc_stream.kernels import cuda_paper
+
+    launched = []
+    original = cuda_paper.DeviceStrategies.__init__
+
+    def recording(self, store, stream, launch):
+        def record(kernel, count, *args):
+            launched.append((kernel, args))
+            launch(kernel, count, *args)
+
+        original(self, store, stream, record)
+
+    monkeypatch.setattr(cuda_paper.DeviceStrategies, "__init__", recording)
+    bars = [r for r in ohlc_bars(n=20) if r[0] == "AAA"][:12]
+    eng = Engine(SHORT, backend="cuda", strategies=STRATEGIES[:2])
+    eng.warmup(history_of_symbol(bars[:8], "AAA"))
+    eng.add_symbol("BBB")
+    eng.remove_symbol("BBB")
+    eng.add_symbol("BBB")
+    for bar in bars[8:]:
+        eng.step([bar, ("BBB", *bar[1:])])
+
+    def typeof(array):
+        return numba.typeof(getattr(array, "_ary", array))  # the simulator's device array
+
+    known = {(id(k), tuple(t)) for k, t in cuda_paper.paper_signatures().values()}
+    kinds = {getattr(k, "__name__", k) for k, _ in launched}
+    assert {"paper_warmup_kernel", "paper_step_kernel", "scatter_rows_kernel"} <= kinds
+    for kernel, args in launched:
+        assert (id(kernel), tuple(typeof(a) for a in args)) in known, kernel

@@ -23,7 +23,7 @@ from atc_stream.core.results import (
 from atc_stream.core.strategy import Strategy
 from atc_stream.engine import paper, snapshots, warmups
 from atc_stream.engine.backends import make_backend
-from atc_stream.engine.backtest import as_strategy_list
+from atc_stream.engine.backtest import as_strategy_list, backtest
 from atc_stream.engine.parsing import (
     Columns,
     Reject,
@@ -78,8 +78,8 @@ class Engine:
         so ``step`` and ``warmup`` take bars with open, high, low and close, and results
         carry the "strategy" output group (on by default with strategies; see
         :meth:`StepResult.position_columns`, :meth:`StepResult.trade_columns`,
-        :meth:`strategy_metrics`). CPU backend only for now: with strategies, the
-        "cuda" backend raises ``ValueError`` and "auto" picks the CPU.
+        :meth:`strategy_metrics`). On CUDA the strategy state lives on the device beside
+        the ATC state (docs/design/cuda.md, "Strategies"): the same bits as on the CPU.
 
         ``cuda_graph``: on the CUDA backend, replay the steady step (the same streams
         every step, one bar each) as one captured CUDA graph (needs CuPy on a real
@@ -91,12 +91,6 @@ class Engine:
         self.store = StateStore(capacity)
         if strategies is not None:
             self.store.set_strategies(as_strategy_list(strategies))
-            if backend == "cuda":
-                raise ValueError(
-                    "strategies run on the CPU backend only for now: use backend='cpu' "
-                    "(or 'auto') for paper trading"
-                )
-            backend = "cpu"
         self.outputs = outputs
         self.interval = interval
         self._keys_by_slot: list[StreamKey | None] = [None] * self.store.capacity
@@ -136,9 +130,6 @@ class Engine:
         to the new one. Raises like the constructor when the backend is unavailable
         (the engine then stays where it was).
         """
-        if self.strategies and backend not in ("cpu", "auto"):
-            raise ValueError("strategies run on the CPU backend only for now")
-        backend = "cpu" if self.strategies else backend
         self.backend.pull_state()
         new = make_backend(backend, self.store, self.threads, self.cuda_graph)
         new.push_state()
@@ -471,7 +462,7 @@ class Engine:
             raw = self.backend.step(slots, times, closes, order, round_starts)
             param_rows = self.store.counters[slots, L.PARAM_ROW]
             strategy = paper.step_strategies(
-                self.store, self.threads, slots, times, closes, ohlc, raw, order,
+                self.backend, self.store, self.threads, slots, times, closes, ohlc, raw, order,
                 round_starts, self.store.params.ready_bars[param_rows],
             )  # fmt: skip
             pending = ReadyFields(schema.kernel_fields(raw, self._outputs))
@@ -574,6 +565,7 @@ class Engine:
     def strategy_metrics(self) -> dict[str, np.ndarray]:
         """Per (stream, strategy), streams in :attr:`streams` order: the key columns,
         ``strategy_id`` and the metrics so far (``BacktestResult.metric_columns``)."""
+        self.backend.pull_state()  # the strategy state may live on the device
         return paper.metric_columns(self.store, [(k, self._slot_of[k]) for k in self.streams])
 
     def request_outputs(self, *groups: str) -> None:
@@ -681,4 +673,21 @@ def _exercise_kernels(threads: int, tick: Callable[[], object]) -> None:
     engine.preview_arrays(both, [4, 4], [5.0, 3.0])
     tick()
     engine.stream_state(engine.streams[0])
+    tick()
+    _exercise_strategy_kernels(threads, tick)
+
+
+def _exercise_strategy_kernels(threads: int, tick: Callable[[], object]) -> None:
+    """The strategy kernels of paper trading (warmup, step) and of ``backtest``."""
+    trader = Engine(backend="cpu", capacity=2, threads=threads, strategies=Strategy())
+    times = np.arange(3, dtype=np.int64)
+    prices = np.array([1.0, 2.0, 3.0])
+    trader.warmup({s: (times, prices, prices, prices, prices) for s in ("A", "B")})
+    tick()
+    both = np.concatenate([trader.slots_of("A"), trader.slots_of("B")])
+    four = np.array([4.0, 4.0])
+    trader.step_arrays(both, [3, 3], four, opens=four, highs=four, lows=four)
+    tick()
+    table = {"symbol": np.array(["A", "A", "A"]), "time": times}
+    backtest(table | {k: prices for k in ("open", "high", "low", "close")}, backend="cpu")
     tick()

@@ -19,6 +19,7 @@ from atc_stream.engine.parsing import (
     UNKNOWN_SYMBOL,
     Reject,
 )
+from atc_stream.kernels.backend import Backend
 from atc_stream.kernels.paper_cpu import run_strategy_step, run_strategy_warmup
 from atc_stream.state import strategy_layout as SL
 from atc_stream.state.arrays import StateStore
@@ -242,29 +243,43 @@ def rows_from_cells(out: dict[str, np.ndarray], n_strategies: int) -> StrategyRo
     )
 
 
+def _device_strategies(backend: Backend) -> Any:
+    """The backend's device strategy state (``kernels/cuda_paper.py``), or None: the
+    store's host arrays are the state."""
+    state = getattr(backend, "state", None)
+    return getattr(state, "strategies", None)
+
+
 def step_strategies(
-    store: StateStore, threads: int | None, slots, times, closes, ohlc: Ohlc, raw,
-    order, round_starts, ready_from,
+    backend: Backend, store: StateStore, threads: int | None, slots, times, closes,
+    ohlc: Ohlc, raw, order, round_starts, ready_from,
 ) -> StrategyRows:  # fmt: skip
-    """The strategies of the updated slots, after their ATC step (``raw``: its output rows)."""
+    """The strategies of the updated slots, after their ATC step (``raw``: its output
+    rows), where the backend keeps the strategy state."""
     ready, longs, shorts = _events(raw, ready_from)
-    out = run_strategy_step(
-        store, slots, times, ohlc[0], ohlc[1], ohlc[2], closes, ready, longs, shorts,
-        order, round_starts, threads,
-    )  # fmt: skip
+    bars = (slots, times, ohlc[0], ohlc[1], ohlc[2], closes, ready, longs, shorts)
+    device = _device_strategies(backend)
+    if device is not None:
+        out = device.step(*bars, order, round_starts)
+    else:
+        out = run_strategy_step(store, *bars, order, round_starts, threads)
     return rows_from_cells(out, len(store.strategies))
 
 
 def warmup_strategies(
-    store: StateStore, threads: int | None, slots, times, prices, counts, raw, ready_from
-) -> StrategyRows:
+    backend: Backend, store: StateStore, threads: int | None, slots, times, prices, counts,
+    raw, ready_from,
+) -> StrategyRows:  # fmt: skip
     """Every history row's bars through its slot's strategies (``raw``: every bar's ATC
     output rows); the outputs of each row's last bar."""
     ready, longs, shorts = _events(raw, ready_from[:, None])
     o, h, lo, c = prices
-    out = run_strategy_warmup(
-        store, slots, times, o, h, lo, c, counts, ready, longs, shorts, threads
-    )
+    bars = (slots, times, o, h, lo, c, counts, ready, longs, shorts)
+    device = _device_strategies(backend)
+    if device is not None:
+        out = device.warmup(*bars)
+    else:
+        out = run_strategy_warmup(store, *bars, threads)
     return rows_from_cells(out, len(store.strategies))
 
 

@@ -109,6 +109,6 @@ def _warmup_chunk(engine: Any, jobs):
     ready_from = store.params.ready_bars[store.counters[slots, L.PARAM_ROW]]
     prices = paper.pad_prices(jobs, times.shape[1])
     strategy = paper.warmup_strategies(
-        store, engine.threads, slots, times, prices, counts, every, ready_from
+        engine.backend, store, engine.threads, slots, times, prices, counts, every, ready_from
     )
     return slots, times[rows, last], closes[rows, last], every[rows, last], strategy

@@ -18,8 +18,9 @@ from atc_stream.kernels.ptx_guard import check_no_fma, no_fma
 # as in cuda_kernels.py: the simulator's jit takes no ``lto``; LTO off keeps -fma=0 final
 _kernel = cuda.jit if cuda_simulated() else cuda.jit(lto=False)  # type: ignore[call-arg]
 
-_strategy = compile_module(strategy, cuda.jit(device=True))
-backtest_stream = _strategy.backtest_stream
+#: ``kernels/strategy.py`` as device functions (also the live strategy step's, ``cuda_paper.py``)
+device_strategy = compile_module(strategy, cuda.jit(device=True))
+backtest_stream = device_strategy.backtest_stream
 
 THREADS_PER_BLOCK = 128
 

@@ -35,6 +35,7 @@ from atc_stream.kernels.cuda_kernels import (
     transpose_kernel,
     warmup_kernel,
 )
+from atc_stream.kernels.cuda_paper import paper_signatures
 from atc_stream.kernels.cuda_state import DeviceState
 from atc_stream.kernels.ptx_guard import FmaContractionError, check_no_fma, no_fma
 from atc_stream.state.arrays import StateStore
@@ -139,12 +140,16 @@ class CudaBackend:
 
     def precompile(self) -> None:
         """Compile (and check for FMA) every kernel specialisation a step, preview or
-        warmup launches, so that none compiles inside a live step. The local-state warmup
-        kernel is compiled and checked at its first launch; the simulator compiles nothing.
+        warmup launches (with strategies, the paper kernels too), so that none compiles
+        inside a live step. The local-state warmup kernel is compiled and checked at its
+        first launch; the simulator compiles nothing.
         """
         if cuda_simulated():
             return
-        for name, (kernel, argtypes) in kernel_signatures(local_ring_columns=None).items():
+        signatures = kernel_signatures(local_ring_columns=None)
+        if len(self.store.strategies):
+            signatures.update(paper_signatures())
+        for name, (kernel, argtypes) in signatures.items():
             with no_fma():
                 kernel.compile(argtypes)
             check_no_fma(kernel, name)

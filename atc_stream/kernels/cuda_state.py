@@ -16,6 +16,7 @@ from atc_stream.kernels import cuda_host
 from atc_stream.kernels.cuda_host import SHADOW_COLUMNS, find_changed, growth_table
 from atc_stream.kernels.cuda_io import Staging
 from atc_stream.kernels.cuda_kernels import scatter_rows_kernel
+from atc_stream.kernels.cuda_paper import DeviceStrategies
 from atc_stream.state import layout as L
 from atc_stream.state.arrays import StateStore
 from atc_stream.state.layout import N_COUNTER_FIELDS
@@ -62,6 +63,8 @@ class DeviceState:
         self._table_rows = -1
         self._table_length = 0
         self._growth_table: Any = None
+        #: the strategy state of a paper-trading engine, kept beside the ATC state
+        self.strategies = DeviceStrategies(store, stream, launch)
 
     @property
     def on_device(self) -> bool:
@@ -78,6 +81,7 @@ class DeviceState:
         """Drop the device arrays (the host arrays keep whatever was last pulled)."""
         self._dev = None
         self._mirror = None
+        self.strategies.free()
         self._growth_table = None
         self._table_rows = -1
         self._generation = -1
@@ -118,6 +122,7 @@ class DeviceState:
         self._changed = np.zeros(s.capacity, np.int64)
         self.max_bar = int(s.counters[:, L.BAR_INDEX].max(initial=0))
         self._generation = s.generation
+        self.strategies.push()
         self.stream.synchronize()
 
     def pull(self) -> None:
@@ -134,6 +139,7 @@ class DeviceState:
         capacity = self.store.capacity
         for name in ("ring", "values", "counters"):
             np.copyto(getattr(self.store, name), getattr(m, name)[:capacity])
+        self.strategies.pull()
 
     def _download_old(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         m, d = self._mirror, self._dev
@@ -168,6 +174,7 @@ class DeviceState:
         s.ring[keep] = ring[keep]
         s.values[keep] = values[keep]
         s.counters[keep] = counters[keep]
+        self.strategies.merge_into_store(keep)
         self.push()
 
     def sync(self, slots: np.ndarray | None, count: int | None = None) -> None:
@@ -224,6 +231,7 @@ class DeviceState:
             scatter_rows_kernel, n, d.counters, dev_slots,
             dev_ints[n : n * (N_COUNTER_FIELDS + 1)].reshape(n, N_COUNTER_FIELDS),
         )  # fmt: skip
+        self.strategies.upload_slots(changed)
 
     def ensure_growth(self, bars_ahead: int) -> None:
         """Make the growth table cover every bar index up to ``max_bar + bars_ahead``."""

@@ -97,6 +97,9 @@ def strategy_warmup(
 
 strategy_step_serial, strategy_step_parallel = compile_both(strategy_step)
 strategy_warmup_serial, strategy_warmup_parallel = compile_both(strategy_warmup)
+#: the dispatchers ``kernels.prepare`` compiles or loads before work
+DRIVERS = (strategy_step_serial, strategy_step_parallel,
+           strategy_warmup_serial, strategy_warmup_parallel)  # fmt: skip
 
 
 def strategy_outputs(n_cells: int) -> dict[str, np.ndarray]:

@@ -28,10 +28,10 @@ class PrepareReport:
 
 
 def _dispatchers():
-    from atc_stream.kernels import batch, cpu
+    from atc_stream.kernels import backtest_cpu, batch, cpu, paper_cpu
 
     planners = (batch.plan_rounds, batch.check_previews, batch.check_history)
-    return (*cpu.DRIVERS, *planners)
+    return (*cpu.DRIVERS, *planners, *paper_cpu.DRIVERS, backtest_cpu.backtest_streams)
 
 
 def _cache_misses() -> int:
@@ -45,7 +45,7 @@ def _pool_threads() -> int:
 
 
 #: kernel calls one exercise makes (the progress bar's unit)
-CALLS_PER_EXERCISE = 4
+CALLS_PER_EXERCISE = 7
 
 
 def kernels_loaded() -> bool:
@@ -65,7 +65,8 @@ def prepare_kernels(
 
     ``exercise`` makes ``CALLS_PER_EXERCISE`` kernel calls (``tick`` after each) with the
     argument types real calls use (``Engine.compile`` passes an engine's warmup, step,
-    preview and stream state), so every dispatcher is compiled or loaded now.
+    preview and stream state, a strategy engine's warmup and step, and a ``backtest``),
+    so every dispatcher is compiled or loaded now.
 
     Later processes load from the cache in well under a second; a first run (or one
     after an upgrade or an edited kernel source) compiles, which takes 10-60 s.
