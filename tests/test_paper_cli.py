@@ -150,8 +150,10 @@ def test_resume_from_an_older_snapshot_cuts_the_outputs_back(tmp_path, bars, suf
     run_paper(again, path, *options, "--snapshot-every", "200", trades=f"t{suffix}")
     store = DirectorySnapshotStore(snaps)
     kept = store.list()
-    assert len(kept) >= 3
-    for newer in kept[-2:]:  # as if the run had been killed after the older snapshot
+    # the first periodic snapshot and the final one are always written (a periodic one
+    # due while another is being written is skipped, so a busy machine may keep fewer)
+    assert len(kept) >= 2
+    for newer in kept[1:]:  # as if the run had been killed after the first snapshot
         store.delete(newer)
     run_paper(again, path, *options, "--resume", trades=f"t{suffix}")
     if suffix == ".jsonl":
