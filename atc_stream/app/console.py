@@ -8,7 +8,10 @@ Progress, notes and summaries go to stderr through ``err``; stdout is for signal
 from __future__ import annotations
 
 import logging
+import os
 import sys
+
+from atc_stream.core.params import ATCParams, load_param_sets
 
 #: How every user-facing line starts.
 PROGRAM = "atc-stream"
@@ -24,6 +27,17 @@ class OptionError(ValueError):
 
 class RunError(Exception):
     """A run cannot start or resume as asked; the message is one line for the user."""
+
+
+def param_sets_option(path: str | os.PathLike | None) -> list[ATCParams] | None:
+    """The parameter sets of ``--params`` (None when not given); a file that cannot be
+    read or holds invalid parameters is an ``OptionError``."""
+    if path is None:
+        return None
+    try:
+        return load_param_sets(path)
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
 
 
 def err(line: str, *, end: str = "\n") -> None:

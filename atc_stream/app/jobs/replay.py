@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from atc_stream.app.console import OptionError, RunError, err, log_warnings
+from atc_stream.app.console import OptionError, RunError, err, log_warnings, param_sets_option
 from atc_stream.app.defaults import INTERVAL
 from atc_stream.app.durability import Durability, check_backend, play_durably
 from atc_stream.app.paper import PaperOptions, check_paper_options, paper_lines
@@ -22,7 +22,6 @@ from atc_stream.connectors.replay.player import TableBars
 from atc_stream.connectors.replay.stream import BarFileSource
 from atc_stream.connectors.replay.ticks import aggregate_ticks
 from atc_stream.core.intervals import interval_ms, is_calendar, validate_interval
-from atc_stream.core.params import load_param_sets
 from atc_stream.io.ohlc import PRICES, read_ohlc
 from atc_stream.io.readers import BarTable, InputError, infer_interval
 from atc_stream.io.table_writers import PaperOutputs
@@ -68,10 +67,7 @@ def run_replay(
     if (bars is None) == (ticks is None):  # before any snapshot store is opened
         raise OptionError(ONE_INPUT)
     check_backend(backend)
-    try:
-        param_sets = load_param_sets(params) if params is not None else None
-    except ValueError as exc:
-        raise OptionError(str(exc)) from None
+    param_sets = param_sets_option(params)
     paper = check_paper_options(
         strategies, trades=trades, positions=positions, ticks=ticks, warmup=warmup,
         columns=columns,
@@ -211,33 +207,15 @@ def ohlc_source(
     """The OHLC bars of ``path`` (read whole, strictly: bad rows reported on stderr) as a
     ``TableBars`` source with OHLC, and the interval to label them with (as
     ``bar_source``)."""
-    if interval is not None:
-        try:
-            validate_interval(interval)
-        except ValueError as exc:
-            raise OptionError(str(exc), param_hint="--interval") from None
+    _check_interval_option(interval)
     try:
         table = read_ohlc(path, time_unit=time_unit, symbol=symbol)
     except InputError as exc:
         raise RunError(str(exc)) from None
-    for line in table.bad_rows.lines():
-        err(f"atc-stream: {line}")
-    if strict and table.bad_rows.total:
-        raise RunError(f"{table.bad_rows.total} rejected rows in {path} (--strict)")
+    _report_bad_rows(table.bad_rows, path, strict)
     bars = BarTable(table.symbols, table.times, table.close)
     source = TableBars(bars, ohlc=(table.open, table.high, table.low))
-    inferred = infer_interval(bars)
-    if interval is None:
-        if resume:
-            return source, None
-        return source, inferred or INTERVAL
-    if inferred is not None and not is_calendar(interval):
-        if interval_ms(interval) != interval_ms(inferred):
-            raise RunError(
-                f"--interval {interval} does not match the bars, which are {inferred} apart "
-                f"(most common spacing in {path.name}); give --interval {inferred}"
-            )
-    return source, interval
+    return source, _bars_interval(interval, infer_interval(bars), resume, path)
 
 
 def bar_source(
@@ -259,11 +237,7 @@ def bar_source(
     otherwise), else inferred from the spacing of the first rows (on ``--resume``: the
     snapshot's, None here).
     """
-    if interval is not None:
-        try:
-            validate_interval(interval)
-        except ValueError as exc:
-            raise OptionError(str(exc), param_hint="--interval") from None
+    _check_interval_option(interval)
     try:
         source = BarFileSource(
             path, symbol_column=columns["symbol"], time_column=columns["time"],
@@ -272,24 +246,42 @@ def bar_source(
         )  # fmt: skip
     except InputError as exc:
         raise RunError(str(exc)) from None
-    for line in source.bad_rows.lines():
-        err(f"atc-stream: {line}")
-    if strict and source.bad_rows.total:
-        raise RunError(f"{source.bad_rows.total} rejected rows in {path} (--strict)")
+    _report_bad_rows(source.bad_rows, path, strict)
     inferred = source.infer_interval()
+    if interval is None and not resume and inferred is None:
+        err(f"atc-stream: note: cannot infer the interval (no symbol has two bars); {INTERVAL}")
+    return source, _bars_interval(interval, inferred, resume, path)
+
+
+def _check_interval_option(interval: str | None) -> None:
+    if interval is not None:
+        try:
+            validate_interval(interval)
+        except ValueError as exc:
+            raise OptionError(str(exc), param_hint="--interval") from None
+
+
+def _report_bad_rows(bad_rows, path: Path, strict: bool) -> None:
+    """Each rejected row on stderr; with ``strict`` any one stops the run."""
+    for line in bad_rows.lines():
+        err(f"atc-stream: {line}")
+    if strict and bad_rows.total:
+        raise RunError(f"{bad_rows.total} rejected rows in {path} (--strict)")
+
+
+def _bars_interval(interval: str | None, inferred: str | None, resume: bool, path: Path):
+    """The interval to label bars with: ``interval`` (refused when the bars' spacing
+    ``inferred`` says otherwise), else ``inferred`` (on ``--resume``: the snapshot's,
+    None here; with nothing inferred, the default)."""
     if interval is None:
-        if resume:
-            return source, None
-        if inferred is None:
-            err(f"atc-stream: note: cannot infer the interval (no symbol has two bars); {INTERVAL}")
-        return source, inferred or INTERVAL
+        return None if resume else inferred or INTERVAL
     if inferred is not None and not is_calendar(interval):
         if interval_ms(interval) != interval_ms(inferred):
             raise RunError(
                 f"--interval {interval} does not match the bars, which are {inferred} apart "
                 f"(most common spacing in {path.name}); give --interval {inferred}"
             )
-    return source, interval
+    return interval
 
 
 def tick_bars(
@@ -308,10 +300,7 @@ def tick_bars(
         ticks = load_ticks(path, symbol=symbol, time_unit=time_unit, **columns)
     except InputError as exc:  # unreadable damage: one line, exit 2
         raise RunError(str(exc)) from None
-    for line in ticks.bad_rows.lines():
-        err(f"atc-stream: {line}")
-    if strict and ticks.bad_rows.total:
-        raise RunError(f"{ticks.bad_rows.total} rejected rows in {path} (--strict)")
+    _report_bad_rows(ticks.bad_rows, path, strict)
     try:
         bars = aggregate_ticks(ticks, interval, empty=empty)
     except ValueError as exc:

@@ -7,11 +7,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from atc_stream.app.console import OptionError, RunError, err, log_warnings
+from atc_stream.app.console import OptionError, RunError, err, log_warnings, param_sets_option
 from atc_stream.app.durability import Durability, check_backend
 from atc_stream.app.extras import require
 from atc_stream.app.paper import DEFAULT_COLUMNS, check_paper_options, paper_lines
-from atc_stream.core.params import load_param_sets
 
 
 def run_stream(
@@ -45,10 +44,7 @@ def run_stream(
 
     log_warnings()
     check_backend(backend)
-    try:
-        param_sets = load_param_sets(params) if params is not None else None
-    except ValueError as exc:
-        raise OptionError(str(exc)) from None
+    param_sets = param_sets_option(params)
     paper = check_paper_options(
         strategies, trades=None, positions=None, ticks=None, warmup=0, columns=DEFAULT_COLUMNS
     )
