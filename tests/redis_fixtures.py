@@ -23,6 +23,7 @@ else ``redis-server`` on ``PATH``, else ``/usr/bin/redis-server``. The server ru
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import signal
@@ -30,13 +31,16 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 __all__ = [
     "RedisServer",
+    "collected_messages",
     "find_redis_server",
     "free_port",
     "private_redis",
@@ -64,6 +68,27 @@ def find_redis_server() -> str | None:
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
             return c
     return None
+
+
+@contextlib.contextmanager
+def collected_messages(subscriber) -> Iterator[list]:
+    """The messages ``subscriber`` receives while the block runs, read on a thread of
+    their own (and a last second's worth after it), in arrival order."""
+    got: list = []
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            got.extend(subscriber.messages(timeout=0.2))
+        got.extend(subscriber.messages(timeout=1.0))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        yield got
+    finally:
+        done.set()
+        reader.join()
 
 
 def free_port() -> int:

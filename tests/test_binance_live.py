@@ -33,7 +33,7 @@ from atc_stream import ATCParams, Engine, compute  # noqa: E402
 from atc_stream.core.schema import SCHEMA_VERSION
 
 try:  # a real redis-server for the --redis test (skipped without one)
-    from redis_fixtures import redis_server, redis_url  # noqa: E402, F401
+    from redis_fixtures import collected_messages, redis_server, redis_url  # noqa: E402, F401
 except ImportError:  # pragma: no cover
 
     @pytest.fixture
@@ -965,7 +965,6 @@ def test_cli_live_resume_cuts_the_output_back_to_the_snapshot(tmp_path, suffix):
 
 @pytest.mark.redis
 def test_cli_live_publishes_closed_bars_to_redis(tmp_path, redis_url):  # noqa: F811
-    import threading
 
     import msgspec
     from typer.testing import CliRunner
@@ -978,17 +977,8 @@ def test_cli_live_publishes_closed_bars_to_redis(tmp_path, redis_url):  # noqa: 
     t0 = int(time.time() * 1000) - start * IMS - 1000
     sub = SignalSubscriber(redis_url, batch=True)
     sub.wait_ready()
-    got, done = [], threading.Event()
-
-    def read() -> None:
-        while not done.is_set():
-            got.extend(sub.messages(timeout=0.2))
-        got.extend(sub.messages(timeout=1.0))
-
-    reader = threading.Thread(target=read)
-    reader.start()
     out = tmp_path / "live.jsonl"
-    with FakeExchange(closes, start, t0=t0) as ex:
+    with collected_messages(sub) as got, FakeExchange(closes, start, t0=t0) as ex:
         result = CliRunner().invoke(
             app,
             ["live", "--symbols", "BTCUSDT,ETHUSDT", "--history", "80", "--ws-url", ex.ws_url,
@@ -996,8 +986,6 @@ def test_cli_live_publishes_closed_bars_to_redis(tmp_path, redis_url):  # noqa: 
              "--max-bars", str(2 * (250 - start)), "--max-seconds", "60", "--backend", "cpu",
              "--status-every", "0"],
         )  # fmt: skip
-    done.set()
-    reader.join()
     sub.close()
     assert result.exit_code == 0, result.output
     published = [msgspec.to_builtins(r) for m in got for r in m.data.records]

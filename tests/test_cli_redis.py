@@ -7,12 +7,11 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import msgspec
 import pytest
-from redis_fixtures import redis_server, redis_url  # noqa: F401
+from redis_fixtures import collected_messages, redis_server, redis_url  # noqa: F401
 from typer.testing import CliRunner
 
 from atc_stream.app.cli import app
@@ -44,22 +43,12 @@ def test_replay_publishes_to_redis(tmp_path, redis_url):  # noqa: F811
     write_csv(tmp_path / "bars.csv", table)
     sub = SignalSubscriber(redis_url, batch=True)
     sub.wait_ready()
-    got, done = [], threading.Event()
-
-    def read() -> None:
-        while not done.is_set():
-            got.extend(sub.messages(timeout=0.2))
-        got.extend(sub.messages(timeout=1.0))
-
-    reader = threading.Thread(target=read)
-    reader.start()
-    result = cli.invoke(
-        app,
-        ["replay", str(tmp_path / "bars.csv"), "-o", str(tmp_path / "o.jsonl"), "--no-progress",
-         "--warmup", "10", "--redis", redis_url, "--backend", "cpu"],
-    )  # fmt: skip
-    done.set()
-    reader.join()
+    with collected_messages(sub) as got:
+        result = cli.invoke(
+            app,
+            ["replay", str(tmp_path / "bars.csv"), "-o", str(tmp_path / "o.jsonl"),
+             "--no-progress", "--warmup", "10", "--redis", redis_url, "--backend", "cpu"],
+        )  # fmt: skip
     assert result.exit_code == 0, result.output
     sub.close()
     assert "41 steps delivered, 0 dropped" in result.output  # 1 warmup + 40 bar times

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import threading
 
 import msgspec
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from redis_fixtures import redis_server, redis_url  # noqa: F401
+from redis_fixtures import collected_messages, redis_server, redis_url  # noqa: F401
 from typer.testing import CliRunner
 
 from atc_stream import Strategy, backtest
@@ -224,20 +223,8 @@ def test_replay_publishes_a_trade_message_per_closed_trade(tmp_path, bars, redis
 
     sub = SignalSubscriber(redis_url, trades=True, patterns=["atc:trade:*"])
     sub.wait_ready()
-    got, done = [], threading.Event()
-
-    def read() -> None:
-        while not done.is_set():
-            got.extend(sub.messages(timeout=0.2))
-        got.extend(sub.messages(timeout=1.0))
-
-    reader = threading.Thread(target=read)
-    reader.start()
-    try:
+    with collected_messages(sub) as got:
         run_paper(tmp_path, bars[0], "--redis", redis_url)
-    finally:
-        done.set()
-        reader.join()
         sub.close()
     written = sort_trades(read_jsonl(tmp_path / "trades.jsonl"))
     on_all = [m for m in got if m.channel == "atc:trades"]
