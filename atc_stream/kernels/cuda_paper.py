@@ -22,16 +22,18 @@ from atc_stream.state.arrays import StateStore
 _kernel = cuda.jit if cuda_simulated() else cuda.jit(lto=False)  # type: ignore[call-arg]
 
 
-def _on_device(function: Any) -> Any:
+def _on_device(function: Any, **device_functions: Any) -> Any:
     """``function`` (a CPU dispatcher's Python source) compiled as a device function
-    that calls the device ``strategy_bar``: one source for both backends."""
+    whose calls of ``device_functions``' names go to those device functions: one source
+    for both backends."""
     source = function.py_func
-    namespace = {**source.__globals__, "strategy_bar": device_strategy.strategy_bar}
+    namespace = {**source.__globals__, **device_functions}
     clone = types.FunctionType(source.__code__, namespace, source.__name__)
     return cuda.jit(device=True)(clone)
 
 
-live_bar = _on_device(paper_cpu.live_bar)
+live_bar = _on_device(paper_cpu.live_bar, strategy_bar=device_strategy.strategy_bar)
+slot_strategies = _on_device(paper_cpu.slot_strategies, live_bar=live_bar)
 
 
 @_kernel
@@ -44,13 +46,11 @@ def paper_step_kernel(
     q = start + cuda.grid(1)  # type: ignore[call-arg]
     if q < stop:
         u = order[q]
-        n = spv.shape[0]
-        for k in range(n):
-            live_bar(
-                sv, sc, entry_times, spv, spi, k, slots[u] * n + k, times[u],
-                opens[u], highs[u], lows[u], closes[u], ready[u], longs[u], shorts[u],
-                u * n + k, side_out, equity_out, trades, trade_entry_times, n_closed,
-            )  # fmt: skip
+        slot_strategies(
+            sv, sc, entry_times, spv, spi, slots[u], times[u],
+            opens[u], highs[u], lows[u], closes[u], ready[u], longs[u], shorts[u],
+            u, side_out, equity_out, trades, trade_entry_times, n_closed,
+        )  # fmt: skip
 
 
 @_kernel
@@ -61,15 +61,13 @@ def paper_warmup_kernel(
     """``paper_cpu.strategy_warmup``: thread ``s`` runs history row ``s``."""
     s: int = cuda.grid(1)  # type: ignore[call-arg]
     if s < slots.shape[0]:
-        n = spv.shape[0]
         for t in range(counts[s]):
-            for k in range(n):
-                live_bar(
-                    sv, sc, entry_times, spv, spi, k, slots[s] * n + k, times[s, t],
-                    opens[s, t], highs[s, t], lows[s, t], closes[s, t],
-                    ready[s, t], longs[s, t], shorts[s, t],
-                    s * n + k, side_out, equity_out, trades, trade_entry_times, n_closed,
-                )  # fmt: skip
+            slot_strategies(
+                sv, sc, entry_times, spv, spi, slots[s], times[s, t],
+                opens[s, t], highs[s, t], lows[s, t], closes[s, t],
+                ready[s, t], longs[s, t], shorts[s, t],
+                s, side_out, equity_out, trades, trade_entry_times, n_closed,
+            )  # fmt: skip
 
 
 def paper_signatures() -> dict[str, tuple[Any, tuple]]:

@@ -56,6 +56,22 @@ def live_bar(
     n_closed[cell] = m
 
 
+@cached_jit(njit(error_model="numpy", inline="always", cache=True))
+def slot_strategies(
+    sv, sc, entry_times, spv, spi, slot, t, o, h, lo, c, ready, long_event, short_event,
+    row, side_out, equity_out, trades, trade_entry_times, n_closed,
+):  # fmt: skip
+    """``live_bar`` of every strategy ``k`` of ``slot`` at one bar: strategy row
+    ``slot * n_strategies + k``, outputs to cell ``row * n_strategies + k``."""
+    n = spv.shape[0]
+    for k in range(n):
+        live_bar(
+            sv, sc, entry_times, spv, spi, k, slot * n + k, t, o, h, lo, c,
+            ready, long_event, short_event,
+            row * n + k, side_out, equity_out, trades, trade_entry_times, n_closed,
+        )  # fmt: skip
+
+
 def strategy_step(
     sv, sc, entry_times, spv, spi, slots, times, opens, highs, lows, closes,
     ready, longs, shorts, order, round_starts,
@@ -64,16 +80,14 @@ def strategy_step(
     """Every strategy of the slot of each update ``u`` in the planned rounds
     (``batch.plan_rounds``), after the ATC step of those rounds; outputs to cells
     ``u * n_strategies + k``."""
-    n = spv.shape[0]
     for r in range(round_starts.shape[0] - 1):
         for q in prange(round_starts[r], round_starts[r + 1]):
             u = order[q]
-            for k in range(n):
-                live_bar(
-                    sv, sc, entry_times, spv, spi, k, slots[u] * n + k, times[u],
-                    opens[u], highs[u], lows[u], closes[u], ready[u], longs[u], shorts[u],
-                    u * n + k, side_out, equity_out, trades, trade_entry_times, n_closed,
-                )  # fmt: skip
+            slot_strategies(
+                sv, sc, entry_times, spv, spi, slots[u], times[u],
+                opens[u], highs[u], lows[u], closes[u], ready[u], longs[u], shorts[u],
+                u, side_out, equity_out, trades, trade_entry_times, n_closed,
+            )  # fmt: skip
 
 
 def strategy_warmup(
@@ -83,16 +97,14 @@ def strategy_warmup(
     """``counts[s]`` bars of history row ``s`` through every strategy of slot
     ``slots[s]``, in time order; the cells ``s * n_strategies + k`` keep the outputs of
     the last bar."""
-    n = spv.shape[0]
     for s in prange(slots.shape[0]):
         for t in range(counts[s]):
-            for k in range(n):
-                live_bar(
-                    sv, sc, entry_times, spv, spi, k, slots[s] * n + k, times[s, t],
-                    opens[s, t], highs[s, t], lows[s, t], closes[s, t],
-                    ready[s, t], longs[s, t], shorts[s, t],
-                    s * n + k, side_out, equity_out, trades, trade_entry_times, n_closed,
-                )  # fmt: skip
+            slot_strategies(
+                sv, sc, entry_times, spv, spi, slots[s], times[s, t],
+                opens[s, t], highs[s, t], lows[s, t], closes[s, t],
+                ready[s, t], longs[s, t], shorts[s, t],
+                s, side_out, equity_out, trades, trade_entry_times, n_closed,
+            )  # fmt: skip
 
 
 strategy_step_serial, strategy_step_parallel = compile_both(strategy_step)
