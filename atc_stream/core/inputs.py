@@ -418,3 +418,13 @@ def _convert_bar(item: Any, time_unit: str | None) -> Any:
     if is_datetime_like(bar_time):
         return (symbol, time_to_ms(bar_time), close)
     return item
+
+
+def bad_ohlc(o: np.ndarray, h: np.ndarray, lo: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """True where a bar cannot be traded: a price not finite or not > 0, ``high < low``,
+    an open or close outside ``[low, high]``."""
+    finite = np.isfinite(o) & np.isfinite(h) & np.isfinite(lo) & np.isfinite(c)
+    with np.errstate(invalid="ignore"):
+        positive = (o > 0) & (h > 0) & (lo > 0) & (c > 0)
+        inside = (lo <= h) & (lo <= o) & (o <= h) & (lo <= c) & (c <= h)
+    return ~(finite & positive & inside)

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from atc_stream.core import inputs, output_row
+from atc_stream.core.inputs import bad_ohlc
 from atc_stream.core.strategy_outputs import StrategyRows
 from atc_stream.engine.parsing import (
     BAD_HISTORY,
@@ -34,16 +35,6 @@ EXTRA_PRICES = ("open", "high", "low")
 _INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 #: ``(opens, highs, lows)``, one value per update row
 Ohlc = tuple[np.ndarray, np.ndarray, np.ndarray]
-
-
-def bad_ohlc(o: np.ndarray, h: np.ndarray, lo: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """True where a bar cannot be traded: a price not finite or not > 0, ``high < low``,
-    an open or close outside ``[low, high]``."""
-    finite = np.isfinite(o) & np.isfinite(h) & np.isfinite(lo) & np.isfinite(c)
-    with np.errstate(invalid="ignore"):
-        positive = (o > 0) & (h > 0) & (lo > 0) & (c > 0)
-        inside = (lo <= h) & (lo <= o) & (o <= h) & (lo <= c) & (c <= h)
-    return ~(finite & positive & inside)
 
 
 def _describe(o: float, h: float, lo: float, c: float) -> str:

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from atc_stream.core.inputs import bad_ohlc
 from atc_stream.core.timetext import EpochUnit
 from atc_stream.io.readers import (
     MAX_FIELD_CHARS,
@@ -170,10 +171,7 @@ def _parse(path: Path, number: int, batch, unit: EpochUnit, codes, bad, line_of,
             bad.add(row_where(path, line_of(i)), reason, repr(cells[i].as_py()))
             keep[i] = False
     o, h, lo, c = (prices[name] for name in PRICES)
-    with np.errstate(invalid="ignore"):
-        bar_ok = (lo > 0) & (h >= lo) & (o >= lo) & (o <= h) & (c >= lo) & (c <= h)
-        bar_ok &= np.isfinite(o) & np.isfinite(h) & np.isfinite(lo) & np.isfinite(c)
-    for i in np.flatnonzero(~bar_ok & keep):
+    for i in np.flatnonzero(bad_ohlc(o, h, lo, c) & keep):
         detail = f"open={o[i]:g} high={h[i]:g} low={lo[i]:g} close={c[i]:g}"
         bad.add(row_where(path, line_of(i)), "bad_ohlc", detail)
         keep[i] = False
