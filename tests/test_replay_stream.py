@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from atc_stream import ATCParams, Engine
-from atc_stream.connectors.replay.player import BarPlayer, random_walk_table
+from atc_stream import ATCParams, Engine, Strategy
+from atc_stream.connectors.replay.player import BarPlayer, TableBars, random_walk_table
 from atc_stream.connectors.replay.stream import BarFileSource, merge_runs, whole_bar_times
 from atc_stream.io.readers import BarTable, read_bars
 
@@ -91,6 +91,58 @@ def test_file_source_equals_the_in_memory_table(tmp_path, table, name, warmup):
     assert summary.rejected == want_summary.rejected and summary.rejected == {"duplicate_bar": 1}
     spilled = source.rows - summary.warmup_bars  # the warmup bars are not spilled
     assert source.spilled_runs == (0 if name == "sorted" else -(-spilled // 97))
+
+
+def ohlc_of(closes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(opens, highs, lows) of bars with ``closes``; equal closes give equal bars (so that
+    a duplicate bar is the same whichever of the two comes first)."""
+    opens = np.round(closes * (1 + 0.003 * np.sin(closes * 7)), 6)
+    return opens, np.maximum(opens, closes) * 1.002, np.minimum(opens, closes) * 0.998
+
+
+def play_trading(bars, warmup: int):
+    """Every signal, position and trade row of a replay with strategies, as plain values."""
+    strategies = [Strategy(stop=0.004), Strategy(direction="long_only", max_hold=5)]
+    engine = Engine([ATCParams(), ATCParams(long_threshold=0.2)], backend="cpu",
+                    strategies=strategies)  # fmt: skip
+    results = []
+    BarPlayer(engine, bars, warmup_bars=warmup, on_result=results.append).run()
+    rows = []
+    for r in results:
+        rows += list(zip(*r.column_values(), strict=True))
+        for columns in (r.position_columns(), r.trade_columns()):
+            rows += list(zip(*(v.tolist() for v in columns.values()), strict=True))
+    return rows, engine
+
+
+@pytest.mark.parametrize("warmup", [0, 9])
+@pytest.mark.parametrize("name", ["sorted", "shuffled", "blocks"])
+def test_file_source_with_ohlc_equals_the_in_memory_table(tmp_path, table, name, warmup):
+    """Open, high and low travel with the close through the scan, the warmup selection
+    and the spilled sort: the strategies trade as on the table in memory."""
+    order = orders(table)[name]
+    opens, highs, lows = ohlc_of(table.closes)
+    path = tmp_path / f"{name}.csv"
+    with open(path, "w") as f:
+        f.write("sym,t,c,o,hi,lo\n")
+        for i in order:
+            f.write(f"{table.symbols[i]},{table.times[i]},{float(table.closes[i])!r},"
+                    f"{float(opens[i])!r},{float(highs[i])!r},{float(lows[i])!r}\n")  # fmt: skip
+    in_file_order = BarTable(table.symbols[order], table.times[order], table.closes[order])
+    want, want_engine = play_trading(
+        TableBars(in_file_order, ohlc=(opens[order], highs[order], lows[order])), warmup
+    )
+    source = BarFileSource(
+        path, symbol_column="sym", time_column="t", close_column="c",
+        ohlc_columns=("o", "hi", "lo"), warmup_bars=warmup, chunk_rows=97, merge_rows=13,
+    )  # fmt: skip
+    got, engine = play_trading(source, warmup)
+    assert (source.spilled_runs > 1) == (name != "sorted")
+    assert got == want
+    metrics = engine.strategy_metrics()
+    assert metrics["trades"].sum() > 10
+    for column, values in want_engine.strategy_metrics().items():
+        assert metrics[column].tolist() == values.tolist(), column
 
 
 def by_bar(rows):

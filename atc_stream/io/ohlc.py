@@ -1,9 +1,8 @@
-"""OHLC bar files (CSV/Parquet, many symbols) read whole, every cell parsed strictly.
+"""OHLC bar files (CSV/Parquet, many symbols) read whole, sorted by symbol and time.
 
-The cell rules and the bad-row policy are those of ``io/readers.py``
-(docs/design/input-files.md); a row whose prices do not make a bar (a price not > 0,
-``high < low``, open or close outside ``[low, high]``) or repeat a symbol's time is left
-out and counted with its ``file:line``.
+The rows are those of ``io.readers.iter_bar_batches`` with open, high and low (its cell
+rules, bad-row policy and ``bad_ohlc`` rule: docs/design/input-files.md); a row that
+repeats a symbol's time is left out too and counted with its ``file:line``.
 """
 
 from __future__ import annotations
@@ -13,27 +12,19 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from atc_stream.core.inputs import bad_ohlc
-from atc_stream.core.timetext import EpochUnit
 from atc_stream.io.readers import (
-    MAX_FIELD_CHARS,
+    PRICE_NAMES,
     BadRows,
     SymbolCodes,
-    as_text,
-    csv_batches,
-    empty_cells,
     epoch_unit,
     input_files,
-    parquet_batches,
-    parse_closes,
-    parse_times,
+    iter_bar_batches,
     row_where,
 )
 
 #: The price columns of a bar, in order.
-PRICES = ("open", "high", "low", "close")
+PRICES = (*PRICE_NAMES, "close")
 _HINT = "an OHLC bar file has the columns symbol, time, open, high, low, close"
 
 
@@ -85,21 +76,17 @@ def read_ohlc(
     path = Path(path)
     bad = bad if bad is not None else BadRows()
     codes = SymbolCodes()
-    columns = ("symbol", "time", *PRICES)
     parts: list[tuple[np.ndarray, ...]] = []
     files = input_files(path)
     for number, f in enumerate(files):
-        batches = (
-            parquet_batches(f, columns, _HINT)
-            if f.suffix == ".parquet"
-            else csv_batches(f, columns, bad, _HINT)
-        )
-        unit = epoch_unit(time_unit)
-        for batch, line_of in batches:
-            default = symbol if (symbol and not path.is_dir()) else f.stem
-            parsed = _parse(f, number, batch, unit, codes, bad, line_of, default)
-            if parsed is not None:
-                parts.append(parsed)
+        batches = iter_bar_batches(
+            f, symbol=None if path.is_dir() else symbol, time_unit=time_unit, bad=bad,
+            symbols=codes, ohlc_columns=PRICE_NAMES, hint=_HINT,
+        )  # fmt: skip
+        for b in batches:
+            assert b.ohlc is not None  # read with open, high and low
+            parts.append((b.codes.astype(np.int64), b.times, *b.ohlc, b.closes, b.lines,
+                          np.full(len(b), number, np.int64)))  # fmt: skip
     if parts:
         code, times, open_, high, low, close, lines, file_no = (
             np.concatenate(col) for col in zip(*parts, strict=True)
@@ -128,58 +115,3 @@ def _rank(names: np.ndarray) -> np.ndarray:
     rank = np.empty(len(names), np.int64)
     rank[np.argsort(names.astype(str), kind="stable")] = np.arange(len(names))
     return rank
-
-
-def _parse(path: Path, number: int, batch, unit: EpochUnit, codes, bad, line_of, default: str):
-    """The good rows of one record batch: (codes, times, open, high, low, close, lines,
-    file numbers), or None when none is good."""
-    names = batch.schema.names
-    n = batch.num_rows
-    if n == 0:
-        return None
-    text = {name: as_text(batch.column(names.index(name))) for name in ("time", *PRICES)}
-    has_symbol = "symbol" in names
-    symbols = (
-        as_text(batch.column(names.index("symbol")))
-        if has_symbol
-        else pa.array([default] * n, pa.string())
-    )
-    blank = np.ones(n, bool)  # a blank line: nothing to report
-    for cells in (*text.values(), *([symbols] if has_symbol else [])):
-        blank &= empty_cells(cells)
-    keep = ~blank
-    for name, cells in (("symbol", symbols), *text.items()):
-        long = pc.fill_null(pc.greater(pc.utf8_length(cells), MAX_FIELD_CHARS), False)
-        for i in np.flatnonzero(long.to_numpy(zero_copy_only=False) & keep):
-            bad.add(row_where(path, line_of(i)), "oversized_field", f"{name}: too long")
-            keep[i] = False
-    symbols = pc.utf8_trim_whitespace(symbols)
-    nul = pc.fill_null(pc.match_substring(symbols, "\x00"), False).to_numpy(zero_copy_only=False)
-    times, _, time_ok = parse_times(
-        batch.column(names.index("time")), unit, lambda i: row_where(path, line_of(i))
-    )
-    prices = {}
-    checks = [
-        (empty_cells(symbols) | nul, "bad_symbol", symbols),
-        (~time_ok, "bad_time", text["time"]),
-    ]
-    for name in PRICES:
-        prices[name], ok = parse_closes(text[name])
-        checks.append((~ok, f"bad_{name}", text[name]))
-    for mask, reason, cells in checks:
-        for i in np.flatnonzero(mask & keep):
-            bad.add(row_where(path, line_of(i)), reason, repr(cells[i].as_py()))
-            keep[i] = False
-    o, h, lo, c = (prices[name] for name in PRICES)
-    for i in np.flatnonzero(bad_ohlc(o, h, lo, c) & keep):
-        detail = f"open={o[i]:g} high={h[i]:g} low={lo[i]:g} close={c[i]:g}"
-        bad.add(row_where(path, line_of(i)), "bad_ohlc", detail)
-        keep[i] = False
-    idx = np.flatnonzero(keep)
-    if idx.size == 0:
-        return None
-    return (
-        codes.encode(symbols.to_numpy(zero_copy_only=False)[idx]).astype(np.int64),
-        times[idx], o[idx], h[idx], lo[idx], c[idx],
-        np.asarray(line_of(idx), np.int64), np.full(idx.size, number, np.int64),
-    )  # fmt: skip

@@ -16,6 +16,7 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
 from atc_stream.core.errors import first_line
+from atc_stream.core.inputs import bad_ohlc
 from atc_stream.core.timetext import EpochUnit, EpochUnitError, parse_time_column
 
 #: Cells longer than this are rejected (``oversized_field``); no valid cell comes close.
@@ -24,10 +25,19 @@ MAX_FIELD_CHARS = 1024
 #: its I/O thread, so this bounds the reader's memory (32 MiB ahead; 16 MiB blocks held
 #: 512 MiB); a field longer than this makes the file unreadable.
 BLOCK_BYTES = 1 << 20
+#: The price columns read beside the close for bars with OHLC, in order.
+PRICE_NAMES = ("open", "high", "low")
 #: Suffixes of the bar and tick files read from a directory.
 INPUT_SUFFIXES = (".csv", ".parquet")
 #: What a missing column's error tells the user to do.
 COLUMN_HINT = "name it with --time-column/--close-column/--symbol-column"
+#: The same for a file read with open, high and low (``replay --strategy``).
+OHLC_COLUMN_HINT = (
+    "--strategy trades bars with open, high, low and close: name them with "
+    "--open-column/--high-column/--low-column/--close-column"
+)
+#: ``(opens, highs, lows)``, one value per row.
+Ohlc = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 @dataclass
@@ -122,13 +132,14 @@ class SymbolCodes:
 @dataclass
 class BarBatch:
     """Good rows of one record batch, in file order: symbol ``codes`` (``SymbolCodes``),
-    epoch-ms ``times``, ``closes`` and the ``lines`` they came from (CSV line numbers;
-    1-based row numbers for Parquet)."""
+    epoch-ms ``times``, ``closes``, the ``lines`` they came from (CSV line numbers;
+    1-based row numbers for Parquet) and, when read with them, ``(opens, highs, lows)``."""
 
     codes: np.ndarray  # int32
     times: np.ndarray  # int64
     closes: np.ndarray  # float64
     lines: np.ndarray  # int64
+    ohlc: Ohlc | None = None
 
     def __len__(self) -> int:
         return self.times.shape[0]
@@ -175,23 +186,31 @@ def iter_bar_batches(
     time_unit: str = "auto",
     bad: BadRows | None = None,
     symbols: SymbolCodes | None = None,
+    ohlc_columns: tuple[str, str, str] | None = None,
+    hint: str | None = None,
 ):
     """``BarBatch``es of a CSV/Parquet file or a directory's files (by name), streamed.
 
     Memory: one record batch (a CSV read block of ``BLOCK_BYTES``, or 65,536 rows of
     one decoded Parquet row group) and its parsed columns, plus pyarrow's read-ahead (32
     CSV blocks). Bad rows go to ``bad``; symbol codes come from ``symbols`` (pass the
-    same one to read a file again with the same codes). Raises ``InputError`` for damage
-    that makes a file unreadable.
+    same one to read a file again with the same codes). ``ohlc_columns``: the (open,
+    high, low) columns, read beside the close (a row whose prices do not make a bar,
+    ``core.inputs.bad_ohlc``, is a bad row); ``hint`` ends a missing column's error.
+    Raises ``InputError`` for damage that makes a file unreadable.
     """
     epoch_unit(time_unit)  # a bad unit name is refused before any file is read
     path = Path(path)
     bad = bad if bad is not None else BadRows()
     symbols = symbols if symbols is not None else SymbolCodes()
-    columns = (symbol_column, time_column, close_column)
+    columns = (symbol_column, time_column, close_column, *(ohlc_columns or ()))
+    if hint is None:
+        hint = COLUMN_HINT if ohlc_columns is None else OHLC_COLUMN_HINT
     for f in input_files(path):
         batches = (
-            parquet_batches(f, columns) if f.suffix == ".parquet" else csv_batches(f, columns, bad)
+            parquet_batches(f, columns, hint)
+            if f.suffix == ".parquet"
+            else csv_batches(f, columns, bad, hint)
         )
         default_symbol = symbol if (symbol and not path.is_dir()) else f.stem
         unit = epoch_unit(time_unit)  # decided per file, from all its rows
@@ -241,23 +260,27 @@ def read_bars(
 def _parse_batch(
     path, batch, columns, default_symbol, unit: EpochUnit, symbols, bad, line_of
 ) -> BarBatch | None:
-    symbol_column, time_column, close_column = columns
+    symbol_column, time_column, close_column, *ohlc_columns = columns
     names = batch.schema.names
     n = batch.num_rows
     if n == 0:
         return None
     times_text = as_text(batch.column(names.index(time_column)))
-    closes_text = as_text(batch.column(names.index(close_column)))
+    roles = {"close": close_column}
+    if ohlc_columns:
+        roles.update(zip(PRICE_NAMES, ohlc_columns, strict=True))
+    prices_text = {name: as_text(batch.column(names.index(col))) for name, col in roles.items()}
     if symbol_column in names:
         symbols_text = as_text(batch.column(names.index(symbol_column)))
     else:
         symbols_text = pa.array([default_symbol] * n, pa.string())
-    present = [times_text, closes_text] + ([symbols_text] if symbol_column in names else [])
+    present = [times_text, *prices_text.values()]
+    present += [symbols_text] if symbol_column in names else []
     blank = np.ones(n, bool)  # a blank line (every cell empty): nothing to report
     for text in present:
         blank &= empty_cells(text)
     keep = ~blank
-    for name, text in (("symbol", symbols_text), ("time", times_text), ("close", closes_text)):
+    for name, text in (("symbol", symbols_text), ("time", times_text), *prices_text.items()):
         long = pc.fill_null(pc.greater(pc.utf8_length(text), MAX_FIELD_CHARS), False)
         long = long.to_numpy(zero_copy_only=False) & keep
         for i in np.flatnonzero(long):
@@ -273,24 +296,44 @@ def _parse_batch(
     times, _, time_ok = parse_times(
         batch.column(names.index(time_column)), unit, lambda i: row_where(path, line_of(i))
     )
-    closes, close_ok = parse_closes(closes_text)
-    for mask, reason, text in (
+    checks = [
         (~symbol_ok, "empty_symbol", symbols_text),
         (nul, "bad_symbol", symbols_text),
         (~time_ok, "bad_time", times_text),
-        (~close_ok, "bad_close", closes_text),
-    ):
+    ]
+    prices = {}
+    for name, text in prices_text.items():
+        prices[name], ok = parse_closes(text)
+        checks.append((~ok, f"bad_{name}", text))
+    for mask, reason, text in checks:
         hit = mask & keep
         for i in np.flatnonzero(hit):
             bad.add(row_where(path, line_of(i)), reason, repr(text[i].as_py()))
         keep &= ~hit
+    if ohlc_columns:
+        keep &= ~_bad_bars(path, line_of, prices, keep, bad)
     idx = np.flatnonzero(keep)
     if idx.size == 0:
         return None
     names = symbols_text.to_numpy(zero_copy_only=False)
     if idx.size < n:
-        names, times, closes = names[idx], times[idx], closes[idx]
-    return BarBatch(symbols.encode(names), times, closes, np.asarray(line_of(idx), np.int64))
+        names, times = names[idx], times[idx]
+        prices = {name: values[idx] for name, values in prices.items()}
+    ohlc = (prices["open"], prices["high"], prices["low"]) if ohlc_columns else None
+    return BarBatch(
+        symbols.encode(names), times, prices["close"], np.asarray(line_of(idx), np.int64), ohlc
+    )
+
+
+def _bad_bars(path, line_of, prices: dict[str, np.ndarray], keep, bad: BadRows) -> np.ndarray:
+    """The rows still kept whose prices do not make a bar (``core.inputs.bad_ohlc``),
+    each reported as ``bad_ohlc``."""
+    o, h, lo, c = (prices[name] for name in (*PRICE_NAMES, "close"))
+    hit = bad_ohlc(o, h, lo, c) & keep
+    for i in np.flatnonzero(hit):
+        detail = f"open={o[i]:g} high={h[i]:g} low={lo[i]:g} close={c[i]:g}"
+        bad.add(row_where(path, line_of(i)), "bad_ohlc", detail)
+    return hit
 
 
 def row_where(path: Path, line) -> str:

@@ -20,6 +20,7 @@ import numpy as np
 from atc_stream.io.readers import (
     BadRows,
     InputError,
+    Ohlc,
     SymbolCodes,
     infer_interval_of,
     iter_bar_batches,
@@ -39,14 +40,14 @@ _NEVER = np.iinfo(np.int64).max
 @dataclass
 class Block:
     """Rows in time order: ``codes`` index ``symbol_names``; ``rows`` are the rows'
-    positions among the file's good rows (file order)."""
+    positions among the file's good rows (file order); ``ohlc``: their (opens, highs,
+    lows), for an engine with strategies."""
 
     codes: np.ndarray  # int32
     times: np.ndarray  # int64
     closes: np.ndarray  # float64
     rows: np.ndarray  # int64
-    #: (opens, highs, lows) of bars for strategies (``TableBars`` of an OHLC table)
-    ohlc: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    ohlc: Ohlc | None = None
 
     def __len__(self) -> int:
         return self.times.shape[0]
@@ -80,7 +81,9 @@ _FIELDS = ("codes", "times", "closes", "rows")
 class BarFileSource:
     """A bar file (or directory) as a bar source for ``BarPlayer``; scanned on creation.
 
-    Raises ``io.readers.InputError`` for damage that makes a file unreadable.
+    ``ohlc_columns``: the (open, high, low) columns, read beside the close so that the
+    bars carry OHLC (for an engine with strategies). Raises ``io.readers.InputError``
+    for damage that makes a file unreadable.
     """
 
     def __init__(
@@ -90,6 +93,7 @@ class BarFileSource:
         symbol_column: str = "symbol",
         time_column: str = "time",
         close_column: str = "close",
+        ohlc_columns: tuple[str, str, str] | None = None,
         symbol: str | None = None,
         time_unit: str = "auto",
         warmup_bars: int = 0,
@@ -105,7 +109,8 @@ class BarFileSource:
         self.path = Path(path)
         self._read_file = functools.partial(
             iter_bar_batches, self.path, symbol_column=symbol_column, time_column=time_column,
-            close_column=close_column, symbol=symbol, time_unit=time_unit,
+            close_column=close_column, ohlc_columns=ohlc_columns, symbol=symbol,
+            time_unit=time_unit,
         )  # fmt: skip
         self.warmup_bars = warmup_bars
         self.chunk_rows = chunk_rows
@@ -140,7 +145,7 @@ class BarFileSource:
                 sample.append((batch.codes[:take].copy(), batch.times[:take].copy()))
                 sampled += take
             if self.warmup_bars:
-                first_bars.add(batch.codes, batch.times, batch.closes, rows + np.arange(n))
+                first_bars.add(batch.codes, batch.times, rows + np.arange(n), _prices(batch))
             rows += n
         first_seen = self._symbols.names
         self.symbol_names: list[str] = sorted(first_seen.tolist())
@@ -160,8 +165,9 @@ class BarFileSource:
         """``io.readers.infer_interval`` of the first ``sample_rows`` rows."""
         return self._interval
 
-    def warmup_history(self, n: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """Each symbol's first ``n`` bars (``n``: the ``warmup_bars`` scanned for), by name."""
+    def warmup_history(self, n: int) -> dict[str, tuple[np.ndarray, ...]]:
+        """Each symbol's first ``n`` bars (``n``: the ``warmup_bars`` scanned for), by name:
+        ``(times, closes)``, or with OHLC ``(times, opens, highs, lows, closes)``."""
         if n != self.warmup_bars:
             raise ValueError(f"scanned for {self.warmup_bars} warmup bars, asked for {n}")
         return {self.symbol_names[code]: bars for code, bars in self._history.items()}
@@ -190,7 +196,7 @@ class BarFileSource:
                 raise self._changed()
             block = Block(
                 self._to_sorted[batch.codes], batch.times, batch.closes,
-                seen + np.arange(n, dtype=np.int64),
+                seen + np.arange(n, dtype=np.int64), batch.ohlc,
             )  # fmt: skip
             seen += n
             keep = np.ones(n, bool)
@@ -315,19 +321,21 @@ def whole_bar_times(blocks: Iterable[Block]) -> Iterator[Block]:
 
 
 def _spill(block: Block, directory: Path, number: int, batch_rows: int) -> Path:
-    """Write a sorted block as an Arrow IPC file of ``batch_rows``-row batches."""
+    """Write a sorted block as an Arrow IPC file of ``batch_rows``-row batches (with
+    open, high and low columns when the block has OHLC)."""
     import pyarrow as pa
 
     path = directory / f"run{number:05d}.arrow"
-    schema = pa.schema(
-        [("code", pa.int32()), ("time", pa.int64()), ("close", pa.float64()), ("row", pa.int64())]
-    )
+    fields = [("code", pa.int32()), ("time", pa.int64()), ("close", pa.float64()),
+              ("row", pa.int64())]  # fmt: skip
+    if block.ohlc is not None:
+        fields += [(name, pa.float64()) for name in ("open", "high", "low")]
+    schema = pa.schema(fields)
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
         for start in range(0, len(block), batch_rows):
             part = block.take(slice(start, start + batch_rows))
-            writer.write_batch(
-                pa.record_batch([pa.array(getattr(part, name)) for name in _FIELDS], schema=schema)
-            )
+            columns = [getattr(part, name) for name in _FIELDS] + list(part.ohlc or ())
+            writer.write_batch(pa.record_batch([pa.array(c) for c in columns], schema=schema))
     return path
 
 
@@ -355,7 +363,9 @@ class _Run:
         """Append the run's next batch to ``rows``."""
         batch = self._reader.get_batch(self._next)
         self._next += 1
-        loaded = Block(*(batch.column(i).to_numpy() for i in range(4)))
+        columns = [batch.column(i).to_numpy() for i in range(batch.num_columns)]
+        ohlc = (columns[4], columns[5], columns[6]) if len(columns) == 7 else None
+        loaded = Block(columns[0], columns[1], columns[2], columns[3], ohlc)
         self.rows = Block.concat([self.rows, loaded]) if len(self.rows) else loaded
         if not self.more:
             self._file.close()
@@ -397,6 +407,12 @@ def merge_runs(paths: list[Path]) -> Iterator[Block]:
         yield merged.take(np.lexsort((merged.rows, merged.times)))
 
 
+def _prices(batch) -> tuple[np.ndarray, ...]:
+    """A batch's prices as a warmup history holds them: ``(closes,)`` or ``(opens,
+    highs, lows, closes)``."""
+    return (batch.closes,) if batch.ohlc is None else (*batch.ohlc, batch.closes)
+
+
 class _FirstBars:
     """The first ``n`` bars of each symbol (by time, then file order), selected as rows
     stream by: at most about ``2 x n`` per symbol plus one batch in memory."""
@@ -407,25 +423,27 @@ class _FirstBars:
         self.size = 0
         self.kept = 0
 
-    def add(self, codes, times, closes, rows) -> None:
-        self.parts.append((codes, times, closes, rows))
+    def add(self, codes, times, rows, prices: tuple[np.ndarray, ...]) -> None:
+        """Rows of one batch: their codes, times, positions and ``_prices``."""
+        self.parts.append((codes, times, rows, *prices))
         self.size += codes.shape[0]
         if self.size > 2 * self.kept + 65_536:
             self._select()
 
     def _select(self) -> None:
-        codes, times, closes, rows = (np.concatenate(c) for c in zip(*self.parts, strict=True))
+        columns = [np.concatenate(c) for c in zip(*self.parts, strict=True)]
+        codes, times, rows = columns[:3]
         order = np.lexsort((rows, times, codes))
         sorted_codes = codes[order]
         starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]])
         counts = np.diff(np.r_[starts, sorted_codes.shape[0]])
         rank = np.arange(order.shape[0]) - np.repeat(starts, counts)
         keep = order[rank < self.n]  # by code, then time, then row
-        self.parts = [(codes[keep], times[keep], closes[keep], rows[keep])]
+        self.parts = [tuple(c[keep] for c in columns)]
         self.size = self.kept = keep.shape[0]
 
     def finish(self, to_sorted: np.ndarray):
-        """``({sorted code: (times, closes)}, (until_time, until_row))``: each symbol's
+        """``({sorted code: (times, *prices)}, (until_time, until_row))``: each symbol's
         first bars, and per sorted code the (time, row) of its last one where it has
         ``n`` (else the end of time: every bar of the symbol is a warmup bar)."""
         symbols = to_sorted.shape[0]
@@ -433,15 +451,16 @@ class _FirstBars:
         if not self.n or not self.parts:
             return {}, until
         self._select()
-        codes, times, closes, rows = self.parts[0]
+        codes, times, rows, *prices = self.parts[0]
         codes = to_sorted[codes]
         order = np.lexsort((rows, times, codes))  # by sorted code (name), time, row
-        codes, times, closes, rows = codes[order], times[order], closes[order], rows[order]
+        codes, times, rows = codes[order], times[order], rows[order]
+        prices = [p[order] for p in prices]
         firsts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
         history = {}
         for start, end in zip(firsts, np.r_[firsts[1:], codes.shape[0]], strict=True):
             code = int(codes[start])
-            history[code] = (times[start:end], closes[start:end])
+            history[code] = (times[start:end], *(p[start:end] for p in prices))
             if end - start == self.n:
                 until[0][code], until[1][code] = times[end - 1], rows[end - 1]
         self.parts = []

@@ -43,12 +43,20 @@ class TickBars:
 
     def to_bar_table(self) -> BarTable:
         """The bars as a ``BarTable`` in time-major order (as a live feed delivers them)."""
-        order = np.lexsort((self.codes, self.times))
+        order = self._time_major()
         return BarTable(
             symbols=np.asarray(self.names, dtype=object)[self.codes[order]],
             times=self.times[order],
             closes=self.close[order],
         )
+
+    def time_major_ohlc(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(opens, highs, lows)`` of the bars in the order of ``to_bar_table``."""
+        order = self._time_major()
+        return self.open[order], self.high[order], self.low[order]
+
+    def _time_major(self) -> np.ndarray:
+        return np.lexsort((self.codes, self.times))
 
 
 def _sort_order(
