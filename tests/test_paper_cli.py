@@ -85,17 +85,22 @@ def run_paper(tmp_path, bars_path, *extra: str, trades: str = "trades.jsonl"):
     return out
 
 
-def test_replay_with_strategies_trades_exactly_as_backtest(tmp_path, bars):
-    path, frame = bars
-    run_paper(tmp_path, path)
-    expected = backtest(frame, None, STRATEGIES)
-    got = sort_trades(read_jsonl(tmp_path / "trades.jsonl"))
-    exact = sort_trades(records(expected.trade_columns))
+def assert_same_trades(written: list[dict], trade_columns) -> None:
+    """The trade records written are exactly ``trade_columns`` (any order), bit for bit."""
+    got = sort_trades(written)
+    exact = sort_trades(records(trade_columns))
     assert len(got) == len(exact) > 10
     for mine, theirs in zip(got, exact, strict=True):
         assert mine.keys() == theirs.keys()
         for key, value in theirs.items():
             assert mine[key] == value, (key, mine, theirs)
+
+
+def test_replay_with_strategies_trades_exactly_as_backtest(tmp_path, bars):
+    path, frame = bars
+    run_paper(tmp_path, path)
+    expected = backtest(frame, None, STRATEGIES)
+    assert_same_trades(read_jsonl(tmp_path / "trades.jsonl"), expected.trade_columns)
     positions = pq.read_table(tmp_path / "positions.parquet").to_pandas()
     assert len(positions) == len(frame) * len(STRATEGIES)
     last = positions.groupby(["symbol", "params_id", "strategy_id"]).tail(1)
@@ -172,7 +177,6 @@ def test_resume_from_an_older_snapshot_cuts_the_outputs_back(tmp_path, bars, suf
         (["--strategy", "stopp=0.1"], "unknown strategy parameter 'stopp'"),
         (["--strategy", "direction=sideways"], "direction must be one of"),
         (["--trades", "t.jsonl"], "--trades needs --strategy"),
-        (["--strategy", "stop=0.1", "--warmup", "10"], "--warmup"),
         (["--strategy", "stop=0.1", "--trades", "t.csv"], "use .jsonl or .parquet"),
         (["--strategy", "stop=0.1", "--positions", "-"], "stdout is the signal output's"),
     ],
@@ -191,18 +195,38 @@ def test_a_file_without_ohlc_is_one_line_and_exit_2(capsys, tmp_path, bars):
     assert len(lines) == 1 and "no column 'open'" in lines[0], lines
 
 
-def test_bad_ohlc_rows_are_counted_with_file_and_line(tmp_path):
+def test_a_missing_renamed_price_column_is_one_line_and_exit_2(capsys, tmp_path, bars):
+    code, lines = command_error(
+        capsys, str(bars[0]), "-o", str(tmp_path / "s.jsonl"), "--strategy", "stop=0.1",
+        "--high-column", "hi",
+    )  # fmt: skip
+    assert code == 2
+    assert len(lines) == 1 and "no column 'hi'" in lines[0] and "--high-column" in lines[0]
+
+
+def test_bad_ohlc_rows_are_counted_with_file_and_line(capsys, tmp_path):
     path = tmp_path / "bars.csv"
     path.write_text(
         "symbol,time,open,high,low,close\n"
         "A,60000,10,11,9,10.5\n"
         "A,120000,10,9,11,10\n"  # high < low
         "A,180000,10,11,9,10\n"
+        "A,240000,x,11,9,10\n"  # an open that is not a number
+        "A,300000,12,11,9,10\n"  # the open above the high
+        "A,360000,10,11,9,10\n"
+        "A,180000,10,11,9,10\n"  # a second bar at 180000: the engine's to reject
     )
     result = replay(str(path), "-o", str(tmp_path / "s.jsonl"), "--strategy", "stop=0.1")
     assert result.exit_code == 0, result.output
-    assert "bars.csv:3: bad_ohlc" in result.output
-    assert len(read_jsonl(tmp_path / "s.jsonl")) == 2
+    assert "rejected inputs  duplicate_bar=1" in result.output
+    assert "rejected rows: bad_ohlc=2, bad_open=1" in result.output
+    assert "bars.csv:3: bad_ohlc: open=10 high=9 low=11 close=10" in result.output
+    assert "bars.csv:5: bad_open: 'x'" in result.output
+    assert "bars.csv:6: bad_ohlc" in result.output
+    assert [r["time"] for r in read_jsonl(tmp_path / "s.jsonl")] == [60000, 180000, 360000]
+    code, lines = command_error(capsys, str(path), "--strategy", "stop=0.1", "--strict")
+    assert code == 2
+    assert lines[-1] == f"atc-stream: error: 3 rejected rows in {path} (--strict)", lines
 
 
 def test_strategy_specs_inline_and_toml(tmp_path):
@@ -266,3 +290,146 @@ def test_run_stream_trades_entries_with_ohlc_as_backtest(capsys, bars, redis_url
         record.pop("v")
     want = sort_trades(records(backtest(frame, None, STRATEGIES).trade_columns))
     assert sort_trades(got) == want and want
+
+
+# -- the streamed replay: renames, unsorted files, warmup, ticks, memory -------------------
+
+
+def run_job(tmp_path, bars_path=None, *, warmup=0, ticks=None, interval=None, specs=SPECS):
+    """The replay job in this process (its engine is returned, for the metrics); with
+    ``SPECS`` it writes trades and positions too."""
+    from atc_stream.app.durability import Durability
+    from atc_stream.app.jobs.replay import replay as replay_job
+    from atc_stream.app.paper import check_paper_options
+
+    files = specs == SPECS
+    paper = check_paper_options(
+        specs, trades=tmp_path / "trades.jsonl" if files else None,
+        positions=tmp_path / "positions.jsonl" if files else None,
+    )  # fmt: skip
+    engine, _ = replay_job(
+        bars=bars_path, ticks=ticks, columns={"symbol": "symbol", "time": "time", "close": "close"},
+        symbol=None, time_unit="auto", strict=False, output=str(tmp_path / "signals.jsonl"),
+        warmup=warmup, speed=None, progress=False, backend="cpu", interval=interval,
+        durability=Durability(redis=None, snapshot_dir=None, snapshot_every=None, resume=False),
+        paper=paper,
+    )  # fmt: skip
+    return engine
+
+
+def assert_same_metrics(engine, expected) -> None:
+    keys = ["symbol", "params_id", "strategy_id"]
+    want = expected.metrics.sort_values(keys).reset_index(drop=True)
+    got = pd.DataFrame(engine.strategy_metrics()).sort_values(keys).reset_index(drop=True)
+    assert len(want) == 2 * len(STRATEGIES)
+    for column in want.columns:
+        assert got[column].tolist() == want[column].tolist(), column
+
+
+def test_renamed_columns_of_an_unsorted_file_trade_as_backtest(tmp_path, bars):
+    frame = bars[1]
+    names = {"symbol": "ticker", "time": "ts", "open": "o", "high": "h", "low": "l", "close": "c"}
+    path = tmp_path / "renamed.csv"
+    frame.rename(columns=names).sample(frac=1.0, random_state=3).to_csv(
+        path, index=False, float_format="%.17g"
+    )
+    options = [f"--{role}-column={name}" for role, name in names.items()]
+    run_paper(tmp_path, path, *options)
+    expected = backtest(frame, None, STRATEGIES)
+    assert_same_trades(read_jsonl(tmp_path / "trades.jsonl"), expected.trade_columns)
+
+
+def test_warmup_then_the_rest_trades_as_backtest_on_all_bars(tmp_path, bars):
+    path, frame = bars
+    warmup = 120
+    engine = run_job(tmp_path, path, warmup=warmup)
+    expected = backtest(frame, None, STRATEGIES)
+    assert_same_metrics(engine, expected)
+    # as live --history: of the warmup bars only the last one's trades and positions
+    last_warm = np.sort(frame["time"].unique())[warmup - 1]
+    after = expected.trade_columns["exit_time"] >= last_warm
+    assert 0 < after.sum() < len(after)
+    later = {name: values[after] for name, values in expected.trade_columns.items()}
+    assert_same_trades(read_jsonl(tmp_path / "trades.jsonl"), later)
+    positions = read_jsonl(tmp_path / "positions.jsonl")
+    assert min(p["time"] for p in positions) == last_warm
+    assert len(positions) == (len(frame) // 2 - warmup + 1) * 2 * len(STRATEGIES)
+
+
+def write_ticks(path, n: int = 2_000, minutes: int = 300) -> None:
+    rng = np.random.default_rng(5)
+    start = 1_699_999_980_000  # a whole minute
+    times = start + np.sort(rng.integers(0, minutes * 60_000, n))
+    symbols = rng.choice(["AAA", "BBB"], n)
+    prices = np.round(100 * np.exp(np.cumsum(rng.normal(0, 0.003, n))), 2)
+    sizes = np.round(rng.exponential(1.0, n), 3)
+    pd.DataFrame({"time": times, "symbol": symbols, "price": prices, "size": sizes}).to_csv(
+        path, index=False
+    )
+
+
+@pytest.mark.parametrize("empty", ["skip", "carry"])
+def test_ticks_trade_as_backtest_on_their_bars(tmp_path, empty):
+    from atc_stream.connectors.replay.ticks import aggregate_ticks
+    from atc_stream.io.tick_reader import load_ticks
+
+    ticks = tmp_path / "ticks.csv"
+    write_ticks(ticks)
+    bars = aggregate_ticks(load_ticks(ticks), "1m", empty=empty)
+    frame = pd.DataFrame({"symbol": bars.symbols.astype(str), "time": bars.times,
+                          "open": bars.open, "high": bars.high, "low": bars.low,
+                          "close": bars.close})  # fmt: skip
+    if empty == "skip":
+        assert len(frame) < 2 * 300  # some minutes have no trade of a symbol
+    out = tmp_path / "signals.jsonl"
+    args = ["--ticks", str(ticks), "--interval", "1m", "--empty", empty, "-o", str(out)]
+    for spec in SPECS:
+        args += ["--strategy", spec]
+    result = replay(*args, "--trades", str(tmp_path / "trades.jsonl"))
+    assert result.exit_code == 0, result.output
+    expected = backtest(frame, None, STRATEGIES)
+    assert_same_trades(read_jsonl(tmp_path / "trades.jsonl"), expected.trade_columns)
+    if empty == "skip":  # the job in this process, for the engine's metrics
+        (tmp_path / "job").mkdir()
+        assert_same_metrics(run_job(tmp_path / "job", ticks=ticks, interval="1m"), expected)
+
+
+def write_wide_bars(path, n_symbols: int, n_times: int) -> None:
+    """Time-major OHLC bars of ``n_symbols`` symbols at ``n_times`` times."""
+    rng = np.random.default_rng(3)
+    steps = rng.normal(0, 0.01, (n_times, n_symbols))
+    close = np.round(100 * np.exp(np.cumsum(steps, axis=0)), 2).ravel()
+    names = np.array([f"S{i:04d}" for i in range(n_symbols)])
+    times = 1_700_000_000_000 + 60_000 * np.arange(n_times)
+    pd.DataFrame({"symbol": np.tile(names, n_times), "time": np.repeat(times, n_symbols),
+                  "open": close, "high": close * 1.01, "low": close * 0.99,
+                  "close": close}).to_csv(path, index=False)  # fmt: skip
+
+
+def test_replay_memory_follows_the_streams_not_the_rows(tmp_path, monkeypatch):
+    """The traced peak of a replay --strategy grows by far less per row than reading
+    the file whole needs (its eight 8-byte columns alone: 64 B per row)."""
+    import tracemalloc
+
+    from atc_stream.io import readers
+
+    monkeypatch.setattr(readers, "BLOCK_BYTES", 1 << 16)  # many record batches
+    symbols, times = 400, 100
+    big, small = tmp_path / "big.csv", tmp_path / "small.csv"
+    write_wide_bars(big, symbols, times)
+    write_wide_bars(small, symbols, 2)  # the same streams: their state is the same
+
+    def traced_peak(path, where) -> int:
+        where.mkdir()
+        tracemalloc.start()
+        try:
+            run_job(where, path, specs=SPECS[:1])
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    run_job(tmp_path, small, specs=SPECS[:1])  # kernels loaded before anything is traced
+    base = traced_peak(small, tmp_path / "small")
+    peak = traced_peak(big, tmp_path / "big")
+    per_row = (peak - base) / (symbols * times)
+    assert per_row < 64, f"{per_row:.0f} B per row"

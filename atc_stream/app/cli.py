@@ -233,6 +233,13 @@ def replay(
         str, typer.Option(help="Column with the bar time (int or ISO).")
     ] = "time",
     close_column: Annotated[str, typer.Option(help="Column with the close.")] = "close",
+    open_column: Annotated[
+        str, typer.Option(help="With --strategy: column with the open.")
+    ] = "open",
+    high_column: Annotated[
+        str, typer.Option(help="With --strategy: column with the high.")
+    ] = "high",
+    low_column: Annotated[str, typer.Option(help="With --strategy: column with the low.")] = "low",
     symbol: Annotated[
         str | None,
         typer.Option(help="Symbol for a file without a symbol column (default: file stem)."),
@@ -272,12 +279,14 @@ def replay(
     positions: PositionsOption = None,
 ) -> None:
     """Feed bars (or ticks aggregated to bars) through the engine; one signal row per
-    (stream, bar). With --strategy, paper trading on bars with open/high/low/close."""
+    (stream, bar). With --strategy, paper trading on bars with open/high/low/close (the
+    file's columns, or each interval's ticks)."""
     from atc_stream.app.jobs.replay import run_replay
 
     _run_job(
         run_replay, bars=bars, ticks=ticks,
-        columns={"symbol": symbol_column, "time": time_column, "close": close_column},
+        columns={"symbol": symbol_column, "time": time_column, "close": close_column,
+                 "open": open_column, "high": high_column, "low": low_column},
         tick_columns={"price": price_column, "size": size_column}, empty=empty,
         symbol=symbol, time_unit=time_unit.value, strict=strict, params=params,
         output=output, warmup=warmup, speed=speed, progress=progress, backend=backend,

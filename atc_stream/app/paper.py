@@ -11,9 +11,6 @@ from atc_stream.app.console import OptionError
 from atc_stream.core.strategy import Strategy, strategies_from_specs
 from atc_stream.io.writers import output_format
 
-#: The bar file's column names when no ``--*-column`` option renames them.
-DEFAULT_COLUMNS = {"symbol": "symbol", "time": "time", "close": "close"}
-
 
 @dataclass(frozen=True)
 class PaperOptions:
@@ -29,9 +26,6 @@ def check_paper_options(
     *,
     trades: Path | None,
     positions: Path | None,
-    ticks: Path | None,
-    warmup: int,
-    columns: dict[str, str],
 ) -> PaperOptions | None:
     """The ``PaperOptions`` of ``--strategy``/``--trades``/``--positions`` (None without
     ``--strategy``); ``OptionError`` naming the option for a value or combination refused."""
@@ -46,19 +40,6 @@ def check_paper_options(
         raise OptionError(str(exc), param_hint="--strategy") from None
     if not strategies:
         raise OptionError("the TOML file holds no strategy", param_hint="--strategy")
-    if ticks is not None:
-        raise OptionError("--strategy trades bars with open/high/low/close: give a bar "
-                          "file BARS, not --ticks", param_hint="--strategy")  # fmt: skip
-    if warmup:
-        raise OptionError(
-            "--strategy replays every bar (the trades of warmup bars would not be written); "
-            "leave out --warmup", param_hint="--warmup",
-        )  # fmt: skip
-    if columns != DEFAULT_COLUMNS:
-        raise OptionError(
-            "--strategy reads the columns symbol, time, open, high, low, close; "
-            "rename the file's columns instead of --*-column", param_hint="--strategy",
-        )  # fmt: skip
     for name, path in (("--trades", trades), ("--positions", positions)):
         if path is not None and str(path) == "-":
             raise OptionError("give a file: stdout is the signal output's", param_hint=name)

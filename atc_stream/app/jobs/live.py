@@ -27,7 +27,7 @@ from atc_stream.app.console import (
 )
 from atc_stream.app.durability import Durability, check_backend
 from atc_stream.app.extras import require
-from atc_stream.app.paper import DEFAULT_COLUMNS, check_paper_options, paper_lines
+from atc_stream.app.paper import check_paper_options, paper_lines
 from atc_stream.core.intervals import validate_interval
 from atc_stream.core.params import load_param_sets
 from atc_stream.io.table_writers import PaperOutputs
@@ -93,10 +93,7 @@ def run_live(
     except ValueError as exc:
         raise OptionError(str(exc)) from None
     output_format(output)
-    paper = check_paper_options(
-        strategies, trades=trades, positions=positions, ticks=None, warmup=0,
-        columns=DEFAULT_COLUMNS,
-    )  # fmt: skip
+    paper = check_paper_options(strategies, trades=trades, positions=positions)
     durability = Durability(
         redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
         snapshot_every=snapshot_every, resume=resume, events_before_ready=events_before_ready,

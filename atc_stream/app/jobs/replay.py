@@ -22,8 +22,7 @@ from atc_stream.connectors.replay.player import TableBars
 from atc_stream.connectors.replay.stream import BarFileSource
 from atc_stream.connectors.replay.ticks import aggregate_ticks
 from atc_stream.core.intervals import interval_ms, is_calendar, validate_interval
-from atc_stream.io.ohlc import PRICES, read_ohlc
-from atc_stream.io.readers import BarTable, InputError, infer_interval
+from atc_stream.io.readers import PRICE_NAMES, InputError
 from atc_stream.io.table_writers import PaperOutputs
 from atc_stream.io.tick_reader import load_ticks
 from atc_stream.io.writers import output_format
@@ -68,10 +67,7 @@ def run_replay(
         raise OptionError(ONE_INPUT)
     check_backend(backend)
     param_sets = param_sets_option(params)
-    paper = check_paper_options(
-        strategies, trades=trades, positions=positions, ticks=ticks, warmup=warmup,
-        columns=columns,
-    )  # fmt: skip
+    paper = check_paper_options(strategies, trades=trades, positions=positions)
     durability = Durability(
         redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
         snapshot_every=snapshot_every, resume=resume, events_before_ready=events_before_ready,
@@ -108,24 +104,26 @@ def replay(
     """Replay ``bars`` (CSV/Parquet file or directory, streamed) or ``ticks`` (aggregated
     to ``interval`` bars) into ``output``; returns ``(engine, summary)``.
 
-    ``columns``: ``{"symbol": ..., "time": ..., "close": ...}`` column names;
+    ``columns``: ``{"symbol": ..., "time": ..., "close": ...}`` column names, and with
+    ``paper`` ``"open"``, ``"high"``, ``"low"`` (default: those names): the bars then
+    carry OHLC, from the file's columns or the ticks of each interval;
     ``tick_columns``: ``{"price": ..., "size": ...}`` for ticks. ``params``/``interval``
     None: the snapshot's on ``--resume``, else the defaults (interval: inferred).
     """
     log_warnings()  # e.g. sort files of a killed replay removed
-    if paper is not None and bars is not None:
-        source, interval = ohlc_source(
-            bars, symbol=symbol, time_unit=time_unit, interval=interval, strict=strict,
-            resume=durability.resume,
-        )  # fmt: skip
-        source_input = str(bars.resolve())
-        columns = {**columns, **{name: name for name in PRICES}}
-    elif bars is not None and ticks is None:
+    ohlc_columns = None
+    if paper is not None:
+        ohlc_columns = (columns.get("open", "open"), columns.get("high", "high"),
+                        columns.get("low", "low"))  # fmt: skip
+    columns = {name: columns[name] for name in ("symbol", "time", "close")}
+    if bars is not None and ticks is None:
         source, interval = bar_source(
             bars, columns=columns, symbol=symbol, time_unit=time_unit, interval=interval,
-            strict=strict, resume=durability.resume, warmup=warmup,
+            strict=strict, resume=durability.resume, warmup=warmup, ohlc_columns=ohlc_columns,
         )  # fmt: skip
         source_input = str(bars.resolve())
+        if ohlc_columns is not None:  # recorded in snapshots: a resume must read the same
+            columns.update(zip(PRICE_NAMES, ohlc_columns, strict=True))
     elif ticks is not None and bars is None:
         tick_columns = tick_columns or {"price": "price", "size": "size"}
         tick_interval = interval or INTERVAL  # the engine's: the snapshot's on --resume
@@ -133,7 +131,7 @@ def replay(
             ticks, interval=tick_interval, empty=empty, symbol=symbol, time_unit=time_unit,
             strict=strict, time_column=columns["time"],
             symbol_column=columns["symbol"], price_column=tick_columns["price"],
-            size_column=tick_columns["size"],
+            size_column=tick_columns["size"], ohlc=paper is not None,
         )  # fmt: skip
         source_input = f"{ticks.resolve()} (ticks, {tick_interval}, empty={empty})"
         columns = {**columns, "close": tick_columns["price"], "size": tick_columns["size"]}
@@ -195,29 +193,6 @@ def replay_source(
     return engine, summary
 
 
-def ohlc_source(
-    path: Path,
-    *,
-    symbol: str | None,
-    time_unit: str,
-    interval: str | None,
-    strict: bool,
-    resume: bool,
-):
-    """The OHLC bars of ``path`` (read whole, strictly: bad rows reported on stderr) as a
-    ``TableBars`` source with OHLC, and the interval to label them with (as
-    ``bar_source``)."""
-    _check_interval_option(interval)
-    try:
-        table = read_ohlc(path, time_unit=time_unit, symbol=symbol)
-    except InputError as exc:
-        raise RunError(str(exc)) from None
-    _report_bad_rows(table.bad_rows, path, strict)
-    bars = BarTable(table.symbols, table.times, table.close)
-    source = TableBars(bars, ohlc=(table.open, table.high, table.low))
-    return source, _bars_interval(interval, infer_interval(bars), resume, path)
-
-
 def bar_source(
     path: Path,
     *,
@@ -228,10 +203,11 @@ def bar_source(
     strict: bool,
     resume: bool,
     warmup: int,
+    ohlc_columns: tuple[str, str, str] | None = None,
     **stream_options,
 ):
-    """The scanned ``BarFileSource`` of ``path`` (bad rows reported on stderr) and
-    the interval to label its bars with.
+    """The scanned ``BarFileSource`` of ``path`` (bad rows reported on stderr; with
+    ``ohlc_columns``, bars with OHLC) and the interval to label its bars with.
 
     The interval is ``interval`` when given (refused when the bars' spacing says
     otherwise), else inferred from the spacing of the first rows (on ``--resume``: the
@@ -242,7 +218,7 @@ def bar_source(
         source = BarFileSource(
             path, symbol_column=columns["symbol"], time_column=columns["time"],
             close_column=columns["close"], symbol=symbol, time_unit=time_unit,
-            warmup_bars=warmup, **stream_options,
+            warmup_bars=warmup, ohlc_columns=ohlc_columns, **stream_options,
         )  # fmt: skip
     except InputError as exc:
         raise RunError(str(exc)) from None
@@ -292,10 +268,12 @@ def tick_bars(
     symbol: str | None,
     time_unit: str = "auto",
     strict: bool = False,
+    ohlc: bool = False,
     **columns,
 ):
-    """Ticks of ``path`` aggregated to a ``BarTable`` of ``interval`` bars (in memory);
-    rejected rows are reported (``strict``: any one stops the run)."""
+    """Ticks of ``path`` aggregated to a ``BarTable`` of ``interval`` bars (in memory;
+    ``ohlc``: a ``TableBars`` whose bars carry each interval's open, high, low and
+    close); rejected rows are reported (``strict``: any one stops the run)."""
     try:
         ticks = load_ticks(path, symbol=symbol, time_unit=time_unit, **columns)
     except InputError as exc:  # unreadable damage: one line, exit 2
@@ -311,4 +289,5 @@ def tick_bars(
         f"{len(ticks.names)} symbols (empty intervals: {empty})"
         + (f"; dropped ticks: {bad}" if bad else "")
     )
-    return bars.to_bar_table()
+    table = bars.to_bar_table()
+    return TableBars(table, ohlc=bars.time_major_ohlc()) if ohlc else table

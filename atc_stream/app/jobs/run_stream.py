@@ -10,7 +10,7 @@ from pathlib import Path
 from atc_stream.app.console import OptionError, RunError, err, log_warnings, param_sets_option
 from atc_stream.app.durability import Durability, check_backend
 from atc_stream.app.extras import require
-from atc_stream.app.paper import DEFAULT_COLUMNS, check_paper_options, paper_lines
+from atc_stream.app.paper import check_paper_options, paper_lines
 
 
 def run_stream(
@@ -45,9 +45,7 @@ def run_stream(
     log_warnings()
     check_backend(backend)
     param_sets = param_sets_option(params)
-    paper = check_paper_options(
-        strategies, trades=None, positions=None, ticks=None, warmup=0, columns=DEFAULT_COLUMNS
-    )
+    paper = check_paper_options(strategies, trades=None, positions=None)
     durability = Durability(
         redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
         snapshot_every=snapshot_every, resume=resume, publish=publish,
