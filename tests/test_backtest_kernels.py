@@ -342,6 +342,10 @@ def test_interleaved_symbols_are_split_by_symbol():
         (lambda b: b["close"].__setitem__(8, b["low"][8] * 0.99), "row 8 .*close .* outside"),
         (lambda b: b["low"].__setitem__(3, np.nan), "row 3 .*low nan is not a finite price"),
         (lambda b: b["close"].__setitem__(4, -1.0), "row 4 .*close -1.0 is not a finite"),
+        (
+            lambda b: (b["open"].__setitem__(9, np.inf), b["close"].__setitem__(6, 1e9)),
+            "row 6 .*close 1000000000.0 is outside",
+        ),  # the first bad row, not the first check
         (lambda b: b["time"].__setitem__(9, b["time"][8]), "row 9 .*repeats .* row 8"),
         (lambda b: b["time"].__setitem__(9, b["time"][2]), "row 9 .*is before"),
     ],

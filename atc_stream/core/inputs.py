@@ -452,3 +452,17 @@ def bad_ohlc(o: np.ndarray, h: np.ndarray, lo: np.ndarray, c: np.ndarray) -> np.
         positive = (o > 0) & (h > 0) & (lo > 0) & (c > 0)
         inside = (lo <= h) & (lo <= o) & (o <= h) & (lo <= c) & (c <= h)
     return ~(finite & positive & inside)
+
+
+def ohlc_problem(o: float, h: float, lo: float, c: float) -> str:
+    """The first check of :func:`bad_ohlc` that a bar it refuses fails, in words."""
+    o, h, lo, c = float(o), float(h), float(lo), float(c)
+    for name, value in (("open", o), ("high", h), ("low", lo), ("close", c)):
+        if not (np.isfinite(value) and value > 0):
+            return f"{name} {value!r} is not a finite price > 0"
+    if h < lo:
+        return f"high {h!r} < low {lo!r}"
+    where = f"[low {lo!r}, high {h!r}]"
+    if not lo <= o <= h:
+        return f"open {o!r} is outside {where}"
+    return f"close {c!r} is outside {where}"
