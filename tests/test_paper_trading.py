@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from short_params import SHORT
 
 from atc_stream import ATCParams, Engine, Strategy, backtest
 from atc_stream.core.backtest_result import TRADE_COLUMNS
@@ -22,10 +23,6 @@ from atc_stream.state.snapshot import FORMAT_VERSION, decode_snapshot
 
 BASE_TIME = 1_700_000_000_000
 BAR_MS = 60_000
-SHORT = ATCParams(
-    ema_len=6, hma_len=7, wma_len=5, dema_len=6, lsma_len=8, kama_len=5,
-    robustness="Narrow", La=0.05, De=0.1, cutout=3,
-)  # fmt: skip
 PARAMS = [
     SHORT,
     ATCParams(
