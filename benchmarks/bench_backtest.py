@@ -24,6 +24,10 @@ once untimed first):
     where the rules coincide).
 (c) ``atc-stream sweep`` of ``SWEEP_SYMBOLS`` symbols x 100 parameter sets (25 ATC sets
     x 4 strategies) on a Parquet file, wall time of a fresh process, default options.
+(d) paper trading: ``Engine.step`` of one OHLC bar for each of 1,000 symbols (default
+    ``ATCParams``, the strategy above) given as a pandas DataFrame, an Arrow table and the
+    same rows as ``(symbol, time, open, high, low, close)`` tuples; one engine per form,
+    the forms alternate bar by bar, the inputs are built before the clock starts.
 """
 
 from __future__ import annotations
@@ -129,6 +133,10 @@ def timed(paths: dict[str, Callable[[], object]], repeats: int) -> dict[str, lis
     return samples
 
 
+def duration(seconds: float) -> str:
+    return f"{seconds:.3f} s" if seconds >= 1 else f"{seconds * 1e3:.2f} ms"
+
+
 def table(title: str, samples: dict[str, list[float]], units: float, unit: str) -> None:
     print(f"\n### {title}\n")
     print(f"load average: {' / '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
@@ -138,7 +146,7 @@ def table(title: str, samples: dict[str, list[float]], units: float, unit: str) 
     for name, values in samples.items():
         med = statistics.median(values)
         print(
-            f"| {name} | {med:.3f} s | {min(values):.3f}-{max(values):.3f} s | "
+            f"| {name} | {duration(med)} | {duration(min(values))}-{duration(max(values))} | "
             f"{units / med:,.0f} {unit} ({med / units * 1e9:.0f} ns each) | {med / base:.3f} |"
         )
     sys.stdout.flush()
@@ -172,11 +180,54 @@ def sweep_wall_time(symbols: int, bars: int, repeats: int) -> list[float]:
         return walls[1:]  # the first run may compile the kernels into the cache
 
 
+def paper_step_samples(symbols: int, steps: int) -> dict[str, list[float]]:
+    """Seconds of each ``Engine.step`` of one bar per symbol, per input form (the first
+    bar untimed: it compiles)."""
+    import pandas as pd
+    import pyarrow as pa
+
+    from atc_stream import Engine
+
+    ohlc = random_ohlc(symbols, steps + 1, seed=11)
+    names = [f"S{i:04d}" for i in range(symbols)]
+
+    def rows(j: int) -> list[tuple]:
+        time_ms = T0 + MINUTE * j
+        prices = [ohlc[k][:, j].tolist() for k in ("open", "high", "low", "close")]
+        return [(s, time_ms, *p) for s, *p in zip(names, *prices, strict=True)]
+
+    def table_of(j: int) -> dict[str, object]:
+        prices = {k: ohlc[k][:, j].copy() for k in ("open", "high", "low", "close")}
+        return {"symbol": names, "time": np.full(symbols, T0 + MINUTE * j), **prices}
+
+    forms: dict[str, Callable[[int], object]] = {
+        "pandas DataFrame": lambda j: pd.DataFrame(table_of(j)),
+        "Arrow table": lambda j: pa.table(table_of(j)),
+        "tuples": rows,
+    }
+    engines = {}
+    for name in forms:
+        engines[name] = Engine(ATCParams(), backend="cpu", strategies=[STRATEGY])
+        for symbol in names:
+            engines[name].add_symbol(symbol)
+    inputs = {name: [make(j) for j in range(steps + 1)] for name, make in forms.items()}
+    samples: dict[str, list[float]] = {name: [] for name in forms}
+    order = list(forms)
+    for j in range(steps + 1):
+        for name in order[j % len(order) :] + order[: j % len(order)]:
+            t0 = time.perf_counter()
+            result = engines[name].step(inputs[name][j])
+            if j:
+                samples[name].append(time.perf_counter() - t0)
+            assert not result.rejected, result.rejected[:3]
+    return samples
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (< 1 min)")
     parser.add_argument("--repeats", type=int, default=3, help="timed samples per path")
-    parser.add_argument("--skip", default="", help="sections to skip: a,b,c")
+    parser.add_argument("--skip", default="", help="sections to skip: a,b,c,d")
     args = parser.parse_args(argv)
     skip = set(args.skip.split(","))
     streams, bars = (100, 1000) if args.quick else (1000, 5000)
@@ -224,6 +275,14 @@ def main(argv: list[str] | None = None) -> int:
             {"atc-stream sweep (wall)": walls},
             sweep_symbols * 100 * sweep_bars,
             "stream-bars/s",
+        )
+    if "d" not in skip:
+        steps = 20 if args.quick else 100
+        table(
+            f"(d) paper trading: `Engine.step` of a 1,000-row OHLC bar table, {steps} steps",
+            paper_step_samples(1000, steps),
+            1000,
+            "rows/s",
         )
     return 0
 

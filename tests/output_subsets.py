@@ -6,21 +6,18 @@ same column of an engine that returns all outputs, bit for bit and in the narrow
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
+from short_params import SHORT, SHORT_UNCUT
 
 from atc_stream.core import schema
-from atc_stream.core.params import ATCParams
 from atc_stream.engine.engine import Engine
 
-SMALL = ATCParams(
-    ema_len=6, hma_len=7, wma_len=5, dema_len=6, lsma_len=8, kama_len=5,
-    robustness="Narrow", La=0.05, De=0.1, cutout=3,
-    ema_w=1.5, kama_w=0.5, cut=0.3, long_threshold=0.02, short_threshold=-0.02,
-)  # fmt: skip
-SMALL2 = ATCParams(
-    ema_len=9, hma_len=5, wma_len=8, dema_len=5, lsma_len=6, kama_len=10,
-    robustness="Narrow", La=0.03, cutout=0,
-)  # fmt: skip
+#: ``SHORT`` with weights, cut and thresholds off their defaults
+SHORT_WEIGHTED = replace(
+    SHORT, ema_w=1.5, kama_w=0.5, cut=0.3, long_threshold=0.02, short_threshold=-0.02
+)
 
 #: subsets checked: the default, each group alone, mixes, none, and all
 SUBSETS = [
@@ -43,7 +40,7 @@ def drive(backend: str, outputs) -> list:
     closes = _closes()
     t = T0 + BAR * np.arange(N_BARS, dtype=np.int64)
     names = [f"S{i}" for i in range(N_STREAMS)]
-    eng = Engine([SMALL, SMALL2], backend=backend, capacity=2, outputs=outputs)
+    eng = Engine([SHORT_WEIGHTED, SHORT_UNCUT], backend=backend, capacity=2, outputs=outputs)
     results = [eng.warmup({s: (t[:WARM], closes[i, :WARM]) for i, s in enumerate(names)})]
     nxt = [WARM] * N_STREAMS  # the next bar of each stream
 

@@ -11,6 +11,7 @@ import pytest
 from golden_data import load_golden_cases
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from short_params import SHORT
 
 from atc_stream import ATCParams, BacktestResult, Strategy, backtest
 from atc_stream.core.reference_backtest import backtest_reference, backtest_series
@@ -20,10 +21,6 @@ from atc_stream.state import strategy_layout as SL
 
 BASE_TIME = 1_700_000_000_000
 BAR_MS = 60_000
-SHORT = ATCParams(
-    ema_len=6, hma_len=7, wma_len=5, dema_len=6, lsma_len=8, kama_len=5,
-    robustness="Narrow", La=0.05, De=0.1, cutout=3,
-)  # fmt: skip
 STRATEGIES = [
     Strategy(),
     Strategy(direction="long_only", fee_bps=10, slippage_bps=5),
@@ -342,6 +339,10 @@ def test_interleaved_symbols_are_split_by_symbol():
         (lambda b: b["close"].__setitem__(8, b["low"][8] * 0.99), "row 8 .*close .* outside"),
         (lambda b: b["low"].__setitem__(3, np.nan), "row 3 .*low nan is not a finite price"),
         (lambda b: b["close"].__setitem__(4, -1.0), "row 4 .*close -1.0 is not a finite"),
+        (
+            lambda b: (b["open"].__setitem__(9, np.inf), b["close"].__setitem__(6, 1e9)),
+            "row 6 .*close 1000000000.0 is outside",
+        ),  # the first bad row, not the first check
         (lambda b: b["time"].__setitem__(9, b["time"][8]), "row 9 .*repeats .* row 8"),
         (lambda b: b["time"].__setitem__(9, b["time"][2]), "row 9 .*is before"),
     ],

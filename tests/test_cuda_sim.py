@@ -17,10 +17,12 @@ equal_nan=True)``: equal values, NaN at the same places.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from golden_data import load_golden_cases
+from short_params import SHORT, SHORT_UNCUT
 
 from atc_stream.core import output_row
 from atc_stream.core.params import FAMILIES, ATCParams
@@ -40,15 +42,10 @@ pytestmark = [
 BASE_TIME = 1_700_000_000_000
 BAR_MS = 60_000
 
-SHORT = ATCParams(
-    ema_len=6, hma_len=7, wma_len=5, dema_len=6, lsma_len=8, kama_len=5,
-    robustness="Narrow", La=0.05, De=0.1, cutout=3,
-    ema_w=1.5, kama_w=0.5, cut=0.3, long_threshold=0.05, short_threshold=-0.05,
-)  # fmt: skip
-SHORT2 = ATCParams(
-    ema_len=9, hma_len=5, wma_len=8, dema_len=5, lsma_len=6, kama_len=10,
-    robustness="Narrow", La=0.03, cutout=0,
-)  # fmt: skip
+#: ``SHORT_WEIGHTED`` with weights, cut and thresholds off their defaults
+SHORT_WEIGHTED = replace(
+    SHORT, ema_w=1.5, kama_w=0.5, cut=0.3, long_threshold=0.05, short_threshold=-0.05
+)
 LONGER = ATCParams(
     ema_len=12, hma_len=12, wma_len=12, dema_len=12, lsma_len=12, kama_len=12,
     robustness="Wide",
@@ -97,10 +94,13 @@ def cuda_mod():
 
 
 def test_backend_choice_under_the_simulator(cuda_mod):
-    assert type(Engine(SHORT, backend="cuda", outputs="all").backend) is cuda_mod.CudaBackend
+    assert (
+        type(Engine(SHORT_WEIGHTED, backend="cuda", outputs="all").backend) is cuda_mod.CudaBackend
+    )
     # auto never picks the simulator, whatever the size
     assert (
-        type(Engine(SHORT, backend="auto", capacity=10**5, outputs="all").backend) is cpu.CpuBackend
+        type(Engine(SHORT_WEIGHTED, backend="auto", capacity=10**5, outputs="all").backend)
+        is cpu.CpuBackend
     )
     with pytest.raises(ValueError, match="warmup_state"):
         cuda_mod.CudaBackend(StateStore(), warmup_state="registers")
@@ -158,7 +158,7 @@ def test_growth_table_is_the_cpu_growth_factor(cuda_mod):
     from atc_stream.kernels.cuda_host import growth_table
 
     store = StateStore()
-    for p in (ATCParams(), SHORT, ATCParams(La=0.37, cutout=17)):
+    for p in (ATCParams(), SHORT_WEIGHTED, ATCParams(La=0.37, cutout=17)):
         store.add_params(p)
     table = growth_table(store.params.lengths, store.params.values, 3000)
     for row, p in enumerate(store.params.params):
@@ -200,7 +200,7 @@ def drive(backend, closes, params, *, warm=40, extra_ops=True):
 
 def test_random_streams_mixed_params_cuda_equals_cpu():
     closes = walks(4, 100, seed=3)
-    params = [ATCParams(), SHORT, SHORT2]
+    params = [ATCParams(), SHORT_WEIGHTED, SHORT_UNCUT]
     got, eng_cuda = drive("cuda", closes, params)
     ref, eng_cpu = drive("cpu", closes, params)
     assert len(got) == len(ref)
@@ -218,8 +218,8 @@ def test_backend_step_rounds_and_rejected_rows(cuda_mod):
     stores = []
     for _ in range(2):
         store = StateStore(8)
-        store.add_params(SHORT)
-        store.add_params(SHORT2)
+        store.add_params(SHORT_WEIGHTED)
+        store.add_params(SHORT_UNCUT)
         for k in range(5):
             store.allocate(k % 2)
         stores.append(store)
@@ -256,8 +256,8 @@ def test_backend_step_rounds_and_rejected_rows(cuda_mod):
 def test_preview_leaves_state_untouched_and_equals_the_step():
     closes = walks(3, 50, seed=5)
     t = times_of(51)
-    eng = Engine([SHORT, SHORT2], backend="cuda", outputs="all")
-    ref = Engine([SHORT, SHORT2], backend="cpu", outputs="all")
+    eng = Engine([SHORT_WEIGHTED, SHORT_UNCUT], backend="cuda", outputs="all")
+    ref = Engine([SHORT_WEIGHTED, SHORT_UNCUT], backend="cpu", outputs="all")
     hist = {f"S{i}": (t[:50], closes[i]) for i in range(3)}
     eng.warmup(hist)
     ref.warmup(hist)
@@ -280,7 +280,7 @@ def test_warmup_then_step_equals_longer_warmup(cuda_mod, warmup_state):
     t = times_of(90)
 
     def engine():
-        eng = Engine([SHORT, LONGER], backend="cuda", outputs="all")
+        eng = Engine([SHORT_WEIGHTED, LONGER], backend="cuda", outputs="all")
         eng.backend.warmup_state = warmup_state
         return eng
 
@@ -291,7 +291,7 @@ def test_warmup_then_step_equals_longer_warmup(cuda_mod, warmup_state):
     last_b = b.warmup({f"S{i}": (t, closes[i]) for i in range(3)})
     assert_same(last_a.outputs, last_b.outputs, "last bar")
     assert_same_state(a, b)
-    cpu_eng = Engine([SHORT, LONGER], backend="cpu", outputs="all")
+    cpu_eng = Engine([SHORT_WEIGHTED, LONGER], backend="cpu", outputs="all")
     on_cpu = cpu_eng.warmup({f"S{i}": (t, closes[i]) for i in range(3)})
     assert_same(on_cpu.outputs, last_b.outputs, "cpu")
     assert_same_state(b, cpu_eng)
@@ -305,7 +305,7 @@ def test_warmup_ragged_histories_record_all(cuda_mod):
     outs = []
     for backend_cls in (cpu.CpuBackend, cuda_mod.CudaBackend):
         store = StateStore(4)
-        store.add_params(SHORT)
+        store.add_params(SHORT_WEIGHTED)
         slots = np.array([store.allocate(0) for _ in range(4)])
         outs.append((backend_cls(store).warmup(slots, t, closes, counts, True), store))
     assert_same(outs[1][0], outs[0][0], "outputs")
@@ -321,8 +321,8 @@ def test_move_cpu_cuda_cpu_keeps_results():
     closes = walks(3, 80, seed=17)
     t = times_of(80)
     hist = {f"S{i}": (t[:40], closes[i, :40]) for i in range(3)}
-    moving = Engine([SHORT, SHORT2], backend="cpu", outputs="all")
-    staying = Engine([SHORT, SHORT2], backend="cpu", outputs="all")
+    moving = Engine([SHORT_WEIGHTED, SHORT_UNCUT], backend="cpu", outputs="all")
+    staying = Engine([SHORT_WEIGHTED, SHORT_UNCUT], backend="cpu", outputs="all")
     moving.warmup(hist)
     staying.warmup(hist)
     for j in range(40, 80):
@@ -338,7 +338,7 @@ def test_move_cpu_cuda_cpu_keeps_results():
 
 
 def test_move_to_unavailable_backend_keeps_the_engine():
-    eng = Engine(SHORT, backend="cuda", outputs="all")
+    eng = Engine(SHORT_WEIGHTED, backend="cuda", outputs="all")
     with pytest.raises(ValueError, match="backend must be"):
         eng.move_to("tpu")
     assert eng.backend.name == "cuda"
@@ -350,7 +350,7 @@ def test_streams_and_params_added_while_live():
     t = times_of(60)
 
     def run(backend):
-        eng = Engine(SHORT, backend=backend, capacity=4, outputs="all")
+        eng = Engine(SHORT_WEIGHTED, backend=backend, capacity=4, outputs="all")
         outs = [eng.warmup({f"S{i}": (t[:20], closes[i, :20]) for i in range(3)}).outputs]
         active = [0, 1, 2]
         for j in range(20, 60):
@@ -397,7 +397,9 @@ def test_step_plan_cache_m1_shuffled_slots_and_one_row_store(cuda_mod):
     """
     closes = walks(6, 60, seed=11)
     t = times_of(60)
-    engines = [Engine(SHORT, backend=b, capacity=1, outputs="all") for b in ("cuda", "cpu")]
+    engines = [
+        Engine(SHORT_WEIGHTED, backend=b, capacity=1, outputs="all") for b in ("cuda", "cpu")
+    ]
     cuda_backend = engines[0].backend
     cuda_backend.warmup_memory_budget = 1  # one stream per warmup chunk
     for eng in engines:
@@ -426,7 +428,7 @@ def test_step_plan_cache_m1_shuffled_slots_and_one_row_store(cuda_mod):
 
 def test_threads_per_block_is_a_checked_parameter(cuda_mod):
     store = StateStore(4)
-    store.add_params(SHORT)
+    store.add_params(SHORT_WEIGHTED)
     for bad in (0, 48, 2048, 64.0):
         with pytest.raises(ValueError, match="threads_per_block"):
             cuda_mod.CudaBackend(store, threads_per_block=bad)
@@ -437,7 +439,7 @@ def test_requested_outputs_subset_cuda_equals_cpu():
     """Only the requested columns come back (the rest NaN), equal to the CPU's."""
     closes = walks(3, 40, seed=13)
     t = times_of(41)
-    engines = [Engine(SHORT, backend=b, outputs="all") for b in ("cuda", "cpu")]
+    engines = [Engine(SHORT_WEIGHTED, backend=b, outputs="all") for b in ("cuda", "cpu")]
     for eng in engines:
         eng.warmup({f"S{i}": (t[:30], closes[i, :30]) for i in range(3)})
         eng.request_outputs("signal", "events")
@@ -487,7 +489,7 @@ def test_requested_output_subsets_cuda_equal_all_cpu_outputs(outputs, full_outpu
 def test_only_the_requested_columns_are_packed(cuda_mod):
     from atc_stream.core import schema
 
-    eng = Engine(SHORT, backend="cuda", outputs=("signal", "events"))
+    eng = Engine(SHORT_WEIGHTED, backend="cuda", outputs=("signal", "events"))
     t = times_of(12)
     eng.warmup({"A": (t[:10], walks(1, 10, seed=1)[0])})
     eng.step([("A", int(t[10]), 101.0)])
@@ -507,7 +509,8 @@ def test_async_steps_double_buffered_equal_the_cpu(cuda_mod):
     in between; every result equals the CPU's synchronous one."""
     closes = walks(3, 40, seed=21)
     t = times_of(40)
-    engines = [Engine([SHORT, SHORT2], backend=b, outputs=("signal", "events", "layers"))
+    outputs = ("signal", "events", "layers")
+    engines = [Engine([SHORT_WEIGHTED, SHORT_UNCUT], backend=b, outputs=outputs)
                for b in ("cuda", "cpu")]  # fmt: skip
     for eng in engines:
         eng.warmup({f"S{i}": (t[:20], closes[i, :20]) for i in range(3)})
@@ -547,10 +550,10 @@ def test_cuda_graph_falls_back_with_one_warning_under_the_simulator(cuda_mod, ca
     closes = walks(2, 30, seed=4)
     t = times_of(30)
     with caplog.at_level("WARNING", logger="atc_stream"):
-        eng = Engine(SHORT, backend="cuda", cuda_graph=True, outputs="all")
+        eng = Engine(SHORT_WEIGHTED, backend="cuda", cuda_graph=True, outputs="all")
     warned = [r for r in caplog.records if "CUDA graphs need CuPy" in r.getMessage()]
     assert len(warned) == 1 and eng.backend.graphs is None and eng.cuda_graph
-    ref = Engine(SHORT, backend="cpu", outputs="all")
+    ref = Engine(SHORT_WEIGHTED, backend="cpu", outputs="all")
     for e in (eng, ref):
         e.warmup({f"S{i}": (t[:25], closes[i, :25]) for i in range(2)})
     for j in range(25, 28):

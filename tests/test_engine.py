@@ -7,11 +7,10 @@ import logging
 import numpy as np
 import pytest
 from parity_helpers import assert_bit_identical, reference_outputs
+from short_params import SHORT_8
 
 from atc_stream import ATCParams, Engine, compute
 from atc_stream.state.layout import GROWTH
-
-SHORT = ATCParams(ema_len=8, hma_len=8, wma_len=8, dema_len=8, lsma_len=8, kama_len=8)
 
 
 def walk(seed: int, n: int) -> np.ndarray:
@@ -44,7 +43,7 @@ def assert_same_state(a, b):
 
 def test_streams_added_later_removed_and_readded_do_not_disturb_others():
     a, b = walk(1, 150), walk(2, 150)
-    engine = Engine(SHORT, backend="cpu", capacity=1, outputs="all")
+    engine = Engine(SHORT_8, backend="cpu", capacity=1, outputs="all")
     engine.add_symbol("A")
     got = list(feed(engine, "A", a[:50]))
     engine.add_symbol("B")  # forces capacity growth while A holds state
@@ -61,12 +60,12 @@ def test_streams_added_later_removed_and_readded_do_not_disturb_others():
         res = engine.step([("B", t, float(b[t])), ("A", t, float(a[t]))])
         b_rows.append(res.outputs[0])
         got.append(res.outputs[1])
-    assert_bit_identical(np.array(got), reference_outputs(compute(a, SHORT)), "A")
-    assert_bit_identical(np.array(b_rows), reference_outputs(compute(b[100:], SHORT)), "B again")
+    assert_bit_identical(np.array(got), reference_outputs(compute(a, SHORT_8)), "A")
+    assert_bit_identical(np.array(b_rows), reference_outputs(compute(b[100:], SHORT_8)), "B again")
 
 
 def test_parameter_sweep_fans_out_one_bar_to_every_parameter_set():
-    sets = [SHORT, ATCParams(), ATCParams(robustness="Wide", cutout=20)]
+    sets = [SHORT_8, ATCParams(), ATCParams(robustness="Wide", cutout=20)]
     engine = Engine(sets, backend="cpu", outputs="all")
     engine.add_symbol("X")
     closes = walk(3, 120)
@@ -81,7 +80,7 @@ def test_parameter_sweep_fans_out_one_bar_to_every_parameter_set():
 
 
 def test_a_bad_input_fanned_out_to_several_parameter_sets_counts_once():
-    engine = Engine([SHORT, ATCParams()], backend="cpu", outputs="all")
+    engine = Engine([SHORT_8, ATCParams()], backend="cpu", outputs="all")
     engine.add_symbol("X")
     res = engine.step([("X", 0, float("nan")), ("X", 1, 10.0), ("X", 1, 11.0)])
     assert [(r.index, r.reason) for r in res.rejected] == [
@@ -94,7 +93,7 @@ def test_a_bad_input_fanned_out_to_several_parameter_sets_counts_once():
 
 def test_adding_a_longer_parameter_set_later_keeps_existing_streams_exact():
     closes = walk(4, 200)
-    engine = Engine(SHORT, backend="cpu", outputs="all")
+    engine = Engine(SHORT_8, backend="cpu", outputs="all")
     engine.add_symbol("X")
     got = list(feed(engine, "X", closes[:100]))
     ring_before = engine.store.ring_capacity
@@ -106,7 +105,7 @@ def test_adding_a_longer_parameter_set_later_keeps_existing_streams_exact():
         res = engine.step([("X", t, float(closes[t]))])
         got.append(res.outputs[0])
         longer.append(res.outputs[1])
-    assert_bit_identical(np.array(got), reference_outputs(compute(closes, SHORT)), "short")
+    assert_bit_identical(np.array(got), reference_outputs(compute(closes, SHORT_8)), "short")
     assert_bit_identical(
         np.array(longer), reference_outputs(compute(closes[100:], ATCParams(ema_len=60))), "long"
     )
@@ -114,7 +113,7 @@ def test_adding_a_longer_parameter_set_later_keeps_existing_streams_exact():
 
 def test_preview_never_changes_state_and_matches_step():
     closes = walk(5, 80)
-    engine = Engine(SHORT, backend="cpu", outputs="all")
+    engine = Engine(SHORT_8, backend="cpu", outputs="all")
     engine.warmup({"X": (np.arange(60), closes[:60])})
     before = snapshot_of(engine, "X")
     previews = engine.preview([("X", 60, 99.0), ("X", 60, 101.5), ("X", 61, float(closes[60]))])
@@ -138,7 +137,7 @@ def test_stream_state_reports_position_and_growth():
 
 @pytest.fixture
 def warm_engine():
-    engine = Engine(SHORT, backend="cpu", outputs="all")
+    engine = Engine(SHORT_8, backend="cpu", outputs="all")
     engine.warmup({"A": (np.arange(30), walk(7, 30)), "B": (np.arange(30), walk(8, 30))})
     return engine
 
@@ -164,7 +163,7 @@ def warm_engine():
 )
 def test_each_bad_input_is_rejected_counted_and_the_rest_applies(warm_engine, bad, reason, caplog):
     engine = warm_engine
-    reference = Engine(SHORT, backend="cpu", outputs="all")
+    reference = Engine(SHORT_8, backend="cpu", outputs="all")
     reference.warmup({"B": (np.arange(30), walk(8, 30))})
     expected = reference.step([("B", 30, 100.0)]).outputs
     a_before = snapshot_of(engine, "A")
@@ -198,13 +197,13 @@ def test_bad_bars_in_warmup_history_are_skipped_and_counted():
     dirty = closes.copy()
     dirty[[10, 20]] = [np.nan, -1.0]
     times = np.arange(50)
-    engine = Engine(SHORT, backend="cpu", outputs="all")
+    engine = Engine(SHORT_8, backend="cpu", outputs="all")
     res = engine.warmup({"X": (times, dirty), "Y": ("not", "arrays")})
     assert engine.rejections["non_finite_close"] == 1
     assert engine.rejections["non_positive_close"] == 1
     assert engine.rejections["bad_history"] == 1
     keep = np.isfinite(dirty) & (dirty > 0)
-    expected = reference_outputs(compute(closes[keep], SHORT))[-1]
+    expected = reference_outputs(compute(closes[keep], SHORT_8))[-1]
     assert_bit_identical(res.outputs[0], expected, "clean part applied")
 
 
@@ -280,7 +279,7 @@ def test_steady_slot_set_shortcut_equals_full_planning():
     n, bars = 6, 40
     closes = np.round(100 * np.exp(np.cumsum(rng.normal(0, 0.01, (n, bars)), 1)), 2)
     t = 1_700_000_000_000 + 60_000 * np.arange(bars, dtype=np.int64)
-    fast, full = (Engine(SHORT, backend="cpu", outputs="all") for _ in range(2))
+    fast, full = (Engine(SHORT_8, backend="cpu", outputs="all") for _ in range(2))
     for eng in (fast, full):
         eng.warmup({f"S{i}": (t[:10], closes[i, :10]) for i in range(n)})
     order = rng.permutation(n)
@@ -322,7 +321,7 @@ def test_cpu_backend_satisfies_the_backend_protocol():
     from atc_stream.state.arrays import StateStore
 
     assert isinstance(CpuBackend(StateStore()), Backend)
-    assert isinstance(Engine(SHORT, backend="cpu").backend, Backend)
+    assert isinstance(Engine(SHORT_8, backend="cpu").backend, Backend)
     assert not isinstance(object(), Backend)  # the check can fail
 
 
@@ -347,12 +346,12 @@ def test_cuda_backend_class_defines_every_backend_member_with_its_signature():
 
 
 def test_cpu_step_outputs_async_is_ready_and_equals_step_outputs():
-    engine = Engine(SHORT, backend="cpu", outputs="all")
+    engine = Engine(SHORT_8, backend="cpu", outputs="all")
     closes = walk(5, 40)
     engine.warmup({"A": (np.arange(30), closes[:30])})
     slots = engine.slots_of("A")
     args = (slots, np.array([30]), closes[30:31], np.array([0]), np.array([0, 1]))
-    other = Engine(SHORT, backend="cpu", outputs="all")
+    other = Engine(SHORT_8, backend="cpu", outputs="all")
     other.warmup({"A": (np.arange(30), closes[:30])})
     pending = engine.backend.step_outputs_async(*args, engine.outputs)
     fields = other.backend.step_outputs(*args, other.outputs)

@@ -9,11 +9,11 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 from parity_helpers import assert_bit_identical
+from short_params import SHORT_8
 
 from atc_stream import ATCParams, Engine, StreamKey, UnknownStreamError, compute
 from atc_stream.core.inputs import detect_epoch_unit, times_to_ms
 
-SHORT = ATCParams(ema_len=8, hma_len=8, wma_len=8, dema_len=8, lsma_len=8, kama_len=8)
 T0_MS = 1_700_000_040_000  # a whole minute, epoch ms
 N = 60
 TIMES_MS = T0_MS + 60_000 * np.arange(N, dtype=np.int64)
@@ -28,7 +28,7 @@ CLOSES = {"AAA": walk(1), "BBB": walk(2)}
 
 
 def plain_warmup() -> tuple[Engine, object]:
-    eng = Engine(SHORT, backend="cpu", outputs="all")
+    eng = Engine(SHORT_8, backend="cpu", outputs="all")
     res = eng.warmup({s: (TIMES_MS, c) for s, c in CLOSES.items()})
     return eng, res
 
@@ -68,9 +68,9 @@ TIME_FORMS = {
 
 def test_compute_series_with_datetimeindex_returns_dataframe_on_its_index():
     closes = CLOSES["AAA"]
-    plain = compute(closes, SHORT)
+    plain = compute(closes, SHORT_8)
     index = pd.DatetimeIndex(TIME_FORMS["tz-aware Tokyo"], name="open_time")
-    frame = compute(pd.Series(closes, index=index), SHORT)
+    frame = compute(pd.Series(closes, index=index), SHORT_8)
     assert isinstance(frame, pd.DataFrame)
     assert frame.index.equals(index)
     assert list(frame.columns) == list(plain)
@@ -86,9 +86,9 @@ def test_compute_series_with_datetimeindex_returns_dataframe_on_its_index():
 def test_compute_series_with_any_index_keeps_it():
     closes = CLOSES["BBB"]
     index = pd.Index([f"row{i}" for i in range(N)])
-    frame = compute(pd.Series(closes, index=index), SHORT)
+    frame = compute(pd.Series(closes, index=index), SHORT_8)
     assert frame.index.equals(index)
-    assert_bit_identical(frame["signal"].to_numpy(), compute(closes, SHORT)["signal"], "signal")
+    assert_bit_identical(frame["signal"].to_numpy(), compute(closes, SHORT_8)["signal"], "signal")
 
 
 @pytest.mark.parametrize(
@@ -96,18 +96,18 @@ def test_compute_series_with_any_index_keeps_it():
 )
 def test_compute_list_and_arrow_equal_numpy(form):
     closes = CLOSES["AAA"]
-    plain = compute(closes, SHORT)
-    got = compute(form(list(closes)) if form is list else form(closes), SHORT)
+    plain = compute(closes, SHORT_8)
+    got = compute(form(list(closes)) if form is list else form(closes), SHORT_8)
     for name in ("signal", "ema_equity", "kama_signal", "long", "short", "ready"):
         assert_bit_identical(got[name], plain[name], name)
 
 
 def test_compute_times_argument_in_any_unit():
     closes = CLOSES["AAA"]
-    got = compute(closes, SHORT, times=TIMES_MS // 1000, time_unit="s")
+    got = compute(closes, SHORT_8, times=TIMES_MS // 1000, time_unit="s")
     np.testing.assert_array_equal(got["time"], TIMES_MS)
     with pytest.raises(ValueError, match="one entry per close"):
-        compute(closes, SHORT, times=TIMES_MS[:-1])
+        compute(closes, SHORT_8, times=TIMES_MS[:-1])
 
 
 def test_compute_rejects_missing_closes_from_pandas_and_arrow():
@@ -124,20 +124,20 @@ def test_compute_rejects_missing_closes_from_pandas_and_arrow():
 def test_warmup_dict_of_series(form, expected):
     times = TIME_FORMS[form]
     history = {s: pd.Series(c, index=pd.DatetimeIndex(times)) for s, c in CLOSES.items()}
-    eng = Engine(SHORT, backend="cpu", outputs="all")
+    eng = Engine(SHORT_8, backend="cpu", outputs="all")
     assert_same_result(eng.warmup(history), expected[0], form)
 
 
 @pytest.mark.parametrize("form", sorted(TIME_FORMS))
 def test_warmup_long_dataframe(form, expected):
-    eng = Engine(SHORT, backend="cpu", outputs="all")
+    eng = Engine(SHORT_8, backend="cpu", outputs="all")
     assert_same_result(eng.warmup(long_frame(list(TIME_FORMS[form]))), expected[0], form)
 
 
 def test_warmup_dataframe_with_renamed_columns_and_datetimeindex(expected):
     frame = long_frame(list(DATETIMES)).rename(columns={"symbol": "ticker", "close": "px"})
     frame = frame.set_index(pd.DatetimeIndex(frame.pop("time")))
-    eng = Engine(SHORT, backend="cpu", outputs="all")
+    eng = Engine(SHORT_8, backend="cpu", outputs="all")
     got = eng.warmup(frame, columns={"symbol": "ticker", "close": "px", "time": "open_time"})
     assert_same_result(got, expected[0], "renamed")
 
@@ -152,9 +152,9 @@ def test_warmup_arrow_table(tz, expected):
             "close": pa.array(frame["close"]),
         }
     )
-    eng = Engine(SHORT, backend="cpu", outputs="all")
+    eng = Engine(SHORT_8, backend="cpu", outputs="all")
     assert_same_result(eng.warmup(table), expected[0], f"arrow tz={tz}")
-    eng = Engine(SHORT, backend="cpu", outputs="all")
+    eng = Engine(SHORT_8, backend="cpu", outputs="all")
     assert_same_result(eng.warmup(table.to_batches()[0]), expected[0], "record batch")
 
 
@@ -165,20 +165,20 @@ def test_warmup_arrow_table(tz, expected):
 def test_warmup_integer_epochs(unit, scale, given, expected):
     ints = (TIMES_MS * scale).astype(np.int64) if scale >= 1 else TIMES_MS // 1000
     history = {s: (ints, c) for s, c in CLOSES.items()}
-    eng = Engine(SHORT, backend="cpu", outputs="all")
+    eng = Engine(SHORT_8, backend="cpu", outputs="all")
     got = eng.warmup(history, time_unit=unit if given else "auto")
     assert_same_result(got, expected[0], f"{unit} {given}")
     frame = long_frame(ints)
-    eng = Engine(SHORT, backend="cpu", outputs="all")
+    eng = Engine(SHORT_8, backend="cpu", outputs="all")
     assert_same_result(eng.warmup(frame, time_unit=unit if given else "auto"), expected[0], unit)
 
 
 def test_warmup_tuples_of_datetime_arrays(expected):
     history = {s: (DATETIMES, pd.Series(c)) for s, c in CLOSES.items()}
-    eng = Engine(SHORT, backend="cpu", outputs="all")
+    eng = Engine(SHORT_8, backend="cpu", outputs="all")
     assert_same_result(eng.warmup(history), expected[0], "DatetimeIndex times")
     history = {s: (list(DATETIMES), list(c)) for s, c in CLOSES.items()}
-    eng = Engine(SHORT, backend="cpu", outputs="all")
+    eng = Engine(SHORT_8, backend="cpu", outputs="all")
     assert_same_result(eng.warmup(history), expected[0], "list of Timestamps")
 
 
@@ -275,7 +275,7 @@ WRONG = {
 @pytest.mark.parametrize("case", sorted(WRONG))
 def test_wrong_history_forms_raise_clearly(case):
     make, message = WRONG[case]
-    eng = Engine(SHORT, backend="cpu", outputs="all")
+    eng = Engine(SHORT_8, backend="cpu", outputs="all")
     with pytest.raises(ValueError, match=message):
         eng.warmup(make())
     assert not eng.rejections and not eng.streams

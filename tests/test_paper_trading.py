@@ -11,19 +11,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from short_params import SHORT
 
 from atc_stream import ATCParams, Engine, Strategy, backtest
 from atc_stream.core.backtest_result import TRADE_COLUMNS
 from atc_stream.core.strategy_outputs import POSITION_COLUMNS, StrategyRows
-from atc_stream.engine.paper import BAD_OHLC, MISSING_OHLC
+from atc_stream.engine.paper import BAD_OHLC, MISSING_OHLC, parse_ohlc_bars
 from atc_stream.state.snapshot import FORMAT_VERSION, decode_snapshot
 
 BASE_TIME = 1_700_000_000_000
 BAR_MS = 60_000
-SHORT = ATCParams(
-    ema_len=6, hma_len=7, wma_len=5, dema_len=6, lsma_len=8, kama_len=5,
-    robustness="Narrow", La=0.05, De=0.1, cutout=3,
-)  # fmt: skip
 PARAMS = [
     SHORT,
     ATCParams(
@@ -211,10 +210,11 @@ def test_bars_without_ohlc_or_with_bad_prices_are_rejected_and_counted(bars):
         ("AAA", t, 102.0, 101.0, 99.0, 100.0),  # open above high
         ("AAA", t, 100.0, 101.0, 99.0, 98.0),  # close below low
         ("AAA", t, float("nan"), 101.0, 99.0, 100.0),  # not finite
+        ("AAA", t, 10**400, 101.0, 99.0, 100.0),  # no float
         ("BBB", t, 100.0, 101.0, 99.0, 100.5),  # good
     ])  # fmt: skip
-    assert [r.reason for r in res.rejected] == [MISSING_OHLC] + [BAD_OHLC] * 4
-    assert eng.rejections[MISSING_OHLC] == 1 and eng.rejections[BAD_OHLC] == 4
+    assert [r.reason for r in res.rejected] == [MISSING_OHLC] + [BAD_OHLC] * 5
+    assert eng.rejections[MISSING_OHLC] == 1 and eng.rejections[BAD_OHLC] == 5
     assert res.symbols == ["BBB", "BBB"]
     assert [s for s in eng.last_bar_times("AAA")] == [None, None]
     arrays = eng.step_arrays(eng.slots_of("AAA"), [t, t], [100.0, 100.0])
@@ -398,6 +398,86 @@ def test_an_arrow_table_with_renamed_price_columns_steps_like_tuples(bars):
 def assert_same_metrics_between(a, b):
     for name, values in a.strategy_metrics().items():
         assert np.array_equal(values, b.strategy_metrics()[name]), name
+
+
+#: rows a strategy engine rejects, each for one reason (the last one for two: the
+#: symbol's check comes first)
+BAD_ROWS = [
+    ("ZZZ", 100.0, 101.0, 99.0, 100.5),  # unknown symbol
+    ("AAA", 100.0, 99.0, 101.0, 100.0),  # high < low
+    ("BBB", 102.0, 101.0, 99.0, 100.0),  # open above high
+    ("AAA", 100.0, 101.0, 99.0, float("nan")),  # not finite
+    ("BBB", float("inf"), 101.0, 99.0, 100.0),  # not finite
+    ("AAA", 100.0, 101.0, -1.0, 100.0),  # not > 0
+    ("", 0.0, 1.0, 2.0, 3.0),  # unknown symbol and bad prices
+]
+
+
+def with_bad_rows(rows):
+    """``rows`` with ``BAD_ROWS`` spread among them, at the time of their neighbours."""
+    out = list(rows)
+    for k, (symbol, *prices) in enumerate(BAD_ROWS):
+        at = (3 * k + 1) % (len(out) + 1)
+        out.insert(at, (symbol, out[min(at, len(out) - 1)][1], *prices))
+    return out
+
+
+@pytest.mark.parametrize("form", ["pandas", "arrow"])
+def test_a_table_steps_like_its_rows_as_tuples_bad_rows_included(bars, form):
+    """The column path of a long table: the same rows, signals, strategy outputs, trades,
+    positions, rejections and counts as the item path of the same bars as tuples."""
+    pa = pytest.importorskip("pyarrow")
+    times = sorted({r[1] for r in bars})
+    chunks = [[r for r in bars if lo <= r[1] < hi] for lo, hi in
+              ((times[0], times[30]), (times[30], times[31]), (times[31], times[90]))]  # fmt: skip
+    a, b = engine(), engine()
+    for chunk in chunks:
+        rows = with_bad_rows(chunk)
+        table = as_table(rows)
+        table["symbol"] = np.array([r[0] for r in rows], dtype=object)
+        frame = pd.DataFrame(table) if form == "pandas" else pa.table(table)
+        got, want = a.step(frame), b.step(rows)
+        assert got.rejected == want.rejected
+        assert {r.reason for r in got.rejected} == {"unknown_symbol", BAD_OHLC}
+        assert_same_step(got, want)
+        assert got.trade_records() == want.trade_records()
+        assert got.position_records() == want.position_records()
+    assert a.rejections == b.rejections
+    assert_same_metrics_between(a, b)
+    assert_same_state(a, b)
+
+
+SYMBOL_CELLS = st.sampled_from(["AAA", "BBB", "ZZZ", ""])
+PRICE_CELLS = st.sampled_from([1.0, 2.0, 2.5, 3.0, 0.0, -1.0, float("nan"), float("inf")])
+OHLC_ROWS = st.lists(
+    st.tuples(SYMBOL_CELLS, st.integers(0, 2**40), PRICE_CELLS, PRICE_CELLS, PRICE_CELLS,
+              PRICE_CELLS),
+    max_size=30,
+)  # fmt: skip
+
+
+@given(rows=OHLC_ROWS, fanned=st.booleans(), form=st.sampled_from(["pandas", "arrow"]))
+def test_the_column_path_parses_a_table_like_the_item_path(rows, fanned, form):
+    """Any table, with any mix of bad rows and one or several slots per symbol: the same
+    columns (values and dtypes) and the same rejections, in the same order."""
+    import pyarrow as pa
+
+    slot_lists = {"AAA": [0, 2], "BBB": [1]} if fanned else {"AAA": [0], "BBB": [1]}
+    table = {"symbol": pa.array([r[0] for r in rows], pa.string())}
+    for k, name in enumerate(("time", "open", "high", "low", "close"), start=1):
+        table[name] = np.array([r[k] for r in rows], np.int64 if k == 1 else np.float64)
+    frame = pa.table(table) if form == "arrow" else pa.table(table).to_pandas()
+    got_rejected, want_rejected = [], []
+
+    def parse(bars, rejected):
+        return parse_ohlc_bars(bars, None, None, slot_lists, lambda *a: rejected.append(a))
+
+    got, want = parse(frame, got_rejected), parse(rows, want_rejected)
+    assert got_rejected == want_rejected
+    *got_columns, got_ohlc = got
+    *want_columns, want_ohlc = want
+    for x, y in zip([*got_columns, *got_ohlc], [*want_columns, *want_ohlc], strict=True):
+        assert x.dtype == y.dtype and np.array_equal(x, y)
 
 
 @pytest.mark.cudasim

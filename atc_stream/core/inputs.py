@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -261,6 +261,34 @@ def column_names(columns: Mapping[str, str] | None) -> tuple[str, str, str]:
     return names["symbol"], names["time"], names["close"]
 
 
+def _table(frame: Any) -> Any:
+    """A pandas DataFrame or Arrow Table as it is; an Arrow RecordBatch as a Table."""
+    if is_arrow(frame, "RecordBatch"):
+        import pyarrow as pa
+
+        return pa.Table.from_batches([frame])
+    return frame
+
+
+def _names(table: Any) -> list[Any]:
+    return list(table.column_names) if is_arrow(table, "Table") else list(table.columns)
+
+
+def missing_columns(frame: Any, names: Sequence[str]) -> list[str]:
+    """Those of ``names`` that are not columns of a long table, in order."""
+    present = _names(_table(frame))
+    return [name for name in names if name not in present]
+
+
+def float_columns(frame: Any, names: Sequence[str]) -> list[np.ndarray]:
+    """Columns of a long table (all present: :func:`missing_columns`) as float64 arrays;
+    missing values become NaN, which the caller rejects."""
+    frame = _table(frame)
+    if is_arrow(frame, "Table"):
+        return [closes_array(frame.column(name)) for name in names]
+    return [closes_array(frame[name]) for name in names]
+
+
 def frame_columns(
     frame: Any, *, columns: Mapping[str, str] | None = None, time_unit: str | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -271,29 +299,25 @@ def frame_columns(
     from a DatetimeIndex.
     """
     symbol_col, time_col, close_col = column_names(columns)
-    if is_arrow(frame, "RecordBatch"):
-        import pyarrow as pa
-
-        frame = pa.Table.from_batches([frame])
-    names = list(frame.column_names) if is_arrow(frame, "Table") else list(frame.columns)
-    missing = [c for c in (symbol_col, close_col) if c not in names]
-    use_index = time_col not in names
+    frame = _table(frame)
+    missing = missing_columns(frame, (symbol_col, close_col))
+    use_index = bool(missing_columns(frame, (time_col,)))
     if use_index and not is_pandas(getattr(frame, "index", None), "DatetimeIndex"):
         missing.append(time_col)
     if missing:
         raise ValueError(
-            f"bar table has no column(s) {', '.join(map(repr, missing))} (columns: {names}); "
+            f"bar table has no column(s) {', '.join(map(repr, missing))} "
+            f"(columns: {_names(frame)}); "
             "name them with columns={'symbol': ..., 'time': ..., 'close': ...}"
         )
     if is_arrow(frame, "Table"):
         symbols = frame.column(symbol_col).to_numpy(zero_copy_only=False).astype(object)
         times = times_to_ms(frame.column(time_col), time_unit, what=f"column {time_col!r}")
-        closes = closes_array(frame.column(close_col))
     else:
         symbols = frame[symbol_col].to_numpy(dtype=object)
         source = frame.index if use_index else frame[time_col]
         times = times_to_ms(source, time_unit, what=f"column {time_col!r}")
-        closes = closes_array(frame[close_col])
+    (closes,) = float_columns(frame, (close_col,))
     return symbols, times, closes
 
 
@@ -428,3 +452,17 @@ def bad_ohlc(o: np.ndarray, h: np.ndarray, lo: np.ndarray, c: np.ndarray) -> np.
         positive = (o > 0) & (h > 0) & (lo > 0) & (c > 0)
         inside = (lo <= h) & (lo <= o) & (o <= h) & (lo <= c) & (c <= h)
     return ~(finite & positive & inside)
+
+
+def ohlc_problem(o: float, h: float, lo: float, c: float) -> str:
+    """The first check of :func:`bad_ohlc` that a bar it refuses fails, in words."""
+    o, h, lo, c = float(o), float(h), float(lo), float(c)
+    for name, value in (("open", o), ("high", h), ("low", lo), ("close", c)):
+        if not (np.isfinite(value) and value > 0):
+            return f"{name} {value!r} is not a finite price > 0"
+    if h < lo:
+        return f"high {h!r} < low {lo!r}"
+    where = f"[low {lo!r}, high {h!r}]"
+    if not lo <= o <= h:
+        return f"open {o!r} is outside {where}"
+    return f"close {c!r} is outside {where}"

@@ -201,30 +201,15 @@ def _symbol_codes(raw: Any) -> _Symbols:
 
 
 def _check_prices(symbols: _Symbols, times: np.ndarray, prices: dict[str, np.ndarray]):
+    """Raise naming the first bar ``inputs.bad_ohlc`` refuses and the check it fails."""
     o, h, lo, c = (prices[name] for name in PRICE_COLUMNS)
-    problems: list[tuple[np.ndarray, Any]] = []
-    for name in PRICE_COLUMNS:
-        values = prices[name]
-
-        def not_a_price(i: int, name: str = name) -> str:
-            return f"{name} {float(prices[name][i])!r} is not a finite price > 0"
-
-        problems.append((~(np.isfinite(values) & (values > 0)), not_a_price))
-    problems += [
-        (h < lo, lambda i: f"high {float(h[i])!r} < low {float(lo[i])!r}"),
-        ((o < lo) | (o > h), lambda i: f"open {float(o[i])!r} is outside {_range(lo[i], h[i])}"),
-        ((c < lo) | (c > h), lambda i: f"close {float(c[i])!r} is outside {_range(lo[i], h[i])}"),
-    ]  # fmt: skip
-    found = [(int(np.flatnonzero(bad)[0]), k) for k, (bad, _) in enumerate(problems) if bad.any()]
-    if found:
-        i, k = min(found)  # the first offending row, its first problem
+    bad = np.flatnonzero(inputs.bad_ohlc(o, h, lo, c))
+    if bad.size:
+        i = int(bad[0])
         raise ValueError(
-            f"bars row {i} (symbol {symbols[i]!r}, time {int(times[i])}): {problems[k][1](i)}"
+            f"bars row {i} (symbol {symbols[i]!r}, time {int(times[i])}): "
+            f"{inputs.ohlc_problem(o[i], h[i], lo[i], c[i])}"
         )
-
-
-def _range(low: Any, high: Any) -> str:
-    return f"[low {float(low)!r}, high {float(high)!r}]"
 
 
 def _group_rows(symbols: _Symbols, times: np.ndarray) -> tuple[list[str], list[np.ndarray]]:

@@ -267,9 +267,8 @@ class Engine:
         ``(slots, times, closes, origin, rejected)``."""
         rejected: list[Rejection] = []
         if self.strategies:
-            items = paper.ohlc_items(bars, columns, time_unit)
-            *parsed, ohlc = paper.parse_ohlc_items(
-                items, self._slot_lists(), self._rejecter(rejected)
+            *parsed, ohlc = paper.parse_ohlc_bars(
+                bars, columns, time_unit, self._slot_lists(), self._rejecter(rejected)
             )
             return (*parsed, rejected, ohlc)
         converted = inputs.bars_from(bars, columns=columns, time_unit=time_unit)

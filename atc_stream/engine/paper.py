@@ -19,6 +19,7 @@ from atc_stream.engine.parsing import (
     MALFORMED_UPDATE,
     UNKNOWN_SYMBOL,
     Reject,
+    fan_out,
 )
 from atc_stream.kernels.backend import Backend
 from atc_stream.kernels.paper_cpu import run_strategy_step, run_strategy_warmup
@@ -38,7 +39,8 @@ Ohlc = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 def _describe(o: float, h: float, lo: float, c: float) -> str:
-    return f"open {o!r} high {h!r} low {lo!r} close {c!r}"
+    """A bar's prices as Python floats (a NumPy scalar's repr would name its type)."""
+    return f"open {float(o)!r} high {float(h)!r} low {float(lo)!r} close {float(c)!r}"
 
 
 # -- step input -----------------------------------------------------------------------------
@@ -49,30 +51,63 @@ def _frame_prices(frame: Any, columns: Mapping[str, str] | None, time_unit: str 
     renames = dict(columns or {})
     base = {k: v for k, v in renames.items() if k not in EXTRA_PRICES}
     symbols, times, closes = inputs.frame_columns(frame, columns=base, time_unit=time_unit)
-    prices = {"close": closes}
-    for name in EXTRA_PRICES:
-        source = renames.get(name, name)
-        try:
-            _, _, prices[name] = inputs.frame_columns(
-                frame, columns={**base, "close": source}, time_unit=time_unit
-            )
-        except ValueError:
-            raise ValueError(
-                f"bar table has no {source!r} column: an engine with strategies steps bars "
-                "with open, high, low and close (rename with columns={'open': ..., ...})"
-            ) from None
+    sources = [renames.get(name, name) for name in EXTRA_PRICES]
+    missing = inputs.missing_columns(frame, sources)
+    unusable = [s for s in sources if s in missing or not isinstance(s, str)]
+    if unusable:
+        raise ValueError(
+            f"bar table has no {unusable[0]!r} column: an engine with strategies steps bars "
+            "with open, high, low and close (rename with columns={'open': ..., ...})"
+        )
+    prices = dict(zip(EXTRA_PRICES, inputs.float_columns(frame, sources), strict=True))
+    prices["close"] = closes
     return symbols, times, prices
 
 
-def ohlc_items(bars: Any, columns: Mapping[str, str] | None, time_unit: str | None) -> list:
-    """Any accepted bars form as ``(symbol, time, open, high, low, close)`` items (times
-    converted where needed); malformed items pass through for :func:`parse_ohlc_items`."""
-    if inputs.is_frame(bars):
-        symbols, times, p = _frame_prices(bars, columns, time_unit)
-        return list(
-            zip(symbols.tolist(), times.tolist(), p["open"].tolist(), p["high"].tolist(),
-                p["low"].tolist(), p["close"].tolist(), strict=True)
-        )  # fmt: skip
+def parse_ohlc_bars(
+    bars: Any,
+    columns: Mapping[str, str] | None,
+    time_unit: str | None,
+    slot_lists: Mapping[str, list[int]],
+    reject: Reject,
+):
+    """:func:`parse_ohlc_items`' result for bars in any accepted form; a long table is
+    checked column by column, with the rejections (reasons, details, positions) that its
+    rows as items would get."""
+    if not inputs.is_frame(bars):
+        return parse_ohlc_items(ohlc_items(bars, time_unit), slot_lists, reject)
+    symbols, times, p = _frame_prices(bars, columns, time_unit)
+    o, h, lo, c = (p[k] for k in ("open", "high", "low", "close"))
+    found = _symbol_slots(symbols.tolist(), slot_lists)
+    unknown = np.zeros(len(found), bool)
+    if None in found:
+        unknown[[i for i, s in enumerate(found) if s is None]] = True
+    refused = unknown | bad_ohlc(o, h, lo, c)
+    # a table's times and prices are numbers already: of the item checks, the symbol's
+    # and then the prices' are left, in that order
+    for i in np.flatnonzero(refused).tolist():
+        symbol = symbols[i]
+        if unknown[i]:
+            reject(i, UNKNOWN_SYMBOL, f"symbol {symbol!r}", str(symbol))
+        else:
+            reject(i, BAD_OHLC, _describe(o[i], h[i], lo[i], c[i]), symbol)
+    kept = np.flatnonzero(~refused).astype(np.int64)
+    slots, fanned = fan_out([found[i] for i in kept.tolist()])
+    origin = kept if fanned is None else kept[fanned]
+    return slots, times[origin], c[origin], origin, (o[origin], h[origin], lo[origin])
+
+
+def _symbol_slots(symbols: list, slot_lists: Mapping[str, list[int]]) -> list[list[int] | None]:
+    """Each symbol's slots; None for one that is not a registered str."""
+    if set(map(type, symbols)) <= {str}:
+        return list(map(slot_lists.get, symbols))
+    return [slot_lists.get(s) if isinstance(s, str) else None for s in symbols]
+
+
+def ohlc_items(bars: Any, time_unit: str | None) -> list:
+    """Bars that are not a long table as ``(symbol, time, open, high, low, close)`` items
+    (times converted where needed); malformed items pass through for
+    :func:`parse_ohlc_items`."""
     if isinstance(bars, Mapping):
         raise ValueError(
             "an engine with strategies steps a long table (symbol, time, open, high, low, "
@@ -97,15 +132,16 @@ def _real(value: Any) -> bool:
 
 def parse_ohlc_items(items: list, slot_lists: Mapping[str, list[int]], reject: Reject):
     """``(slots, times, closes, origin, (opens, highs, lows))`` of OHLC items; each
-    malformed, unknown or untradeable item is rejected with its reason."""
+    malformed, unknown or untradeable item is rejected with its reason, in item order."""
+    refused: list[tuple[int, str, str, str | None]] = []
     good: list[tuple[int, str, int, float, float, float, float]] = []
     for index, item in enumerate(items):
         if isinstance(item, (tuple, list)) and len(item) == 3:
-            reject(index, MISSING_OHLC, f"no open/high/low: {item!r}", str(item[0]))
+            refused.append((index, MISSING_OHLC, f"no open/high/low: {item!r}", str(item[0])))
             continue
         if not isinstance(item, (tuple, list)) or len(item) != 6:
-            reject(index, MALFORMED_UPDATE, f"not (symbol, time, open, high, low, close): "
-                   f"{item!r}", None)  # fmt: skip
+            detail = f"not (symbol, time, open, high, low, close): {item!r}"
+            refused.append((index, MALFORMED_UPDATE, detail, None))
             continue
         symbol, bar_time = item[0], item[1]
         if (
@@ -113,19 +149,27 @@ def parse_ohlc_items(items: list, slot_lists: Mapping[str, list[int]], reject: R
             or isinstance(bar_time, bool)
             or not _INT64_MIN <= int(bar_time) <= _INT64_MAX
         ):
-            reject(index, BAD_TIME_TYPE, f"time {bar_time!r}", str(symbol))
+            refused.append((index, BAD_TIME_TYPE, f"time {bar_time!r}", str(symbol)))
             continue
         if not all(_real(v) for v in item[2:]):
-            reject(index, BAD_OHLC, f"prices {item[2:]!r}", str(symbol))
+            refused.append((index, BAD_OHLC, f"prices {item[2:]!r}", str(symbol)))
             continue
         if not isinstance(symbol, str) or symbol not in slot_lists:
-            reject(index, UNKNOWN_SYMBOL, f"symbol {symbol!r}", str(symbol))
+            refused.append((index, UNKNOWN_SYMBOL, f"symbol {symbol!r}", str(symbol)))
             continue
-        o, h, lo, c = (float(v) for v in item[2:])
-        if bad_ohlc(*(np.array([v]) for v in (o, h, lo, c)))[0]:
-            reject(index, BAD_OHLC, _describe(o, h, lo, c), symbol)
+        try:
+            o, h, lo, c = (float(v) for v in item[2:])
+        except OverflowError:  # an int beyond float's range
+            refused.append((index, BAD_OHLC, f"prices {item[2:]!r}", symbol))
             continue
         good.append((index, symbol, int(bar_time), o, h, lo, c))
+    prices = np.array([g[3:] for g in good], np.float64).reshape(-1, 4)
+    bad = bad_ohlc(*prices.T).tolist()  # one call for every item that got this far
+    checked = list(zip(good, bad, strict=True))
+    refused += [(g[0], BAD_OHLC, _describe(*g[3:]), g[1]) for g, bad_bar in checked if bad_bar]
+    for rejection in sorted(refused, key=lambda r: r[0]):
+        reject(*rejection)
+    good = [g for g, bad_bar in checked if not bad_bar]
     counts = [len(slot_lists[g[1]]) for g in good]
     origin = np.repeat(np.array([g[0] for g in good], np.int64), counts)
     slots = np.array([s for g in good for s in slot_lists[g[1]]], np.int64)

@@ -76,12 +76,20 @@ def parse_columns(
     lists = cast(list[list[int]], found)  # no None: checked just above
     times_array = np.array(bar_times, np.int64)
     closes_array = np.array(closes, np.float64)
+    slots, origin = fan_out(lists)
+    if origin is None:  # one stream per symbol: nothing to fan out
+        return slots, times_array, closes_array, np.arange(len(lists), dtype=np.int64)
+    return slots, times_array[origin], closes_array[origin], origin
+
+
+def fan_out(lists: Sequence[list[int]]) -> tuple[np.ndarray, np.ndarray | None]:
+    """Every input's slots in one array, and the position of the input each came from
+    (None when every input has exactly one slot: the positions are ``arange``)."""
     counts = np.fromiter(map(len, lists), np.int64, len(lists))
     slots = np.fromiter(itertools.chain.from_iterable(lists), np.int64, int(counts.sum()))
-    if slots.shape[0] == len(lists):  # one stream per symbol: nothing to fan out
-        return slots, times_array, closes_array, np.arange(len(lists), dtype=np.int64)
-    origin = np.repeat(np.arange(len(lists), dtype=np.int64), counts)
-    return slots, times_array[origin], closes_array[origin], origin
+    if (counts == 1).all():
+        return slots, None
+    return slots, np.repeat(np.arange(len(lists), dtype=np.int64), counts)
 
 
 def parse_items(
