@@ -289,7 +289,10 @@ def test_a_cuda_engine_with_strategies_equals_the_cpu_bar_by_bar():
     cpu, gpu = cuda_pair(capacity=1)
     history = history_of_symbol(bars[:25], "AAA")
     assert_same_step(cpu.warmup(history), gpu.warmup(history))
-    for k, bar in enumerate(bars[25:]):
+    rest = bars[25:]
+    k = 0
+    while k < len(rest):
+        bar = rest[k]
         if k == 8:  # a stream added on the way (the store grows): it starts on the host
             for eng in (cpu, gpu):
                 eng.add_symbol("BBB")
@@ -301,7 +304,14 @@ def test_a_cuda_engine_with_strategies_equals_the_cpu_bar_by_bar():
             gpu.move_to("cpu")
             gpu.move_to("cuda")
         step = [bar] + ([("BBB", *bar[1:])] if k >= 8 else [])
-        assert_same_step(cpu.step(step), gpu.step(step))
+        if k == 17:  # two bars per stream (two rounds) and a stale one (rejected)
+            k += 1
+            step += [rest[k], ("BBB", *rest[k][1:]), rest[k - 2]]
+        want, got = cpu.step(step), gpu.step(step)
+        assert [r.reason for r in got.rejected] == [r.reason for r in want.rejected]
+        assert len(got.rejected) == (k == 18)
+        assert_same_step(want, got)
+        k += 1
     assert gpu.backend.name == "cuda"
     # the device holds the strategy state: the host mirror is current after a pull only
     assert not np.array_equal(gpu.store.strategy_counters, cpu.store.strategy_counters)
@@ -485,24 +495,22 @@ def test_the_column_path_parses_a_table_like_the_item_path(rows, fanned, form):
     os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
     reason="needs NUMBA_ENABLE_CUDASIM=1 set before numba is imported",
 )
-def test_the_paper_kernels_launch_with_the_types_that_precompile_compiles(monkeypatch):
-    """On a GPU, ``CudaBackend.precompile`` compiles ``paper_signatures()``: every launch
-    of a warmup, a step and an upload of a re-added stream uses one of them."""
+def test_the_kernels_launch_with_the_types_that_precompile_compiles(monkeypatch):
+    """On a GPU, ``CudaBackend.precompile`` compiles ``kernel_signatures()`` and, with
+    strategies, ``paper_signatures()``: every launch of a warmup, a step and an upload of
+    a re-added stream uses one of them."""
     import numba
 
-    from atc_stream.kernels import cuda_paper
+    from atc_stream.kernels import cuda_backend, cuda_kernels, cuda_paper
 
     launched = []
-    original = cuda_paper.DeviceStrategies.__init__
+    original = cuda_backend.CudaBackend._launch
 
-    def recording(self, store, stream, launch):
-        def record(kernel, count, *args):
-            launched.append((kernel, args))
-            launch(kernel, count, *args)
+    def recording(self, kernel, count, *args):
+        launched.append((kernel, args))
+        original(self, kernel, count, *args)
 
-        original(self, store, stream, record)
-
-    monkeypatch.setattr(cuda_paper.DeviceStrategies, "__init__", recording)
+    monkeypatch.setattr(cuda_backend.CudaBackend, "_launch", recording)
     bars = [r for r in ohlc_bars(n=20) if r[0] == "AAA"][:12]
     eng = Engine(SHORT, backend="cuda", strategies=STRATEGIES[:2])
     eng.warmup(history_of_symbol(bars[:8], "AAA"))
@@ -515,8 +523,12 @@ def test_the_paper_kernels_launch_with_the_types_that_precompile_compiles(monkey
     def typeof(array):
         return numba.typeof(getattr(array, "_ary", array))  # the simulator's device array
 
-    known = {(id(k), tuple(t)) for k, t in cuda_paper.paper_signatures().values()}
+    signatures = cuda_kernels.kernel_signatures(None) | cuda_paper.paper_signatures()
+    known = {(id(k), tuple(t)) for k, t in signatures.values()}
     kinds = {getattr(k, "__name__", k) for k, _ in launched}
-    assert {"paper_warmup_kernel", "paper_step_kernel", "scatter_rows_kernel"} <= kinds
+    assert {
+        "paper_warmup_kernel", "paper_step_kernel", "reset_cells_kernel", "last_rows_kernel",
+        "scatter_rows_kernel", "step_kernel", "warmup_kernel",
+    } <= kinds  # fmt: skip
     for kernel, args in launched:
         assert (id(kernel), tuple(typeof(a) for a in args)) in known, kernel

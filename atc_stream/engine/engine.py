@@ -458,13 +458,11 @@ class Engine:
                 slots, times, closes, order, round_starts, self._outputs
             )
         else:  # the strategies of the same slots step right after their ATC update
-            raw = self.backend.step(slots, times, closes, order, round_starts)
-            param_rows = self.store.counters[slots, L.PARAM_ROW]
-            strategy = paper.step_strategies(
-                self.backend, self.store, self.threads, slots, times, closes, ohlc, raw, order,
-                round_starts, self.store.params.ready_bars[param_rows],
-            )  # fmt: skip
-            pending = ReadyFields(schema.kernel_fields(raw, self._outputs))
+            fields, cells = self.backend.step_with_strategies(
+                slots, times, closes, ohlc, order, round_starts, self._outputs
+            )
+            strategy = paper.rows_from_cells(cells, len(self.store.strategies))
+            pending = ReadyFields(fields)
         if order.shape[0] != slots.shape[0]:  # rejected updates have no row
             keep = np.sort(order)
             slots, times, closes = slots[keep], times[keep], closes[keep]

@@ -1,5 +1,5 @@
-"""Paper trading in the engine: bars with OHLC in, the strategy step after the ATC update
-of the same slots, the strategy outputs and metrics of the live strategy streams."""
+"""Paper trading in the engine: bars with OHLC in (untradeable ones rejected and counted),
+the strategy outputs and metrics of the live strategy streams."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from atc_stream.core import inputs, output_row
+from atc_stream.core import inputs
 from atc_stream.core.inputs import bad_ohlc
 from atc_stream.core.strategy_outputs import StrategyRows
 from atc_stream.engine.parsing import (
@@ -21,8 +21,7 @@ from atc_stream.engine.parsing import (
     Reject,
     fan_out,
 )
-from atc_stream.kernels.backend import Backend
-from atc_stream.kernels.paper_cpu import run_strategy_step, run_strategy_warmup
+from atc_stream.kernels.backend import Ohlc
 from atc_stream.state import strategy_layout as SL
 from atc_stream.state.arrays import StateStore
 
@@ -34,8 +33,6 @@ BAD_OHLC = "bad_ohlc"
 EXTRA_PRICES = ("open", "high", "low")
 
 _INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
-#: ``(opens, highs, lows)``, one value per update row
-Ohlc = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 def _describe(o: float, h: float, lo: float, c: float) -> str:
@@ -245,15 +242,7 @@ def ohlc_history(
     return out
 
 
-# -- the strategy step ----------------------------------------------------------------------
-
-
-def _events(raw: np.ndarray, ready_from: np.ndarray):
-    """``ready``, ``long``, ``short`` of kernel output rows (as ``backtest`` reads them)."""
-    bar_index = raw[..., output_row.OUT_BAR_INDEX]
-    with np.errstate(invalid="ignore"):
-        ready = bar_index >= ready_from
-    return ready, raw[..., output_row.OUT_LONG] == 1.0, raw[..., output_row.OUT_SHORT] == 1.0
+# -- the strategy outputs -------------------------------------------------------------------
 
 
 def rows_from_cells(out: dict[str, np.ndarray], n_strategies: int) -> StrategyRows:
@@ -278,54 +267,14 @@ def rows_from_cells(out: dict[str, np.ndarray], n_strategies: int) -> StrategyRo
     )
 
 
-def _device_strategies(backend: Backend) -> Any:
-    """The backend's device strategy state (``kernels/cuda_paper.py``), or None: the
-    store's host arrays are the state."""
-    state = getattr(backend, "state", None)
-    return getattr(state, "strategies", None)
-
-
-def step_strategies(
-    backend: Backend, store: StateStore, threads: int | None, slots, times, closes,
-    ohlc: Ohlc, raw, order, round_starts, ready_from,
-) -> StrategyRows:  # fmt: skip
-    """The strategies of the updated slots, after their ATC step (``raw``: its output
-    rows), where the backend keeps the strategy state."""
-    ready, longs, shorts = _events(raw, ready_from)
-    bars = (slots, times, ohlc[0], ohlc[1], ohlc[2], closes, ready, longs, shorts)
-    device = _device_strategies(backend)
-    if device is not None:
-        out = device.step(*bars, order, round_starts)
-    else:
-        out = run_strategy_step(store, *bars, order, round_starts, threads)
-    return rows_from_cells(out, len(store.strategies))
-
-
-def warmup_strategies(
-    backend: Backend, store: StateStore, threads: int | None, slots, times, prices, counts,
-    raw, ready_from,
-) -> StrategyRows:  # fmt: skip
-    """Every history row's bars through its slot's strategies (``raw``: every bar's ATC
-    output rows); the outputs of each row's last bar."""
-    ready, longs, shorts = _events(raw, ready_from[:, None])
-    o, h, lo, c = prices
-    bars = (slots, times, o, h, lo, c, counts, ready, longs, shorts)
-    device = _device_strategies(backend)
-    if device is not None:
-        out = device.warmup(*bars)
-    else:
-        out = run_strategy_warmup(store, *bars, threads)
-    return rows_from_cells(out, len(store.strategies))
-
-
-def pad_prices(jobs, width: int) -> tuple[np.ndarray, ...]:
-    """Each job's ``(slot, times, closes, opens, highs, lows, closes)`` prices as
-    ``(opens, highs, lows, closes)`` padded to ``width`` bars (1.0)."""
-    padded = tuple(np.ones((len(jobs), max(width, 1))) for _ in range(4))
+def pad_prices(jobs, width: int) -> Ohlc:
+    """Each job's ``(slot, times, closes, opens, highs, lows)`` prices as ``(opens, highs,
+    lows)`` padded to ``width`` bars (1.0)."""
+    opens, highs, lows = (np.ones((len(jobs), max(width, 1))) for _ in range(3))
     for s, job in enumerate(jobs):
-        for k in range(4):
-            padded[k][s, : len(job[3 + k])] = job[3 + k]
-    return padded
+        for k, padded in enumerate((opens, highs, lows)):
+            padded[s, : len(job[3 + k])] = job[3 + k]
+    return opens, highs, lows
 
 
 def metric_columns(store: StateStore, keys_slots: list[tuple[Any, int]]) -> dict[str, np.ndarray]:

@@ -33,7 +33,7 @@ def warmup(
         history = {sym: (v[0], v[4]) for sym, v in series_of.items()}
     else:
         history = inputs.history_from(history, columns=columns, time_unit=time_unit)
-    jobs = []  # (slot, times, closes[, opens, highs, lows, closes]): accepted bars only
+    jobs = []  # (slot, times, closes[, opens, highs, lows]): accepted bars only
     for symbol, series in history.items():
         parsed = parse_history(symbol, series, engine._rejecter(rejected))
         if parsed is None:
@@ -45,7 +45,7 @@ def warmup(
             ok = _accepted_history(engine, slot, times, closes, rejected)
             job: tuple = (int(slot), times[ok], closes[ok])
             if trading:
-                job += tuple(v[ok] for v in series_of[symbol][1:])
+                job += tuple(v[ok] for v in series_of[symbol][1:4])
             jobs.append(job)
     results = []
     chunk = engine.backend.warmup_chunk
@@ -104,11 +104,7 @@ def _warmup_chunk(engine: Any, jobs):
     if not engine.strategies:
         out = engine.backend.warmup(slots, times, closes, counts, False)[:, 0]
         return slots, times[rows, last], closes[rows, last], out
-    store = engine.store
-    every = engine.backend.warmup(slots, times, closes, counts, True)
-    ready_from = store.params.ready_bars[store.counters[slots, L.PARAM_ROW]]
-    prices = paper.pad_prices(jobs, times.shape[1])
-    strategy = paper.warmup_strategies(
-        engine.backend, store, engine.threads, slots, times, prices, counts, every, ready_from
-    )
-    return slots, times[rows, last], closes[rows, last], every[rows, last], strategy
+    ohlc = paper.pad_prices(jobs, times.shape[1])
+    out, cells = engine.backend.warmup_with_strategies(slots, times, closes, ohlc, counts)
+    strategy = paper.rows_from_cells(cells, len(engine.store.strategies))
+    return slots, times[rows, last], closes[rows, last], out, strategy

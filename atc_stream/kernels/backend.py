@@ -7,6 +7,9 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+#: ``(opens, highs, lows)`` of the bars of a step or a warmup, beside their closes
+Ohlc = tuple[np.ndarray, np.ndarray, np.ndarray]
+
 
 class PendingFields(Protocol):
     """A submitted step: ``wait()`` returns its typed output fields."""
@@ -101,6 +104,35 @@ class Backend(Protocol):
     ) -> np.ndarray:
         """Apply ``counts[s]`` bars of row ``s`` to stream ``slots[s]``; outputs
         ``(streams, bars or 1, N_OUT)``."""
+        ...
+
+    def step_with_strategies(
+        self,
+        slots: np.ndarray,
+        times: np.ndarray,
+        closes: np.ndarray,
+        ohlc: Ohlc,
+        order: np.ndarray,
+        round_starts: np.ndarray,
+        groups: Sequence[str],
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """``step_outputs`` and, in the same call, every strategy of each updated slot on
+        its bar, with the events of the bar's ATC output row (``paper_cpu.strategy_step``,
+        where the backend keeps the strategy state); returns the fields and the strategy
+        cells ``u * n_strategies + k`` (``paper_cpu.strategy_outputs``)."""
+        ...
+
+    def warmup_with_strategies(
+        self,
+        slots: np.ndarray,
+        times: np.ndarray,
+        closes: np.ndarray,
+        ohlc: Ohlc,
+        counts: np.ndarray,
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """``warmup`` with every bar through the strategies of its slot too
+        (``paper_cpu.strategy_warmup``); returns each row's last bar's outputs
+        ``(streams, N_OUT)`` (NaN where it has none) and its strategy cells."""
         ...
 
     def pull_state(self) -> None:

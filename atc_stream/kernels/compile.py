@@ -1,5 +1,5 @@
-"""Compile a kernel source module (``core.py``, ``strategy.py``) for one target: the trick
-behind "one source, three drivers".
+"""Compile a kernel source module (``core.py``, ``strategy.py``) for one target, and a CPU
+driver serial and parallel: the trick behind "one source, three drivers".
 
 Design: docs/design/kernels.md, "One source".
 """
@@ -10,7 +10,10 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from numba import njit
+
 from atc_stream.kernels import core
+from atc_stream.kernels.cache import cached_jit
 
 
 def compile_module(
@@ -37,3 +40,21 @@ def compile_module(
 def compile_core(decorator: Callable[[Callable[..., Any]], Any]) -> types.SimpleNamespace:
     """Return a namespace with every function of ``core`` compiled by ``decorator``."""
     return compile_module(core, decorator)
+
+
+def compile_both(function):
+    """(serial, parallel) dispatchers of ``function``, each cached under its own name.
+
+    numba's cache index is named by ``__qualname__`` and its key ignores compile flags,
+    so the two variants must carry different qualnames or they would share entries.
+    """
+    variants = []
+    for suffix, parallel in (("serial", False), ("parallel", True)):
+        clone = types.FunctionType(
+            function.__code__, function.__globals__, f"{function.__name__}_{suffix}",
+            function.__defaults__, function.__closure__,
+        )  # fmt: skip
+        clone.__qualname__ = clone.__name__
+        clone.__doc__ = function.__doc__
+        variants.append(cached_jit(njit(parallel=parallel, error_model="numpy", cache=True))(clone))
+    return tuple(variants)

@@ -5,7 +5,6 @@ Design: docs/design/kernels.md, "CPU drivers".
 
 from __future__ import annotations
 
-import types
 from collections.abc import Sequence
 
 import numpy as np
@@ -16,9 +15,10 @@ from atc_stream.core.output_row import (
     N_OUT,
 )
 from atc_stream.kernels import threads as threading_policy
-from atc_stream.kernels.backend import ReadyFields
+from atc_stream.kernels.backend import Ohlc, ReadyFields
 from atc_stream.kernels.cache import cached_jit
-from atc_stream.kernels.compile import compile_core
+from atc_stream.kernels.compile import compile_both, compile_core
+from atc_stream.kernels.paper_cpu import run_strategy_step, run_strategy_warmup
 from atc_stream.state.arrays import StateStore
 
 # inline="always": numba otherwise calls each core function out of line with ~30 words of
@@ -27,24 +27,6 @@ _core = compile_core(cached_jit(njit(error_model="numpy", inline="always", cache
 update_stream = _core.update_stream
 stream_growth = _core.stream_growth
 growth_factor = _core.growth_factor
-
-
-def compile_both(function):
-    """(serial, parallel) dispatchers of ``function``, each cached under its own name.
-
-    numba's cache index is named by ``__qualname__`` and its key ignores compile flags,
-    so the two variants must carry different qualnames or they would share entries.
-    """
-    variants = []
-    for suffix, parallel in (("serial", False), ("parallel", True)):
-        clone = types.FunctionType(
-            function.__code__, function.__globals__, f"{function.__name__}_{suffix}",
-            function.__defaults__, function.__closure__,
-        )  # fmt: skip
-        clone.__qualname__ = clone.__name__
-        clone.__doc__ = function.__doc__
-        variants.append(cached_jit(njit(parallel=parallel, error_model="numpy", cache=True))(clone))
-    return tuple(variants)
 
 
 def step(
@@ -260,6 +242,39 @@ class CpuBackend:
             *self._arrays(), slots, times, closes, counts, out, record_all,
         )  # fmt: skip
         return out
+
+    def step_with_strategies(
+        self,
+        slots: np.ndarray,
+        times: np.ndarray,
+        closes: np.ndarray,
+        ohlc: Ohlc,
+        order: np.ndarray,
+        round_starts: np.ndarray,
+        groups: Sequence[str],
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """``step_outputs``, then the strategy driver over the same output rows (a second
+        compiled call: each update's strategies read its row)."""
+        out = self.step(slots, times, closes, order, round_starts)
+        cells = run_strategy_step(
+            self.store, slots, times, *ohlc, closes, out, order, round_starts, self.threads
+        )
+        return schema.kernel_fields(out, groups), cells
+
+    def warmup_with_strategies(
+        self,
+        slots: np.ndarray,
+        times: np.ndarray,
+        closes: np.ndarray,
+        ohlc: Ohlc,
+        counts: np.ndarray,
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """``warmup`` keeping every bar's outputs, then the strategy driver over them."""
+        every = self.warmup(slots, times, closes, counts, True)
+        cells = run_strategy_warmup(
+            self.store, slots, times, *ohlc, closes, counts, every, self.threads
+        )
+        return every[np.arange(slots.shape[0]), np.maximum(counts - 1, 0)], cells
 
     def pull_state(self) -> None:
         """Host arrays are the state on the CPU: nothing to copy."""

@@ -15,6 +15,7 @@ from numba import cuda
 
 from atc_stream.core.output_row import N_OUT
 from atc_stream.kernels import cuda_simulated
+from atc_stream.kernels.backend import Ohlc
 from atc_stream.kernels.cuda_host import build_plan, pack_warmup, plan_in_order
 from atc_stream.kernels.cuda_io import (
     IoSet,
@@ -27,6 +28,7 @@ from atc_stream.kernels.cuda_io import (
 )
 from atc_stream.kernels.cuda_kernels import (
     kernel_signatures,
+    last_rows_kernel,
     local_warmup_kernel,
     pack_layout,
     pack_outputs_kernel,
@@ -35,8 +37,9 @@ from atc_stream.kernels.cuda_kernels import (
     transpose_kernel,
     warmup_kernel,
 )
-from atc_stream.kernels.cuda_paper import paper_signatures
+from atc_stream.kernels.cuda_paper import CELL_FLOATS, CELL_INTS, paper_signatures
 from atc_stream.kernels.cuda_state import DeviceState
+from atc_stream.kernels.paper_cpu import strategy_outputs
 from atc_stream.kernels.ptx_guard import FmaContractionError, check_no_fma, no_fma
 from atc_stream.state.arrays import StateStore
 from atc_stream.state.layout import BAR_INDEX, N_COUNTER_FIELDS, N_VALUE_FIELDS
@@ -280,12 +283,38 @@ class CudaBackend:
             return PendingOutputs.ready(empty_fields(n, groups, bar_index))
         return self._submit_step(slots, times, closes, order, round_starts, groups, bar_index)
 
+    def step_with_strategies(
+        self,
+        slots: np.ndarray,
+        times: np.ndarray,
+        closes: np.ndarray,
+        ohlc: Ohlc,
+        order: np.ndarray,
+        round_starts: np.ndarray,
+        groups: Sequence[str],
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """``step_outputs`` with ``paper_step_kernel`` queued after each round's
+        ``step_kernel`` on the backend's stream, reading the round's output rows where
+        the step kernel wrote them: no copy or wait between the two. Returns once both
+        are done (docs/design/cuda.md, "Strategies")."""
+        n, m = slots.shape[0], order.shape[0]
+        bar_index = np.full(n, -1, np.int64)
+        if m == 0:
+            cells = strategy_outputs(n * len(self.store.strategies))
+            return empty_fields(n, groups, bar_index), cells
+        pending = self._submit_step(
+            slots, times, closes, order, round_starts, groups, bar_index, ohlc
+        )
+        fields = pending.wait()
+        return fields, self.state.strategies.cells()
+
     def _submit_step(
-        self, slots, times, closes, order, round_starts, groups, bar_index
+        self, slots, times, closes, order, round_starts, groups, bar_index, ohlc=None
     ) -> PendingOutputs:
         """Plan, stage, enqueue the copies and kernels (or launch the step's CUDA graph),
         commit the counters on the host; the outputs (all rows for ``groups`` None) are
-        read when the returned step is waited for (docs/design/cuda.md, "Step plan")."""
+        read when the returned step is waited for (docs/design/cuda.md, "Step plan").
+        With ``ohlc``, each round's strategies follow its ATC kernel on the stream."""
         n, m = slots.shape[0], order.shape[0]
         n_rounds = round_starts.shape[0] - 1
         io = self._take_io()
@@ -296,22 +325,34 @@ class CudaBackend:
         layout = self._packed_fields
         io.reserve(n, N_OUT, k)
         io.stage(times, closes)
+        paper = None if ohlc is None else self.state.strategies
+        if paper is not None:
+            paper.stage_step(ohlc)
 
         def enqueue() -> None:
             io.times.upload(n, self.stream)
             io.closes.upload(n, self.stream)
+            if paper is not None:
+                paper.enqueue_step_inputs(n)
             out = io.out.device[: n * N_OUT].reshape((n, N_OUT))
+            arrays = self.state.arrays()
             for r in range(n_rounds):
                 start, stop = int(round_starts[r]), int(round_starts[r + 1])
                 self._launch(
-                    step_kernel, stop - start, *self.state.arrays(), plan, m, start, stop,
+                    step_kernel, stop - start, *arrays, plan, m, start, stop,
                     io.times.device, io.closes.device, out,
                 )  # fmt: skip
+                if paper is not None:  # the round's strategies, on its rows in ``out``
+                    paper.launch_round(
+                        arrays[2], plan, m, start, stop, io.times.device, io.closes.device, out
+                    )
             self._enqueue_outputs(io, n, out, groups, k)
+            if paper is not None:
+                paper.enqueue_download_cells()
 
         timer = self._timer_start()
         graphs = self.graphs
-        steady = reused and groups is not None and timer is None
+        steady = reused and groups is not None and timer is None and paper is None
         key = (io.index, n, groups, self.threads_per_block)
         if not (steady and graphs is not None and graphs.run(key, enqueue)):
             enqueue()
@@ -470,13 +511,8 @@ class CudaBackend:
         width = times.shape[1] if record_all else 1
         result = np.full((n, max(width, 1), N_OUT), np.nan)
         longest = int(counts.max(initial=0))
-        if n == 0 or longest == 0:
-            return result
         rows = longest if record_all else 1
-        per_stream = 8 * (2 * longest + rows * N_OUT + 3)
-        chunk = max(1, min(n, self.warmup_memory_budget // per_stream))
-        for a in range(0, n, chunk):
-            b = min(n, a + chunk)
+        for a, b in self._warmup_chunks(counts, 2 * longest + rows * N_OUT + 3):
             self._warmup_chunk(
                 slots[a:b], times[a:b], closes[a:b], counts[a:b], record_all, result[a:b]
             )
@@ -486,37 +522,103 @@ class CudaBackend:
             result[counts == 0] = np.nan
         return result
 
-    def _warmup_chunk(self, slots, times, closes, counts, record_all, result) -> None:
+    def warmup_with_strategies(
+        self,
+        slots: np.ndarray,
+        times: np.ndarray,
+        closes: np.ndarray,
+        ohlc: Ohlc,
+        counts: np.ndarray,
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """``warmup`` keeping every bar's output rows on the device, with
+        ``paper_warmup_kernel`` queued after the ATC warmup kernel on the backend's
+        stream over those rows; only each row's last bar's outputs come back."""
+        self._drain()
+        n, n_strategies = slots.shape[0], len(self.store.strategies)
+        last = np.full((n, N_OUT), np.nan)
+        cells = strategy_outputs(n * n_strategies)
+        longest = int(counts.max(initial=0))
+        cell_words = n_strategies * (CELL_FLOATS + CELL_INTS)
+        for a, b in self._warmup_chunks(counts, 6 * longest + (longest + 1) * N_OUT + cell_words):
+            part = self._warmup_chunk(
+                slots[a:b], times[a:b], closes[a:b], counts[a:b], True, last[a:b],
+                tuple(prices[a:b] for prices in ohlc),
+            )  # fmt: skip
+            for name, values in (part or {}).items():
+                cells[name][a * n_strategies : b * n_strategies] = values
+        last[counts == 0] = np.nan
+        return last, cells
+
+    def _warmup_chunks(self, counts: np.ndarray, words_per_stream: int) -> list[tuple[int, int]]:
+        """``[a, b)`` ranges of streams whose warmup buffers (``words_per_stream`` 8-byte
+        words each) fit ``warmup_memory_budget``; none when no stream has a bar."""
+        n = counts.shape[0]
+        if n == 0 or int(counts.max(initial=0)) == 0:
+            return []
+        chunk = max(1, min(n, self.warmup_memory_budget // (8 * words_per_stream)))
+        return [(a, min(n, a + chunk)) for a in range(0, n, chunk)]
+
+    def _warmup_chunk(self, slots, times, closes, counts, record_all, result, ohlc=None):
+        """One launch's streams. With ``ohlc`` (``record_all``): the bars' times and
+        prices go up with the closes, the strategies step over the kept rows on the
+        device, and only the last rows (``result``: ``(n, N_OUT)``) and the strategy
+        cells (returned) come back."""
         n = slots.shape[0]
         longest = int(counts.max(initial=0))
         if longest == 0:
-            return
+            return None
         self.state.sync(np.ascontiguousarray(slots, dtype=np.int64))
         self.state.ensure_growth(longest)
         rows = longest if record_all else 1
-        self._ints.reserve(3 * n)
+        trading = ohlc is not None
+        time_words = n * longest if trading else 0  # the bars' times, after the 3n ints
+        lasts = n * N_OUT if trading else 0  # the last rows, before every bar's
+        series = (closes, *ohlc) if trading else (closes,)
+        self._ints.reserve(3 * n + time_words)
         self._floats.reserve(longest * n)
-        self._history.reserve(longest * n)
-        self._warm_out.reserve(n * rows * N_OUT)
+        self._history.reserve(len(series) * n * longest)
+        self._warm_out.reserve(lasts + n * rows * N_OUT)
         pack_warmup(slots, times, counts, self._ints.host)
         # the histories as they are (one stream per row: a memcpy); the device transposes
-        host_history = self._history.host[: n * longest].reshape(n, longest)
-        np.copyto(host_history, closes[:, :longest])
-        self._ints.upload(3 * n, self.stream)
-        self._history.upload(n * longest, self.stream)
-        history = self._history.device[: n * longest].reshape(n, longest)
+        for k, values in enumerate(series):
+            block = self._history.host[k * n * longest : (k + 1) * n * longest]
+            np.copyto(block.reshape(n, longest), values[:, :longest])
+        if trading:
+            bar_times = self._ints.host[3 * n : 3 * n + time_words].reshape(n, longest)
+            np.copyto(bar_times, times[:, :longest])
+        self._ints.upload(3 * n + time_words, self.stream)
+        self._history.upload(len(series) * n * longest, self.stream)
+
+        def history(k: int) -> Any:
+            return self._history.device[k * n * longest : (k + 1) * n * longest].reshape(n, longest)
+
         closes_tn = self._floats.device[: longest * n].reshape(longest, n)
-        out = self._warm_out.device[: n * rows * N_OUT].reshape((n * rows, N_OUT))
-        args = (*self.state.arrays(), self._ints.device, n, closes_tn, out, bool(record_all))
+        out = self._warm_out.device[lasts : lasts + n * rows * N_OUT].reshape((n * rows, N_OUT))
+        arrays = self.state.arrays()
+        args = (*arrays, self._ints.device, n, closes_tn, out, bool(record_all))
         timer = self._timer_start()
-        self._launch(transpose_kernel, n, history, n, longest, closes_tn)
+        self._launch(transpose_kernel, n, history(0), n, longest, closes_tn)
         self._launch_warmup(n, args)
+        paper = self.state.strategies
+        if trading:  # the strategies over the kept rows, then the last rows gathered
+            paper.enqueue_reset_cells(n)
+            times_dev = self._ints.device[3 * n : 3 * n + time_words].reshape(n, longest)
+            prices = (history(1), history(2), history(3))
+            paper.launch_warmup(arrays[2], self._ints.device, n, times_dev, prices, history(0), out)
+            last = self._warm_out.device[:lasts].reshape((n, N_OUT))
+            self._launch(last_rows_kernel, n, out, self._ints.device, n, last)
         timer = self._timer_stop(timer)
-        self._warm_out.download(n * rows * N_OUT, self.stream)
+        self._warm_out.download(lasts if trading else n * rows * N_OUT, self.stream)
+        if trading:
+            paper.enqueue_download_cells()
         self.state.commit_warmup(self._ints.host, n)
         self.stream.synchronize()
         self._timer_read(timer)
+        if trading:
+            result[:] = self._warm_out.host[:lasts].reshape((n, N_OUT))
+            return paper.cells()
         result[:, :rows] = self._warm_out.host[: n * rows * N_OUT].reshape((n, rows, N_OUT))
+        return None
 
     def _launch_warmup(self, n: int, args) -> None:
         ring_cols = self.store.ring.shape[1]

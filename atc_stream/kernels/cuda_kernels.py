@@ -198,6 +198,18 @@ def local_warmup_kernel(ring_columns: int) -> Any:
 
 
 @_kernel
+def last_rows_kernel(out, ints, n, last):
+    """``last[s]`` = the output row of the last bar of warmup stream ``s`` (``ints[n + s]``
+    bars) in ``out``, which kept every bar's (``warmup_kernel`` with ``record_all``);
+    streams without bars are left alone."""
+    s: int = cuda.grid(1)  # type: ignore[call-arg]
+    if s < n and ints[n + s] > 0:
+        row = s * (out.shape[0] // n) + ints[n + s] - 1
+        for f in range(out.shape[1]):
+            last[s, f] = out[row, f]
+
+
+@_kernel
 def pack_outputs_kernel(out, n, spec, k, floats, flags, events):
     """The requested outputs only, field-major so that each field is one contiguous
     block on the host: for requested float column ``j < k``, ``floats[n * spec[k + j] +
@@ -278,6 +290,7 @@ def kernel_signatures(local_ring_columns: int | None = 70) -> dict[str, tuple[An
         "preview_kernel": (preview_kernel, (*state, i1, i64, i1, f1, f2f, f2f, i2f, f2c)),
         "warmup_kernel": (warmup_kernel, warmup),
         "transpose_kernel": (transpose_kernel, (f2c, i64, i64, f2c)),
+        "last_rows_kernel": (last_rows_kernel, (f2c, i1, i64, f2c)),
         "pack_outputs_kernel": (pack_outputs_kernel, (f2c, i64, i1, i64, f1, u1, nt.boolean)),
         "scatter_rows_kernel": (scatter_rows_kernel, (f2f, i1, f2c)),
         "scatter_rows_kernel(int64)": (scatter_rows_kernel, (i2f, i1, i2c)),

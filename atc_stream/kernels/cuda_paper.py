@@ -1,11 +1,13 @@
-"""The strategy step of live streams on the GPU: ``paper_cpu.live_bar`` over
-``kernels/strategy.py`` device functions, on strategy state kept on the device.
+"""The strategy step of live streams on the GPU: ``paper_cpu.slot_strategies`` over
+``kernels/strategy.py`` device functions, on strategy state kept on the device, queued
+after the ATC kernels on their stream and reading their output rows there.
 
 Design: docs/design/cuda.md, "Strategies".
 """
 
 from __future__ import annotations
 
+import math
 import types
 from collections.abc import Callable
 from typing import Any
@@ -15,9 +17,11 @@ from numba import cuda
 
 from atc_stream.kernels import cuda_simulated, paper_cpu
 from atc_stream.kernels.backtest_cuda import device_strategy
+from atc_stream.kernels.cuda_io import Staging
 from atc_stream.kernels.cuda_kernels import scatter_rows_kernel
-from atc_stream.kernels.paper_cpu import strategy_outputs
+from atc_stream.kernels.paper_cpu import MAX_TRADES_PER_BAR, strategy_outputs
 from atc_stream.state.arrays import StateStore
+from atc_stream.state.strategy_layout import N_TRADE_FIELDS
 
 _kernel = cuda.jit if cuda_simulated() else cuda.jit(lto=False)  # type: ignore[call-arg]
 
@@ -33,41 +37,74 @@ def _on_device(function: Any, **device_functions: Any) -> Any:
 
 
 live_bar = _on_device(paper_cpu.live_bar, strategy_bar=device_strategy.strategy_bar)
-slot_strategies = _on_device(paper_cpu.slot_strategies, live_bar=live_bar)
+atc_events = _on_device(paper_cpu.atc_events)
+slot_strategies = _on_device(paper_cpu.slot_strategies, live_bar=live_bar, atc_events=atc_events)
 
 
 @_kernel
 def paper_step_kernel(
-    sv, sc, entry_times, spv, spi, slots, order, start, stop, times, opens, highs, lows,
-    closes, ready, longs, shorts, side_out, equity_out, trades, trade_entry_times, n_closed,
+    sv, sc, entry_times, spv, spi, counters, ready_bars, plan, m, start, stop,
+    times, opens, highs, lows, closes, atc_out,
+    side_out, equity_out, trades, trade_entry_times, n_closed,
 ):  # fmt: skip
-    """One round of ``paper_cpu.strategy_step``: thread ``q - start`` steps every
-    strategy of update ``order[q]``'s slot."""
-    q = start + cuda.grid(1)  # type: ignore[call-arg]
-    if q < stop:
-        u = order[q]
+    """One round of ``paper_cpu.strategy_step``, launched after the round's
+    ``step_kernel`` with its plan, inputs and output rows: thread ``k - start`` steps
+    every strategy of slot ``plan[k]`` on update ``u = plan[m + k]``'s bar and row."""
+    k = start + cuda.grid(1)  # type: ignore[call-arg]
+    if k < stop:
+        u = plan[m + k]
         slot_strategies(
-            sv, sc, entry_times, spv, spi, slots[u], times[u],
-            opens[u], highs[u], lows[u], closes[u], ready[u], longs[u], shorts[u],
+            sv, sc, entry_times, spv, spi, counters, ready_bars, plan[k], times[u],
+            opens[u], highs[u], lows[u], closes[u], atc_out, u,
             u, side_out, equity_out, trades, trade_entry_times, n_closed,
         )  # fmt: skip
 
 
 @_kernel
 def paper_warmup_kernel(
-    sv, sc, entry_times, spv, spi, slots, times, opens, highs, lows, closes, counts,
-    ready, longs, shorts, side_out, equity_out, trades, trade_entry_times, n_closed,
+    sv, sc, entry_times, spv, spi, counters, ready_bars, ints, n,
+    times, opens, highs, lows, closes, atc_out,
+    side_out, equity_out, trades, trade_entry_times, n_closed,
 ):  # fmt: skip
-    """``paper_cpu.strategy_warmup``: thread ``s`` runs history row ``s``."""
+    """``paper_cpu.strategy_warmup`` after ``warmup_kernel`` kept every bar's output
+    rows: thread ``s`` runs history row ``s`` (slot ``ints[s]``, ``ints[n + s]`` bars)."""
     s: int = cuda.grid(1)  # type: ignore[call-arg]
-    if s < slots.shape[0]:
-        for t in range(counts[s]):
+    if s < n:
+        width = times.shape[1]
+        for t in range(ints[n + s]):
             slot_strategies(
-                sv, sc, entry_times, spv, spi, slots[s], times[s, t],
-                opens[s, t], highs[s, t], lows[s, t], closes[s, t],
-                ready[s, t], longs[s, t], shorts[s, t],
+                sv, sc, entry_times, spv, spi, counters, ready_bars, ints[s], times[s, t],
+                opens[s, t], highs[s, t], lows[s, t], closes[s, t], atc_out, s * width + t,
                 s, side_out, equity_out, trades, trade_entry_times, n_closed,
             )  # fmt: skip
+
+
+@_kernel
+def reset_cells_kernel(floats, ints):
+    """The strategy outputs before a step: floats NaN, ints 0 (``strategy_outputs``)."""
+    i: int = cuda.grid(1)  # type: ignore[call-arg]
+    if i < floats.shape[0]:
+        floats[i] = math.nan
+    if i < ints.shape[0]:
+        ints[i] = 0
+
+
+#: per output cell: equity and the trades (floats); side, n_closed, entry times (ints)
+CELL_FLOATS = 1 + MAX_TRADES_PER_BAR * N_TRADE_FIELDS
+CELL_INTS = 2 + MAX_TRADES_PER_BAR
+
+
+def cell_views(floats: Any, ints: Any, n_cells: int) -> dict[str, Any]:
+    """``strategy_outputs``' arrays as views of one float and one int block (device or
+    host arrays): one copy each way."""
+    c = n_cells
+    return {
+        "side": ints[:c],
+        "equity": floats[:c],
+        "trades": floats[c : c * CELL_FLOATS].reshape((c, MAX_TRADES_PER_BAR, N_TRADE_FIELDS)),
+        "trade_entry_times": ints[2 * c : c * CELL_INTS].reshape((c, MAX_TRADES_PER_BAR)),
+        "n_closed": ints[c : 2 * c],
+    }
 
 
 def paper_signatures() -> dict[str, tuple[Any, tuple]]:
@@ -77,32 +114,50 @@ def paper_signatures() -> dict[str, tuple[Any, tuple]]:
 
     f1, f2, f3 = (nt.Array(nt.float64, d, "C") for d in (1, 2, 3))
     i1, i2 = (nt.Array(nt.int64, d, "C") for d in (1, 2))
-    b1, b2 = (nt.Array(nt.boolean, d, "C") for d in (1, 2))
-    table = (f2, i2, i1, f2, i2)
+    counters = nt.Array(nt.int64, 2, "F")  # the ATC state's, F order on the device
+    i64 = nt.int64
+    table = (f2, i2, i1, f2, i2, counters, i1)
     outputs = (i1, f1, f3, i2, i1)
-    step = (*table, i1, i1, nt.int64, nt.int64, i1, f1, f1, f1, f1, b1, b1, b1, *outputs)
-    warmup = (*table, i1, i2, f2, f2, f2, f2, i1, b2, b2, b2, *outputs)
+    step = (*table, i1, i64, i64, i64, i1, f1, f1, f1, f1, f2, *outputs)
+    warmup = (*table, i1, i64, i2, f2, f2, f2, f2, f2, *outputs)
     return {
         "paper_step_kernel": (paper_step_kernel, step),
         "paper_warmup_kernel": (paper_warmup_kernel, warmup),
+        "reset_cells_kernel": (reset_cells_kernel, (f1, i1)),
         "scatter_rows_kernel(strategy)": (scatter_rows_kernel, (f2, i1, f2)),
         "scatter_rows_kernel(strategy int64)": (scatter_rows_kernel, (i2, i1, i2)),
     }
 
 
 _STATE = ("strategy_values", "strategy_counters", "strategy_entry_times")
+#: the output arrays in the paper kernels' argument order
+_CELLS = ("side", "equity", "trades", "trade_entry_times", "n_closed")
 
 
 class DeviceStrategies:
     """A ``StateStore``'s strategy state on the device, authoritative there; the store's
     strategy arrays are its host mirror, brought current by ``pull``. ``DeviceState``
-    calls ``push``/``pull``/``upload_slots``/``merge_into_store`` with its own."""
+    calls ``push``/``pull``/``upload_slots``/``merge_into_store`` with its own; the
+    backend queues the paper kernels after its ATC kernels (``launch_round``,
+    ``launch_warmup``) with the inputs and output cells in pinned staging blocks."""
 
-    def __init__(self, store: StateStore, stream: Any, launch: Callable[..., None]) -> None:
+    def __init__(
+        self,
+        store: StateStore,
+        stream: Any,
+        launch: Callable[..., None],
+        staging: Callable[[Any], Staging],
+    ) -> None:
         self.store = store
         self.stream = stream
         self._launch = launch
         self._dev: dict[str, Any] | None = None
+        self._prices = staging(np.float64)  # a step's opens, highs, lows
+        self._cell_floats = staging(np.float64)
+        self._cell_ints = staging(np.int64)
+        self._n_rows = 0
+        self._n_cells = 0
+        self._cells: tuple[Any, ...] = ()
 
     def free(self) -> None:
         self._dev = None
@@ -116,6 +171,8 @@ class DeviceStrategies:
         dev = {name: cuda.to_device(getattr(s, name), stream=self.stream) for name in _STATE}
         dev["spv"] = cuda.to_device(s.strategies.values, stream=self.stream)
         dev["spi"] = cuda.to_device(s.strategies.ints, stream=self.stream)
+        ready_bars = s.params.ready_bars if len(s.params) else np.zeros(1, np.int64)
+        dev["ready_bars"] = cuda.to_device(ready_bars, stream=self.stream)
         self._dev = dev
 
     def _download(self) -> dict[str, np.ndarray]:
@@ -158,49 +215,69 @@ class DeviceStrategies:
             self._launch(scatter_rows_kernel, rows.shape[0], target, dev_rows, src)
         self.stream.synchronize()
 
-    def _table(self) -> tuple[Any, ...]:
+    def _table(self, counters: Any) -> tuple[Any, ...]:
+        """The paper kernels' leading arguments (``counters``: the ATC state's)."""
         d = self._dev
         assert d is not None, "push() first"
-        return tuple(d[name] for name in (*_STATE, "spv", "spi"))
+        return (*(d[name] for name in (*_STATE, "spv", "spi")), counters, d["ready_bars"])
 
-    def _to_device(self, *arrays: np.ndarray) -> list[Any]:
-        return [cuda.to_device(np.ascontiguousarray(a), stream=self.stream) for a in arrays]
+    # -- a step or warmup's strategy outputs: two pinned blocks, one copy back each -------
 
-    def _outputs(self, n_cells: int) -> tuple[dict[str, np.ndarray], list[Any]]:
-        host = strategy_outputs(n_cells)
-        return host, self._to_device(*host.values())
+    def enqueue_reset_cells(self, n_rows: int) -> None:
+        """Room for the output cells of ``n_rows`` updates or history rows, reset on
+        the device (``strategy_outputs``' values) by a launch on the stream."""
+        n_cells = n_rows * len(self.store.strategies)
+        self._n_rows = n_rows
+        self._cell_floats.reserve(n_cells * CELL_FLOATS)
+        self._cell_ints.reserve(n_cells * CELL_INTS)
+        self._n_cells = n_cells
+        floats = self._cell_floats.device[: n_cells * CELL_FLOATS]
+        ints = self._cell_ints.device[: n_cells * CELL_INTS]
+        self._launch(reset_cells_kernel, n_cells * CELL_FLOATS, floats, ints)
+        views = cell_views(self._cell_floats.device, self._cell_ints.device, n_cells)
+        self._cells = tuple(views[name] for name in _CELLS)
 
-    def _collect(self, host: dict[str, np.ndarray], dev: list[Any]) -> dict[str, np.ndarray]:
-        for values, array in zip(host.values(), dev, strict=True):
-            array.copy_to_host(values, stream=self.stream)
-        self.stream.synchronize()
-        return host
+    def enqueue_download_cells(self) -> None:
+        """Copy the output cells back (two copies on the stream)."""
+        self._cell_floats.download(self._n_cells * CELL_FLOATS, self.stream)
+        self._cell_ints.download(self._n_cells * CELL_INTS, self.stream)
 
-    def step(
-        self, slots, times, opens, highs, lows, closes, ready, longs, shorts, order, round_starts
-    ) -> dict[str, np.ndarray]:
-        """``paper_cpu.run_strategy_step`` on the device state, one launch per round."""
-        n_cells = slots.shape[0] * len(self.store.strategies)
-        if order.shape[0] == 0:
-            return strategy_outputs(n_cells)
-        host, out = self._outputs(n_cells)
-        ids = self._to_device(slots, order)
-        bars = self._to_device(times, opens, highs, lows, closes, ready, longs, shorts)
-        for r in range(round_starts.shape[0] - 1):
-            a, b = int(round_starts[r]), int(round_starts[r + 1])
-            self._launch(paper_step_kernel, b - a, *self._table(), *ids, a, b, *bars, *out)
-        return self._collect(host, out)
+    def cells(self) -> dict[str, np.ndarray]:
+        """After the stream synchronised: the output cells, copied out of the pinned
+        blocks (reused by the next call)."""
+        views = cell_views(self._cell_floats.host, self._cell_ints.host, self._n_cells)
+        return {name: np.array(views[name]) for name in strategy_outputs(0)}
 
-    def warmup(
-        self, slots, times, opens, highs, lows, closes, counts, ready, longs, shorts
-    ) -> dict[str, np.ndarray]:
-        """``paper_cpu.run_strategy_warmup`` on the device state, one thread per row."""
-        n_cells = slots.shape[0] * len(self.store.strategies)
-        if n_cells == 0:
-            return strategy_outputs(n_cells)
-        host, out = self._outputs(n_cells)
-        args = self._to_device(
-            slots, times, opens, highs, lows, closes, counts, ready, longs, shorts
-        )
-        self._launch(paper_warmup_kernel, slots.shape[0], *self._table(), *args, *out)
-        return self._collect(host, out)
+    # -- launches ----------------------------------------------------------------------------
+
+    def stage_step(self, ohlc: tuple[np.ndarray, ...]) -> None:
+        """A step's opens, highs and lows into one pinned block (no copy yet)."""
+        n = ohlc[0].shape[0]
+        self._prices.reserve(3 * n)
+        for k, values in enumerate(ohlc):
+            self._prices.host[k * n : (k + 1) * n] = values
+
+    def enqueue_step_inputs(self, n: int) -> None:
+        """Upload the staged prices of ``n`` updates (one copy) and reset their cells."""
+        self._prices.upload(3 * n, self.stream)
+        self.enqueue_reset_cells(n)
+
+    def launch_round(
+        self, counters, plan, m: int, start: int, stop: int, times, closes, atc_out
+    ) -> None:  # fmt: skip
+        """``paper_step_kernel`` over plan entries ``[start, stop)`` of the step whose
+        inputs and output rows are on the device (``enqueue_step_inputs`` first)."""
+        n, p = self._n_rows, self._prices.device
+        self._launch(
+            paper_step_kernel, stop - start, *self._table(counters), plan, m, start, stop,
+            times, p[:n], p[n : 2 * n], p[2 * n : 3 * n], closes, atc_out, *self._cells,
+        )  # fmt: skip
+
+    def launch_warmup(self, counters, ints, n: int, times, prices, closes, atc_out) -> None:
+        """``paper_warmup_kernel`` over ``n`` history rows after the ATC warmup kept
+        every bar's output rows ``atc_out`` (``enqueue_reset_cells(n)`` first)."""
+        o, h, lo = prices
+        self._launch(
+            paper_warmup_kernel, n, *self._table(counters), ints, n, times, o, h, lo, closes,
+            atc_out, *self._cells,
+        )  # fmt: skip

@@ -64,7 +64,7 @@ class DeviceState:
         self._table_length = 0
         self._growth_table: Any = None
         #: the strategy state of a paper-trading engine, kept beside the ATC state
-        self.strategies = DeviceStrategies(store, stream, launch)
+        self.strategies = DeviceStrategies(store, stream, launch, staging)
 
     @property
     def on_device(self) -> bool:

@@ -1,15 +1,18 @@
 """The strategy step of live streams on the CPU: ``kernels/strategy.py``'s ``strategy_bar``
-over the strategy rows of the slots an engine step or warmup updated."""
+over the strategy rows of the slots an engine step or warmup updated, on the events of
+their ATC output rows (``atc_events``, the one rule for every backend)."""
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
 
+from atc_stream.core.output_row import OUT_BAR_INDEX, OUT_LONG, OUT_SHORT
 from atc_stream.kernels import threads as threading_policy
 from atc_stream.kernels.backtest_cpu import strategy_bar
 from atc_stream.kernels.cache import cached_jit
-from atc_stream.kernels.cpu import compile_both
+from atc_stream.kernels.compile import compile_both
+from atc_stream.state.layout import PARAM_ROW
 from atc_stream.state.strategy_layout import (
     N_TRADE_FIELDS,
     S_BARS,
@@ -57,12 +60,23 @@ def live_bar(
 
 
 @cached_jit(njit(error_model="numpy", inline="always", cache=True))
+def atc_events(atc_out, atc_row, counters, ready_bars, slot):
+    """``(ready, long, short)`` of the bar whose ATC outputs are ``atc_out[atc_row]``, a bar
+    of ``slot``: ready from its parameter set's first ready bar on (``ready_bars``, as the
+    ``ready`` column), an event where its column holds 1.0."""
+    ready = atc_out[atc_row, OUT_BAR_INDEX] >= ready_bars[counters[slot, PARAM_ROW]]
+    return ready, atc_out[atc_row, OUT_LONG] == 1.0, atc_out[atc_row, OUT_SHORT] == 1.0
+
+
+@cached_jit(njit(error_model="numpy", inline="always", cache=True))
 def slot_strategies(
-    sv, sc, entry_times, spv, spi, slot, t, o, h, lo, c, ready, long_event, short_event,
-    row, side_out, equity_out, trades, trade_entry_times, n_closed,
+    sv, sc, entry_times, spv, spi, counters, ready_bars, slot, t, o, h, lo, c,
+    atc_out, atc_row, row, side_out, equity_out, trades, trade_entry_times, n_closed,
 ):  # fmt: skip
-    """``live_bar`` of every strategy ``k`` of ``slot`` at one bar: strategy row
-    ``slot * n_strategies + k``, outputs to cell ``row * n_strategies + k``."""
+    """``live_bar`` of every strategy ``k`` of ``slot`` at one bar, on the events of its
+    ATC outputs ``atc_out[atc_row]``: strategy row ``slot * n_strategies + k``, outputs
+    to cell ``row * n_strategies + k``."""
+    ready, long_event, short_event = atc_events(atc_out, atc_row, counters, ready_bars, slot)
     n = spv.shape[0]
     for k in range(n):
         live_bar(
@@ -73,36 +87,37 @@ def slot_strategies(
 
 
 def strategy_step(
-    sv, sc, entry_times, spv, spi, slots, times, opens, highs, lows, closes,
-    ready, longs, shorts, order, round_starts,
+    sv, sc, entry_times, spv, spi, counters, ready_bars, slots, times, opens, highs, lows,
+    closes, atc_out, order, round_starts,
     side_out, equity_out, trades, trade_entry_times, n_closed,
 ):  # fmt: skip
     """Every strategy of the slot of each update ``u`` in the planned rounds
-    (``batch.plan_rounds``), after the ATC step of those rounds; outputs to cells
-    ``u * n_strategies + k``."""
+    (``batch.plan_rounds``), after the ATC step of those rounds (its output rows
+    ``atc_out[u]``); outputs to cells ``u * n_strategies + k``."""
     for r in range(round_starts.shape[0] - 1):
         for q in prange(round_starts[r], round_starts[r + 1]):
             u = order[q]
             slot_strategies(
-                sv, sc, entry_times, spv, spi, slots[u], times[u],
-                opens[u], highs[u], lows[u], closes[u], ready[u], longs[u], shorts[u],
+                sv, sc, entry_times, spv, spi, counters, ready_bars, slots[u], times[u],
+                opens[u], highs[u], lows[u], closes[u], atc_out, u,
                 u, side_out, equity_out, trades, trade_entry_times, n_closed,
             )  # fmt: skip
 
 
 def strategy_warmup(
-    sv, sc, entry_times, spv, spi, slots, times, opens, highs, lows, closes, counts,
-    ready, longs, shorts, side_out, equity_out, trades, trade_entry_times, n_closed,
+    sv, sc, entry_times, spv, spi, counters, ready_bars, slots, times, opens, highs, lows,
+    closes, counts, atc_out, side_out, equity_out, trades, trade_entry_times, n_closed,
 ):  # fmt: skip
     """``counts[s]`` bars of history row ``s`` through every strategy of slot
-    ``slots[s]``, in time order; the cells ``s * n_strategies + k`` keep the outputs of
-    the last bar."""
+    ``slots[s]``, in time order, after the ATC warmup that kept every bar's outputs
+    (bar ``t``'s in ``atc_out[s * width + t]``, ``width = times.shape[1]``); the cells
+    ``s * n_strategies + k`` keep the outputs of the last bar."""
+    width = times.shape[1]
     for s in prange(slots.shape[0]):
         for t in range(counts[s]):
             slot_strategies(
-                sv, sc, entry_times, spv, spi, slots[s], times[s, t],
-                opens[s, t], highs[s, t], lows[s, t], closes[s, t],
-                ready[s, t], longs[s, t], shorts[s, t],
+                sv, sc, entry_times, spv, spi, counters, ready_bars, slots[s], times[s, t],
+                opens[s, t], highs[s, t], lows[s, t], closes[s, t], atc_out, s * width + t,
                 s, side_out, equity_out, trades, trade_entry_times, n_closed,
             )  # fmt: skip
 
@@ -129,11 +144,20 @@ def _outputs_args(out: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
     return out["side"], out["equity"], out["trades"], out["trade_entry_times"], out["n_closed"]
 
 
+def _table(store) -> tuple[np.ndarray, ...]:
+    """The drivers' leading arguments: strategy state and table, ATC counters, ready bars."""
+    return (
+        store.strategy_values, store.strategy_counters, store.strategy_entry_times,
+        store.strategies.values, store.strategies.ints, store.counters, store.params.ready_bars,
+    )  # fmt: skip
+
+
 def run_strategy_step(
-    store, slots, times, opens, highs, lows, closes, ready, longs, shorts, order, round_starts,
+    store, slots, times, opens, highs, lows, closes, atc_out, order, round_starts,
     threads: int | None = None,
 ) -> dict[str, np.ndarray]:  # fmt: skip
-    """``strategy_step`` on ``store``'s strategy state; returns the cells' outputs."""
+    """``strategy_step`` on ``store``'s strategy state after the ATC step whose output
+    rows are ``atc_out``; returns the cells' outputs."""
     out = strategy_outputs(slots.shape[0] * len(store.strategies))
     n_rounds = max(round_starts.shape[0] - 1, 1)
     widest = order.shape[0] if n_rounds == 1 else int(np.diff(round_starts).max())
@@ -142,24 +166,24 @@ def run_strategy_step(
     threading_policy.run(
         strategy_step_serial, strategy_step_parallel,
         threading_policy.choose_threads(order.shape[0] // n_rounds, widest, threads),
-        store.strategy_values, store.strategy_counters, store.strategy_entry_times,
-        store.strategies.values, store.strategies.ints, slots, times, opens, highs, lows,
-        closes, ready, longs, shorts, order, round_starts, *_outputs_args(out),
+        *_table(store), slots, times, opens, highs, lows, closes, atc_out, order,
+        round_starts, *_outputs_args(out),
     )  # fmt: skip
     return out
 
 
 def run_strategy_warmup(
-    store, slots, times, opens, highs, lows, closes, counts, ready, longs, shorts,
+    store, slots, times, opens, highs, lows, closes, counts, atc_out,
     threads: int | None = None,
 ) -> dict[str, np.ndarray]:  # fmt: skip
-    """``strategy_warmup`` on ``store``'s strategy state; returns the last bars' outputs."""
+    """``strategy_warmup`` on ``store``'s strategy state after the ATC warmup whose every
+    bar's output rows are ``atc_out`` (``(rows, width, N_OUT)``); returns the last bars'
+    outputs."""
     out = strategy_outputs(slots.shape[0] * len(store.strategies))
     threading_policy.run(
         strategy_warmup_serial, strategy_warmup_parallel,
         threading_policy.choose_threads(int(counts.sum()), slots.shape[0], threads),
-        store.strategy_values, store.strategy_counters, store.strategy_entry_times,
-        store.strategies.values, store.strategies.ints, slots, times, opens, highs, lows,
-        closes, counts, ready, longs, shorts, *_outputs_args(out),
+        *_table(store), slots, times, opens, highs, lows, closes, counts,
+        atc_out.reshape(-1, atc_out.shape[-1]), *_outputs_args(out),
     )  # fmt: skip
     return out
