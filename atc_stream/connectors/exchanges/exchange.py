@@ -82,7 +82,7 @@ class Exchange(ABC):
     Class attributes: ``name`` (the ``--exchange`` value), default ``ws_url`` and
     ``rest_url`` (None where a library picks them), ``limits``, ``intervals`` (our
     interval -> the exchange's name), ``max_topics_per_connection``, and the symbol
-    rule ``symbol_pattern`` with an ``symbol_examples`` line for errors.
+    rule ``symbol_pattern`` with a ``symbol_examples`` line for errors.
     """
 
     name: str
