@@ -7,7 +7,7 @@ Run from the repository root (needs redis-server and the ``live``/``redis`` extr
     .venv/bin/python benchmarks/bench_live.py --symbols 20 200 1000 --bars 30
 
 A local exchange in Binance's format (the websocket + REST server of
-``tests/test_binance_live.py``) serves ``--history`` closed bars per symbol over REST,
+``tests/exchange_emulators.py``) serves ``--history`` closed bars per symbol over REST,
 then sends every symbol's closed 1-second kline once per second of wall clock,
 stamping each kline when its websocket send returns. A real ``atc-stream live
 --redis`` process (warm kernel cache: ``atc-stream compile`` runs first) consumes it,
@@ -43,14 +43,12 @@ from websockets.frames import Frame, Opcode
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-import test_binance_live  # noqa: E402
+from exchange_emulators import FakeExchange, make_bars  # noqa: E402
 from redis_fixtures import RedisServer  # noqa: E402
-from test_binance_live import FakeExchange, make_bars  # noqa: E402
 
 # Wall-clock bars: the exchange serves 1-second klines, so open times follow the clock
 # (the client rejects closed klines from the future, as it must on a real feed).
 INTERVAL, IMS = "1s", 1_000
-test_binance_live.INTERVAL, test_binance_live.IMS = INTERVAL, IMS
 
 STREAMS_PER_CONNECTION = 200
 MEASURE_FROM_BAR = 5  # CPU per bar is measured from this many live bars on, to the end
@@ -67,7 +65,10 @@ class WallClockExchange(FakeExchange):
     """
 
     def __init__(self, closes, start, *, t0: int, connections: int, writes: str) -> None:
-        super().__init__(closes, start, previews_per_bar=0, t0=t0, wait_connections=connections)
+        super().__init__(
+            closes, start, previews_per_bar=0, t0=t0, wait_connections=connections,
+            interval=INTERVAL,
+        )  # fmt: skip
         self.sent_at: dict[tuple[str, int], float] = {}  # (symbol, bar open ms) -> sent
         self.writes = writes
 

@@ -46,6 +46,7 @@ NETWORK_FAILURES = (
 REDIS = "redis://127.0.0.1:1"
 NEEDS_AN_EXTRA = {
     "live": ("live --symbols BTCUSDT --max-seconds 1", "aiohttp", "live"),
+    "ccxt": ("live --exchange ccxt:okx --symbols BTC/USDT --max-seconds 1", "ccxt", "ccxt"),
     "redis": (f"replay {{bars}} --redis {REDIS}", "redis", "redis"),
     "subscribe": (f"subscribe --redis {REDIS} --count 1", "redis", "redis"),
     "run-stream": (f"run-stream --redis {REDIS} --input-stream bars", "redis", "redis"),

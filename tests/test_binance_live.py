@@ -1,12 +1,14 @@
-"""Live kline client against real local servers (websocket + HTTP on 127.0.0.1, no mocks).
+"""Live kline client on Binance spot against real local servers (websocket + HTTP on
+127.0.0.1, no mocks).
 
-``FakeExchange`` speaks the exchange's combined-stream kline format and serves
-``/api/v3/klines`` from one fixed, deterministic bar set. Its ticker publishes bar
-after bar (a few in-progress klines, then the closed one) to whoever is connected,
-and can misbehave on cue: close connections (cleanly, abruptly, mid-message), stall,
-inject hostile messages, and answer REST with 429/500/timeouts/garbage. Every test
-checks that the client's closed-bar outputs hold every bar exactly once and equal
-``atc_stream.compute`` over the same closes, bit for bit.
+``FakeExchange`` (``exchange_emulators.BinanceEmulator``) speaks the exchange's
+combined-stream kline format and serves ``/api/v3/klines`` from one fixed,
+deterministic bar set. Its ticker publishes bar after bar (a few in-progress klines,
+then the closed one) to whoever is connected, and can misbehave on cue: close
+connections (cleanly, abruptly, mid-message), stall, inject hostile messages, and
+answer REST with 429/500/timeouts/garbage. Every test checks that the client's
+closed-bar outputs hold every bar exactly once and equal ``atc_stream.compute`` over
+the same closes, bit for bit.
 """
 
 from __future__ import annotations
@@ -14,10 +16,8 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import threading
 import time
 from collections import Counter
-from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 import pytest
@@ -26,10 +26,8 @@ pytest.importorskip("websockets")
 pytest.importorskip("aiohttp")
 
 from aiohttp import web  # noqa: E402
-from websockets.asyncio.server import serve  # noqa: E402
-from websockets.exceptions import ConnectionClosed  # noqa: E402
 
-from atc_stream import ATCParams, Engine, compute  # noqa: E402
+from atc_stream import Engine, compute  # noqa: E402
 from atc_stream.core.schema import SCHEMA_VERSION
 
 try:  # a real redis-server for the --redis test (skipped without one)
@@ -41,347 +39,31 @@ except ImportError:  # pragma: no cover
         pytest.skip("tests/redis_fixtures.py is not available")
 
 
+from exchange_emulators import (  # noqa: E402
+    IMS,
+    INTERVAL,
+    T0,
+    FakeExchange,
+    assert_exact,
+    collect,
+    compile_kernels,
+    fast_config,
+    make_bars,
+    run_client,
+)
+from exchange_emulators import feed as feed_symbols  # noqa: E402
+
 from atc_stream.connectors.exchanges.config import LiveConfig, LiveStats  # noqa: E402
 from atc_stream.connectors.exchanges.feed import KlineClient  # noqa: E402
-from atc_stream.connectors.exchanges.klines import KlineParser  # noqa: E402
 from atc_stream.connectors.exchanges.rest import TokenBucket  # noqa: E402
+from atc_stream.connectors.exchanges.venues.binance import BinanceParser  # noqa: E402
 from atc_stream.connectors.retry import Backoff  # noqa: E402
 from atc_stream.core.intervals import interval_ms, next_open  # noqa: E402
-
-INTERVAL = "1m"
-IMS = 60_000
-T0 = 1_700_000_040_000 - 1_700_000_040_000 % IMS
-
-
-def make_bars(symbols, n_bars, seed=3):
-    """Deterministic random walks on a 0.01 grid (ties happen, as with real prices)."""
-    rng = np.random.default_rng(seed)
-    out = {}
-    for s in symbols:
-        steps = rng.normal(0, 0.004, n_bars)
-        steps[rng.random(n_bars) < 0.05] = 0.0
-        out[s] = np.maximum(np.round(rng.uniform(20, 500) * np.exp(np.cumsum(steps)), 2), 0.01)
-    return out
-
-
-def fmt(x: float) -> str:
-    return repr(float(x))
-
-
-class FakeExchange:
-    """A Binance-like kline exchange on 127.0.0.1 in its own thread and event loop."""
-
-    def __init__(
-        self,
-        closes: dict[str, np.ndarray],
-        start: int,
-        *,
-        previews_per_bar: int = 2,
-        bar_pause: float = 0.006,
-        wait_connections: int = 1,
-        faults: dict[int, list] | None = None,
-        rest_faults: list[str] | None = None,
-        slow_seconds: float = 1.0,
-        t0: int = T0,
-    ) -> None:
-        self.t0 = t0  # open time of bar 0
-        self.closes = closes
-        self.n_bars = len(next(iter(closes.values())))
-        self.cursor = start  # bars < cursor are closed; bar `cursor` is in progress
-        self.previews_per_bar = previews_per_bar
-        self.bar_pause = bar_pause
-        self.wait_connections = wait_connections
-        self.faults = faults or {}  # bar index -> actions done before its closed kline
-        self.rest_faults = list(rest_faults or [])
-        self.slow_seconds = slow_seconds
-        self._conns: list[dict] = []
-        self._all_ws: list = []
-        self.ws_connections = 0
-        self.paths: list[str] = []
-        self.extensions: list[str | None] = []  # negotiated Sec-WebSocket-Extensions
-        self.rest_requests: list[dict] = []
-        self.rest_answers = Counter()
-        self.done = False
-        self.applied: Counter = Counter()  # fault actions that hit a connection
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._main, daemon=True)
-
-    # -- lifecycle -----------------------------------------------------------------------
-
-    def __enter__(self) -> FakeExchange:
-        self._thread.start()
-        assert self._ready.wait(10), "fake exchange did not start"
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.loop.call_soon_threadsafe(self._stopping.set)
-        self._thread.join(10)
-        assert not self._thread.is_alive(), "fake exchange did not stop"
-
-    def _main(self) -> None:
-        asyncio.run(self._serve())
-
-    async def _serve(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self._stopping = asyncio.Event()
-        app = web.Application()
-        app.router.add_get("/api/v3/klines", self._klines)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        self.rest_port = runner.addresses[0][1]
-        async with serve(self._handler, "127.0.0.1", 0, close_timeout=0.2) as server:
-            self.ws_port = server.sockets[0].getsockname()[1]
-            ticker = asyncio.ensure_future(self._ticker())
-            self._ready.set()
-            await self._stopping.wait()
-            ticker.cancel()
-            for conn in self._conns:
-                conn["queue"].put_nowait(("abort",))
-            for ws in self._all_ws:
-                ws.transport.abort()
-        await runner.cleanup()
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.ws_port}"
-
-    @property
-    def rest_url(self) -> str:
-        return f"http://127.0.0.1:{self.rest_port}"
-
-    @property
-    def now_ms(self) -> int:
-        """The exchange clock: the middle of the bar in progress."""
-        return self.t0 + self.cursor * IMS + IMS // 2
-
-    def wait_for_bar(self, i: int) -> None:
-        """Returns once bar ``i`` is in progress (every bar before it has closed)."""
-        deadline = time.monotonic() + 10
-        while self.cursor < i:
-            assert time.monotonic() < deadline, "the exchange stopped closing bars"
-            time.sleep(0.005)
-
-    # -- data ------------------------------------------------------------------------------
-
-    def kline(self, symbol: str, i: int, close: float, closed: bool) -> list:
-        t = self.t0 + i * IMS
-        return [t, close, close, close, close, 1.5, t + IMS - 1, closed]
-
-    def ws_message(self, symbol: str, i: int, close: float, closed: bool) -> str:
-        t = self.t0 + i * IMS
-        k = {
-            "t": t, "T": t + IMS - 1, "s": symbol, "i": INTERVAL, "f": 1, "L": 2,
-            "o": fmt(close), "c": fmt(close), "h": fmt(close), "l": fmt(close),
-            "v": "1.5", "n": 2, "x": closed, "q": "0", "V": "0", "Q": "0", "B": "0",
-        }  # fmt: skip
-        data = {"e": "kline", "E": self.now_ms, "s": symbol, "k": k}
-        return json.dumps({"stream": f"{symbol.lower()}@kline_{INTERVAL}", "data": data})
-
-    def preview_close(self, symbol: str, i: int, p: int) -> float:
-        base = self.closes[symbol][min(i, self.n_bars - 1)]
-        return round(base * (1 + 0.002 * (p + 1)), 2)
-
-    # -- websocket -------------------------------------------------------------------------
-
-    async def _handler(self, ws) -> None:
-        query = parse_qs(urlparse(ws.request.path).query)
-        self.paths.append(ws.request.path)
-        self.extensions.append(ws.response.headers.get("Sec-WebSocket-Extensions"))
-        streams = query.get("streams", [""])[0].split("/")
-        symbols = {s.split("@")[0].upper() for s in streams if s}
-        conn = {"ws": ws, "symbols": symbols, "queue": asyncio.Queue()}
-        self._all_ws.append(ws)
-        self._conns.append(conn)
-        self.ws_connections += 1
-        try:
-            while True:
-                item = await conn["queue"].get()
-                if isinstance(item, str):
-                    await ws.send(item)
-                    continue
-                action = item[0]
-                if action == "close":
-                    await ws.close()
-                    return
-                if action == "abort":
-                    ws.transport.abort()
-                    return
-                if action == "midmessage":  # a frame header promising 256 bytes, then 15
-                    ws.transport.write(b"\x81\x7e\x01\x00" + b'{"stream": "xx')
-                    ws.transport.abort()
-                    return
-                if action == "stall":  # keep the socket open, never send again
-                    self._conns.remove(conn)
-                    conn = None
-                    await ws.wait_closed()
-                    return
-        except ConnectionClosed:
-            pass
-        finally:
-            if conn is not None:
-                self._conns.remove(conn)
-
-    def _broadcast(self, symbol: str, message: str) -> None:
-        for conn in self._conns:
-            if symbol in conn["symbols"]:
-                conn["queue"].put_nowait(message)
-
-    def _act(self, action) -> bool:
-        """Fault actions: ('close'|'abort'|'midmessage'|'stall', n) hits n connections;
-        ('raw', symbol, message) sends a raw message to the symbol's connection.
-        False when there was no connection to act on (the action waits for one)."""
-        if action[0] == "raw":
-            self._broadcast(action[1], action[2])
-            return True
-        alive = [c for c in self._conns if not c.get("doomed")]
-        targets = alive[: action[1] if len(action) > 1 else None]
-        if not targets:
-            return False
-        for conn in targets:
-            conn["doomed"] = True
-            conn["queue"].put_nowait((action[0],))
-            self.applied[action[0]] += 1
-        return True
-
-    async def _ticker(self) -> None:
-        while len(self._conns) < self.wait_connections:
-            await asyncio.sleep(0.005)
-        for i in range(self.cursor, self.n_bars):
-            for p in range(self.previews_per_bar):
-                for s in self.closes:
-                    self._broadcast(s, self.ws_message(s, i, self.preview_close(s, i, p), False))
-                await asyncio.sleep(self.bar_pause / max(self.previews_per_bar, 1))
-            for action in self.faults.get(i, []):
-                deadline = time.monotonic() + 10
-                while not self._act(action) and time.monotonic() < deadline:
-                    await asyncio.sleep(0.005)  # wait for the client to reconnect
-            for s in self.closes:
-                self._broadcast(s, self.ws_message(s, i, self.closes[s][i], True))
-            self.cursor = i + 1
-        self.done = True
-        while True:  # the next bar stays in progress: clients learn they are up to date
-            for s in self.closes:
-                close = self.preview_close(s, self.n_bars, 0)
-                self._broadcast(s, self.ws_message(s, self.n_bars, close, False))
-            await asyncio.sleep(0.02)
-
-    # -- REST ------------------------------------------------------------------------------
-
-    async def _klines(self, request: web.Request) -> web.Response:
-        q = request.query
-        self.rest_requests.append(dict(q))
-        fault = self.rest_faults.pop(0) if self.rest_faults else None
-        if fault is not None:
-            self.rest_answers[fault] += 1
-        if fault == "429":
-            return web.Response(status=429, headers={"Retry-After": "0"}, text="slow down")
-        if fault == "500":
-            return web.Response(status=502, text="bad gateway")
-        if fault == "garbage":
-            return web.Response(status=200, text="<html>oops</html>")
-        if fault == "slow":
-            await asyncio.sleep(self.slow_seconds)
-        symbol = q.get("symbol", "")
-        if symbol not in self.closes or q.get("interval") != INTERVAL:
-            return web.json_response({"code": -1121, "msg": "Invalid symbol."}, status=400)
-        limit = min(int(q.get("limit", 500)), 1000)
-        start = int(q["startTime"]) if "startTime" in q else None
-        end = int(q["endTime"]) if "endTime" in q else None
-        closes = self.closes[symbol]
-        rows = []
-        for i in range(0, min(self.cursor, self.n_bars - 1) + 1):
-            t = self.t0 + i * IMS
-            if (start is not None and t < start) or (end is not None and t > end):
-                continue
-            in_progress = i >= self.cursor
-            close = self.preview_close(symbol, i, 0) if in_progress else closes[i]
-            row = [t, fmt(close), fmt(close), fmt(close), fmt(close), "1.5", t + IMS - 1]
-            rows.append(row + ["0", 2, "0", "0", "0"])
-        if self.cursor >= self.n_bars and (end is None or self.t0 + self.n_bars * IMS <= end):
-            t = self.t0 + self.n_bars * IMS  # the bar in progress after the data set ends
-            c = fmt(self.preview_close(symbol, self.n_bars, 0))
-            rows.append([t, c, c, c, c, "1.5", t + IMS - 1, "0", 2, "0", "0", "0"])
-        rows = rows[:limit] if start is not None else rows[-limit:]
-        if fault == "badrow":
-            rows.insert(0, ["x", "nan", None])
-        return web.json_response(rows)
-
-
-# -- helpers ----------------------------------------------------------------------------------
-
-
-def expected_outputs(closes: np.ndarray, first: int) -> dict[str, np.ndarray]:
-    return compute(closes[first:], ATCParams())
-
-
-def collect(results, provisional=False):
-    """(symbol, time) -> output row, asserting each appears exactly once."""
-    rows: dict = {}
-    for res in results:
-        assert res.provisional is provisional
-        for j, (sym, t) in enumerate(zip(res.symbols, res.times.tolist(), strict=True)):
-            assert (sym, t) not in rows, f"bar {sym} {t} emitted twice"
-            rows[(sym, t)] = res.outputs[j]
-    return rows
-
-
-def assert_exact(
-    rows: dict, closes: dict[str, np.ndarray], first: int, emitted_from: int, last: int
-) -> None:
-    """``rows`` hold bars ``emitted_from..last`` of every symbol exactly once (the warmup
-    emits its last bar only), each equal to ``compute`` over the closes from ``first``."""
-    from atc_stream.core.results import StepResult
-
-    span = range(emitted_from, last + 1)
-    assert set(rows) == {(s, T0 + i * IMS) for s in closes for i in span}
-    for s, series in closes.items():
-        full = expected_outputs(series, first)
-        idx = np.array([i - first for i in span])
-        got = np.stack([rows[(s, T0 + i * IMS)] for i in span])
-        n = len(idx)
-        res = StepResult([None], np.zeros(n, np.int64), np.zeros(n), np.zeros(n), got)
-        assert np.array_equal(res.signal, full["signal"][idx], equal_nan=True), s
-        for j, fam in enumerate(("ema", "hma", "wma", "dema", "lsma", "kama")):
-            assert np.array_equal(res.layer1_signals[:, j], full[f"{fam}_signal"][idx], True)
-            assert np.array_equal(res.layer2_equities[:, j], full[f"{fam}_equity"][idx], True)
-        assert np.array_equal(res.growth, full["growth"][idx], equal_nan=True)
-        assert np.array_equal(res.long_events, full["long"][idx] == 1)
-        assert np.array_equal(res.short_events, full["short"][idx] == 1)
-        assert np.array_equal(res.bar_index, idx)
-
-
-def fast_config(ex: FakeExchange, **kw) -> LiveConfig:
-    base = dict(
-        ws_url=ex.ws_url,
-        rest_url=ex.rest_url,
-        history=200,
-        idle_timeout=5.0,
-        open_timeout=3.0,
-        close_timeout=0.5,
-        backoff_initial=0.02,
-        backoff_max=0.2,
-        rest_rate=None,
-        rest_timeout=3.0,
-        gap_confirm_delay=0.05,
-    )
-    base.update(kw)
-    return LiveConfig(**base)
-
-
-def run_client(client: KlineClient, **kw):
-    return asyncio.run(client.run(**kw))
 
 
 def feed(ex: FakeExchange, config: LiveConfig, *, seed: int, **run) -> tuple[LiveStats, list]:
     """A fresh engine fed by a client of ``SYMBOLS`` on ``ex``'s clock: (stats, results)."""
-    results: list = []
-    client = KlineClient(
-        Engine(backend="cpu", interval=INTERVAL, outputs="all"), SYMBOLS, config,
-        on_result=results.append, clock_ms=lambda: ex.now_ms, seed=seed,
-    )  # fmt: skip
-    return run_client(client, **run), results
+    return feed_symbols(ex, config, SYMBOLS, seed=seed, **run)
 
 
 SYMBOLS = ["BTCUSDT", "ETHUSDT", "XRPUSDT"]
@@ -390,11 +72,7 @@ SYMBOLS = ["BTCUSDT", "ETHUSDT", "XRPUSDT"]
 @pytest.fixture(scope="module", autouse=True)
 def compiled_kernels():
     """Compile the engine's kernels first, so no test's client stalls for seconds on it."""
-    engine = Engine(backend="cpu", interval=INTERVAL, outputs="all")
-    engine.warmup({"X": (np.arange(50), np.linspace(1.0, 2.0, 50))})
-    engine.step([("X", 50, 1.5)])
-    engine.preview([("X", 51, 1.6)])
-    compute(np.linspace(1.0, 2.0, 50))
+    compile_kernels(INTERVAL)
 
 
 # -- tests ---------------------------------------------------------------------------------------
@@ -710,7 +388,7 @@ def test_config_and_argument_validation():
 
 def test_parser_counts_each_hostile_class():
     rejections: Counter = Counter()
-    parser = KlineParser(["BTCUSDT"], "1m", rejections)
+    parser = BinanceParser(["BTCUSDT"], "1m", rejections)
     ex = FakeExchange({"BTCUSDT": np.array([10.0, 11.0])}, 1)
     good = ex.ws_message("BTCUSDT", 0, 10.5, True)
     k = parser.parse(good)
@@ -743,7 +421,7 @@ def test_parser_counts_each_hostile_class():
 def test_parser_fast_path_agrees_with_the_full_parser():
     """The typed fast path returns a kline only where the full parser returns the same one;
     everything else falls through to the full parser, so every reason stays exact."""
-    parser = KlineParser(["BTCUSDT", "ETHUSDT"], "1m", Counter())
+    parser = BinanceParser(["BTCUSDT", "ETHUSDT"], "1m", Counter())
     ex = FakeExchange({"BTCUSDT": np.array([10.0, 11.0]), "ETHUSDT": np.array([5.0, 6.0])}, 1)
     good = ex.ws_message("BTCUSDT", 0, 10.5, True)
     variants = [

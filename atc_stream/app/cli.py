@@ -299,9 +299,23 @@ def replay(
 @app.command()
 def live(
     symbols: Annotated[
-        str, typer.Option("--symbols", help="Comma-separated symbols, e.g. BTCUSDT,ETHUSDT.")
+        str,
+        typer.Option(
+            "--symbols",
+            help="Comma-separated symbols as the exchange writes them: BTCUSDT,ETHUSDT "
+            "(OKX: BTC-USDT; ccxt: BTC/USDT).",
+        ),
     ],
     interval: IntervalOption = INTERVAL,
+    exchange: Annotated[
+        str,
+        typer.Option(
+            "--exchange",
+            help="Where the klines come from: binance, binance-usdm (USD-M futures), bybit, "
+            "bybit-linear (USDT perpetuals), okx, or ccxt:<id> (any ccxt.pro exchange; "
+            "needs the ccxt extra).",
+        ),
+    ] = "binance",
     history: Annotated[
         int,
         typer.Option(
@@ -312,15 +326,16 @@ def live(
         str | None,
         typer.Option(
             "--ws-url",
-            help="Websocket base URL; /stream?streams=... is added "
-            "(default wss://stream.binance.com:9443).",
+            help="Websocket base URL (default: the exchange's, e.g. "
+            "wss://stream.binance.com:9443); the exchange's path is added.",
         ),
     ] = None,
     rest_url: Annotated[
         str | None,
         typer.Option(
             "--rest-url",
-            help="REST base URL; /api/v3/klines is added (default https://api.binance.com).",
+            help="REST base URL (default: the exchange's, e.g. https://api.binance.com); "
+            "the exchange's paths are added.",
         ),
     ] = None,
     output: OutputOption = "-",
@@ -369,7 +384,7 @@ def live(
     trades: TradesOption = None,
     positions: PositionsOption = None,
 ) -> None:
-    """Stream exchange klines (Binance combined-stream format) through the engine.
+    """Stream exchange klines (Binance, Bybit, OKX or any ccxt exchange) through the engine.
 
     Warms up over REST, then applies closed klines as bars and previews in-progress ones;
     reconnects with backoff and backfills every missed closed bar over REST. With
@@ -381,7 +396,8 @@ def live(
     from atc_stream.app.jobs.live import run_live
 
     _run_job(
-        run_live, symbols=symbols, interval=interval, history=history, ws_url=ws_url,
+        run_live, symbols=symbols, interval=interval, exchange=exchange, history=history,
+        ws_url=ws_url,
         rest_url=rest_url, output=output, previews=previews, max_seconds=max_seconds,
         max_bars=max_bars, max_streams_per_connection=max_streams_per_connection,
         idle_timeout=idle_timeout, rest_rate=rest_rate, ws_compression=ws_compression,

@@ -44,6 +44,7 @@ def run_live(
     *,
     symbols: str,
     interval: str,
+    exchange: str = "binance",
     history: int,
     ws_url: str | None,
     rest_url: str | None,
@@ -71,7 +72,11 @@ def run_live(
     """Run the live feed until ``max_seconds``/``max_bars``/SIGINT; the exit status
     (1 when the feed failed: REST unusable, no symbol known)."""
     require("live", "atc-stream live")
-    # after the check: the feed imports aiohttp, an optional extra
+    # after the checks: the feed imports aiohttp (and ccxt), optional extras
+    from atc_stream.connectors.exchanges import registry
+
+    if registry.is_ccxt(exchange):
+        require("ccxt", f"--exchange {exchange}")
     from atc_stream.connectors.exchanges.config import LiveConfig
     from atc_stream.connectors.exchanges.feed import KlineClient
 
@@ -82,9 +87,7 @@ def run_live(
         config = LiveConfig(
             history=history, max_streams_per_connection=max_streams_per_connection,
             previews=previews, idle_timeout=idle_timeout, rest_rate=rest_rate,
-            ws_compression=ws_compression,
-            ws_url=ws_url if ws_url is not None else LiveConfig.ws_url,
-            rest_url=rest_url if rest_url is not None else LiveConfig.rest_url,
+            ws_compression=ws_compression, ws_url=ws_url, rest_url=rest_url,
         )  # fmt: skip
         if max_seconds is not None and not max_seconds > 0:
             raise ValueError(f"--max-seconds must be > 0, got {max_seconds}")
@@ -92,8 +95,21 @@ def run_live(
         param_sets = load_param_sets(params) if params is not None else None
     except ValueError as exc:
         raise OptionError(str(exc)) from None
+    try:  # an unknown exchange, or an interval or URL it cannot serve: one line
+        venue = registry.make_exchange(exchange)
+        venue.interval_name(interval)
+        venue.check_config(config)
+    except ValueError as exc:
+        raise RunError(f"--exchange {exchange}: {exc}") from None
+    try:
+        names = list(
+            dict.fromkeys(venue.normalise_symbol(s) for s in symbols.split(",") if s.strip())
+        )
+    except ValueError as exc:
+        raise OptionError(str(exc), param_hint="--symbols") from None
     output_format(output)
     paper = check_paper_options(strategies, trades=trades, positions=positions)
+    _check_symbols(venue, config, interval, names)
     durability = Durability(
         redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
         snapshot_every=snapshot_every, resume=resume, events_before_ready=events_before_ready,
@@ -127,10 +143,14 @@ def run_live(
             )  # fmt: skip
         durability.start(engine)
 
+        where = venue.name if config.ws_url is None and venue.ws_url is None else (
+            f"{venue.name} {config.ws_url or venue.ws_url}"
+        )  # fmt: skip
+
         def offsets() -> dict[str, Any]:
             # taken when a snapshot copies the state: every row of the bars in that state
             # has been written, so the output cut back to here matches the state
-            return {LIVE_SOURCE: {"input": f"{config.ws_url} {engine.interval}",
+            return {LIVE_SOURCE: {"input": f"{where} {engine.interval}",
                                   "output": sink.position()}}  # fmt: skip
 
         try:
@@ -138,7 +158,7 @@ def run_live(
                 engine, symbols, config, on_result=sink.write,
                 on_preview=sink.write if previews else None,
                 snapshotter=durability.snapshotter, source_offsets=offsets,
-                publisher=publisher,
+                publisher=publisher, exchange=venue,
             )  # fmt: skip
         except ValueError as exc:
             raise OptionError(str(exc), param_hint="--symbols") from None
@@ -146,7 +166,7 @@ def run_live(
         durability.final_offsets = offsets
         err(
             f"atc-stream: live {len(client.symbols)} symbols x {engine.interval} from "
-            f"{config.ws_url} ({engine.backend.name} backend)"
+            f"{where} ({engine.backend.name} backend)"
         )
         try:
             failed, stats = _run_client(client, durability, max_seconds, max_bars, status_every)
@@ -161,6 +181,23 @@ def run_live(
     return 1 if failed is not None else 0
 
 
+def _check_symbols(exchange, config, interval: str, symbols: list[str]) -> None:
+    """``RunError`` (one line) when the exchange does not list every symbol, or cannot be
+    asked for its list."""
+    import asyncio
+
+    from atc_stream.connectors.exchanges.rest import RestError
+
+    if not symbols:
+        return  # the client refuses an empty list with its own line
+    try:
+        unknown = asyncio.run(exchange.unknown_symbols(config, interval, symbols))
+    except RestError as exc:
+        raise RunError(f"cannot list the symbols of {exchange.name}: {exc}") from None
+    if unknown:
+        raise RunError(f"{exchange.name} has no symbol {', '.join(unknown)} (--symbols)")
+
+
 def _run_client(client, durability, max_seconds, max_bars, status_every):
     """(the error that ended the feed or None, the client's ``LiveStats``)."""
     import asyncio
@@ -170,15 +207,19 @@ def _run_client(client, durability, max_seconds, max_bars, status_every):
     def show_status(stats) -> None:
         status(stats.status_line())
 
+    async def run():
+        try:
+            return await client.run(
+                max_seconds=max_seconds, max_bars=max_bars,
+                on_status=show_status if status_every > 0 else None,
+                status_every=status_every or 1.0,
+            )  # fmt: skip
+        finally:  # in the loop that ran the feed: a library client's sockets
+            await client.exchange.aclose()
+
     with durability:
         try:
-            stats = asyncio.run(
-                client.run(
-                    max_seconds=max_seconds, max_bars=max_bars,
-                    on_status=show_status if status_every > 0 else None,
-                    status_every=status_every or 1.0,
-                )
-            )  # fmt: skip
+            stats = asyncio.run(run())
         except (RestError, ValueError) as exc:
             return exc, client.stats
     return None, stats

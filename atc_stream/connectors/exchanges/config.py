@@ -8,17 +8,15 @@ from dataclasses import dataclass, field, fields
 
 from atc_stream.connectors.retry import Backoff
 
-DEFAULT_WS_URL = "wss://stream.binance.com:9443"
-DEFAULT_REST_URL = "https://api.binance.com"
-
 
 @dataclass
 class LiveConfig:
     """Knobs of ``KlineClient`` (seconds unless stated). Invalid values raise ``ValueError``."""
 
-    ws_url: str = DEFAULT_WS_URL  #: websocket base; ``/stream?streams=...`` is appended
-    rest_url: str = DEFAULT_REST_URL  #: REST base; ``/api/v3/klines`` is appended
+    ws_url: str | None = None  #: websocket base URL; None: the exchange's
+    rest_url: str | None = None  #: REST base URL; None: the exchange's
     history: int = 1000  #: closed bars per fresh symbol fetched for warmup (0: none)
+    #: streams (topics) per websocket connection, at most the exchange's own limit
     max_streams_per_connection: int = 1024
     previews: bool = True  #: compute previews for in-progress klines
     ping_interval: float | None = 20.0
@@ -50,7 +48,7 @@ class LiveConfig:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name in ("ws_url", "rest_url"):
-                if not isinstance(value, str) or "://" not in value:
+                if value is not None and (not isinstance(value, str) or "://" not in value):
                     raise ValueError(f"{f.name} must be a URL like scheme://host, got {value!r}")
             elif f.name in ("previews", "ws_compression"):
                 if not isinstance(value, bool):

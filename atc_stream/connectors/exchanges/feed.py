@@ -9,15 +9,15 @@ import random
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from atc_stream.connectors.exchanges.config import LiveConfig, LiveStats
-from atc_stream.connectors.exchanges.klines import Kline, KlineParser, same_grid
-from atc_stream.connectors.exchanges.rest import KlineRest
-from atc_stream.connectors.exchanges.websocket import KlineStream, check_ws_url, stream_url
+from atc_stream.connectors.exchanges.exchange import Exchange, KlineHistory
+from atc_stream.connectors.exchanges.klines import Kline, same_grid
+from atc_stream.connectors.exchanges.venues.binance import BinanceSpot
 from atc_stream.core.intervals import (
     approx_interval_ms,
     interval_ms,
@@ -53,7 +53,7 @@ class _BackfillDone(NamedTuple):
 class _RunIO(NamedTuple):
     """Where one ``run`` gets bars from: made inside its event loop, passed down."""
 
-    rest: KlineRest
+    rest: KlineHistory
     #: websocket klines and finished backfills, in the order the engine takes them
     queue: asyncio.Queue[Kline | _BackfillDone]
 
@@ -72,6 +72,8 @@ class KlineClient:
     results went to ``on_result``, e.g. to record the output's durable position.
     ``publisher`` (a ``redis_loop.LoopPublisher``) gets every closed-bar result first,
     from inside the event loop; ``run`` starts and closes it.
+    ``exchange`` (an ``exchange.Exchange``, default Binance spot) says how to talk to
+    the venue; the config's URLs default to the exchange's.
     ``clock_ms`` (ms since the epoch) and ``seed`` (jitter) are for tests.
     """
 
@@ -86,28 +88,35 @@ class KlineClient:
         snapshotter: Any | None = None,
         source_offsets: Callable[[], Mapping[str, Any]] | None = None,
         publisher: Any | None = None,
+        exchange: Exchange | None = None,
         clock_ms: Callable[[], int] | None = None,
         seed: int | None = None,
     ) -> None:
+        exchange = exchange or BinanceSpot()
+        self.exchange = exchange
         if isinstance(symbols, str):
             symbols = [s for s in symbols.split(",") if s.strip()]
         names = []
         for s in symbols:
-            if not isinstance(s, str) or not s.strip() or not s.strip().isalnum():
-                raise ValueError(f"symbols must be alphanumeric names like BTCUSDT, got {s!r}")
-            if s.strip().upper() not in names:
-                names.append(s.strip().upper())
+            name = exchange.normalise_symbol(s)
+            if name not in names:
+                names.append(name)
         if not names:
             raise ValueError("symbols must name at least one symbol")
         self.engine = engine
         #: an engine with strategies steps (symbol, time, open, high, low, close) bars
         self._ohlc = bool(engine.strategies)
         self.interval = validate_interval(engine.interval)
+        exchange.interval_name(self.interval)  # an interval the exchange has no klines of
         self._interval_ms = None if is_calendar(self.interval) else interval_ms(self.interval)
         self._interval_bound = approx_interval_ms(self.interval)
         self._future_after = 0  # set from the clock before each batch is dispatched
         self.symbols = names
-        self.config = config or LiveConfig()
+        config = config or LiveConfig()
+        self.config = replace(
+            config, ws_url=config.ws_url or exchange.ws_url,
+            rest_url=config.rest_url or exchange.rest_url,
+        )  # fmt: skip
         self.on_result = on_result
         self.on_preview = on_preview
         self.snapshotter = snapshotter
@@ -117,8 +126,8 @@ class KlineClient:
         self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         self.rng = random.Random(seed)
         self.stats = LiveStats(symbols=len(names))
-        self.parser = KlineParser(names, self.interval, self.stats.rejections)
-        per = self.config.max_streams_per_connection
+        self.parser = exchange.parser(names, self.interval, self.stats.rejections)
+        per = min(self.config.max_streams_per_connection, exchange.max_topics_per_connection)
         self.chunks = [names[i : i + per] for i in range(0, len(names), per)]
         self.stats.connections = len(self.chunks)
         for s in names:
@@ -128,7 +137,7 @@ class KlineClient:
         self._pending: list[tuple] = []  # engine updates (``_bar``)
         self._preview_symbols: set[str] = set()
         self._stopper: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
-        self.rest: KlineRest | None = None  #: the REST client of the latest ``run``
+        self.rest: KlineHistory | None = None  #: the REST client of the latest ``run``
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -140,10 +149,6 @@ class KlineClient:
             lasts = [t for t in self.engine.last_bar_times(symbol) if t is not None]
             out[symbol] = min(lasts, default=None)
         return out
-
-    def stream_url(self, symbols: Sequence[str]) -> str:
-        """The websocket URL of ``symbols``' kline streams."""
-        return stream_url(self.config.ws_url, self.interval, symbols)
 
     def _emit(self, result: StepResult) -> None:
         self.stats.rows_out += len(result)
@@ -180,7 +185,7 @@ class KlineClient:
             raise ValueError(f"max_seconds must be > 0, got {max_seconds!r}")
         stop = asyncio.Event()
         self._stopper = (asyncio.get_running_loop(), stop)
-        check_ws_url(self.config.ws_url)
+        self.exchange.check_config(self.config)
         if getattr(self.engine.backend, "name", None) == "cpu":
             # load (or compile) every CPU driver before any request is in flight: a first
             # load inside the event loop stalls it, firing REST and idle timeouts; once
@@ -192,7 +197,7 @@ class KlineClient:
         tasks: list[asyncio.Future[Any]] = []
         frozen = False
         async with aiohttp.ClientSession(trust_env=True) as session:
-            rest = KlineRest(
+            rest = self.exchange.history(
                 session, self.config, self.interval, self.stats, self.clock_ms, self.rng
             )
             self.rest = rest
@@ -220,9 +225,9 @@ class KlineClient:
                 consumer = asyncio.ensure_future(self._consume(io, stop, max_bars))
                 tasks.append(consumer)
                 for index, chunk in enumerate(self.chunks):
-                    connection = KlineStream(
-                        index, chunk, self.stream_url(chunk), session, io.queue, self.parser,
-                        self.config, self.stats, self.rng,
+                    connection = self.exchange.connection(
+                        index, chunk, session, io.queue, self.parser, self.config, self.stats,
+                        self.rng, self.interval,
                     )  # fmt: skip
                     tasks.append(asyncio.ensure_future(connection.run()))
                 if on_status is not None:

@@ -1,4 +1,5 @@
-"""REST kline history: paged ``GET /api/v3/klines``, rate-limited and retried with backoff."""
+"""REST kline history: an exchange's klines endpoint paged, rate-limited and retried with
+backoff (the request and row formats come from its ``WireExchange``)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,11 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from atc_stream.connectors.exchanges.config import LiveConfig, LiveStats
-from atc_stream.connectors.exchanges.klines import Kline, parse_rest_row
+from atc_stream.connectors.exchanges.exchange import WireExchange
+from atc_stream.connectors.exchanges.klines import Kline
 
 if TYPE_CHECKING:
     import aiohttp
-
-KLINES_PATH = "/api/v3/klines"
-#: Most klines one REST request may return (the exchange's maximum ``limit``).
-REST_PAGE_LIMIT = 1000
 
 
 class RestError(RuntimeError):
@@ -64,7 +62,7 @@ class TokenBucket:
 
 
 class KlineRest:
-    """Paged, rate-limited, retried ``GET /api/v3/klines`` on one aiohttp session."""
+    """Paged, rate-limited, retried GETs of ``exchange``'s klines on one aiohttp session."""
 
     def __init__(
         self,
@@ -74,6 +72,8 @@ class KlineRest:
         stats: LiveStats,
         clock_ms: Callable[[], int],
         rng: random.Random,
+        *,
+        exchange: WireExchange,
     ) -> None:
         self.session = session
         self.config = config
@@ -81,13 +81,25 @@ class KlineRest:
         self.stats = stats
         self.clock_ms = clock_ms
         self.rng = rng
-        self.url = config.rest_url.rstrip("/") + KLINES_PATH
+        self.exchange = exchange
+        self.base = (config.rest_url or exchange.rest_url or "").rstrip("/")
+        self.url = self.base  #: where requests go unless one names its own URL
         self.bucket = TokenBucket(config.rest_rate, config.rest_burst)
         self._semaphore = asyncio.Semaphore(config.rest_concurrency)
 
-    async def get_page(self, params: dict[str, Any]) -> list[Any]:
-        """One request; JSON list on success. Retries, then raises ``RestError``."""
+    async def get_page(
+        self,
+        params: dict[str, Any],
+        url: str | None = None,
+        rows: Callable[[Any], Any] | None = None,
+    ) -> Any:
+        """One request (to ``url``, default ``self.url``); what ``rows`` (default: the
+        exchange's ``page_rows``) makes of the decoded JSON, retried while that is None.
+        Retries, then raises ``RestError``."""
         import aiohttp
+
+        url = url or self.url
+        unwrap = rows or self.exchange.page_rows
 
         cfg = self.config
         backoff = cfg.backoff
@@ -105,7 +117,7 @@ class KlineRest:
             try:
                 async with self._semaphore:
                     timeout = aiohttp.ClientTimeout(total=cfg.rest_timeout)
-                    async with self.session.get(self.url, params=params, timeout=timeout) as resp:
+                    async with self.session.get(url, params=params, timeout=timeout) as resp:
                         status = resp.status
                         body = await resp.read()
                         header = resp.headers.get("Retry-After")
@@ -130,47 +142,51 @@ class KlineRest:
                 last_problem = f"HTTP {status}"
                 continue
             if status != 200:
-                raise RestError(f"GET {self.url} {params} answered HTTP {status}: {body[:300]!r}")
+                raise RestError(f"GET {url} {params} answered HTTP {status}: {body[:300]!r}")
             try:
-                data = msgspec.json.decode(body)
+                data = unwrap(msgspec.json.decode(body))
             except msgspec.DecodeError:
                 data = None
-            if not isinstance(data, list):
+            if data is None:
                 self.stats.http_retries["bad_response"] += 1
-                last_problem = f"not a JSON list: {body[:100]!r}"
+                last_problem = f"not the expected JSON: {body[:100]!r}"
                 continue
             return data
         raise RestError(
-            f"GET {self.url} {params} failed after {cfg.rest_retries + 1} tries: {last_problem}"
+            f"GET {url} {params} failed after {cfg.rest_retries + 1} tries: {last_problem}"
         )
 
     async def fetch(self, symbol: str, start: int, end: int) -> list[Kline]:
         """Klines of ``symbol`` opening in ``[start, end]`` (ms), all pages, ascending.
 
-        ``closed`` is judged against the clock read before the first request.
+        ``closed`` is judged against the clock read before the first request. Pages go
+        forwards from ``start``, or backwards from ``end`` where the exchange lists the
+        newest kline first.
         """
+        exchange = self.exchange
         now = self.clock_ms()
         out: dict[int, Kline] = {}
-        cursor = start
-        while cursor <= end:
-            params = {
-                "symbol": symbol,
-                "interval": self.interval,
-                "startTime": cursor,
-                "endTime": end,
-                "limit": REST_PAGE_LIMIT,
-            }
-            rows = await self.get_page(params)
-            newest = cursor - 1
+        low, high = start, end
+        while low <= high:
+            request = exchange.klines_request(symbol, self.interval, low, high, now)
+            rows = await self.get_page(request.params, url=self.base + request.path)
+            times = []
             for row in rows:
-                kline = parse_rest_row(row, symbol, now)
+                kline = exchange.parse_row(row, symbol, self.interval, now)
                 if kline is None:
                     self.stats.rejections["rest_bad_row"] += 1
                     continue
-                newest = max(newest, kline.open_time)
-                if cursor <= kline.open_time <= end:
+                times.append(kline.open_time)
+                if low <= kline.open_time <= high:
                     out[kline.open_time] = kline
-            if len(rows) < REST_PAGE_LIMIT or newest < cursor:
+            if len(rows) < request.limit or not times:
                 break
-            cursor = newest + 1
+            if exchange.newest_first:
+                if min(times) > high:  # no progress: the answer ignored the range
+                    break
+                high = min(times) - 1
+            else:
+                if max(times) < low:
+                    break
+                low = max(times) + 1
         return [out[t] for t in sorted(out)]

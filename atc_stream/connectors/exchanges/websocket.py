@@ -1,4 +1,5 @@
-"""The kline websocket: one connection's session, keepalive, idle watch and reconnects."""
+"""The kline websocket: one connection's session (subscriptions, keepalive, idle watch) and
+its reconnects, in the wire format of a ``WireExchange``."""
 
 from __future__ import annotations
 
@@ -10,21 +11,13 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from atc_stream.connectors.exchanges.config import LiveConfig, LiveStats
-from atc_stream.connectors.exchanges.klines import KlineParser
+from atc_stream.connectors.exchanges.exchange import WireExchange
+from atc_stream.connectors.exchanges.klines import Kline, MessageParser
 
 if TYPE_CHECKING:
     import aiohttp
 
 log = logging.getLogger("atc_stream.binance")
-
-
-def stream_url(ws_url: str, interval: str, symbols: Sequence[str]) -> str:
-    """The combined-stream URL of ``symbols``' klines (``{ws_url}/stream?streams=...``)."""
-    base = ws_url.rstrip("/")
-    if not base.endswith("/stream"):
-        base += "/stream"
-    streams = "/".join(f"{s.lower()}@kline_{interval}" for s in symbols)
-    return f"{base}?streams={streams}"
 
 
 def check_ws_url(url: str) -> None:
@@ -86,15 +79,18 @@ class IdleWatch:
 
 class Keepalive:
     """Pings every ``interval`` seconds; aborts the websocket when a pong has not come
-    within ``timeout`` (either None: no pings). The reader calls ``pong()`` on each."""
+    within ``timeout`` (either None: no pings). The reader calls ``pong()`` on each.
+    Pings are websocket ping frames, or ``text`` messages where the exchange wants them."""
 
     def __init__(
         self,
         ws: aiohttp.ClientWebSocketResponse[bool],
         interval: float | None,
         timeout: float | None,
+        text: str | None = None,
     ) -> None:
         self.ws = ws
+        self.text = text
         self.fired = False
         self._pong = asyncio.Event()
         self._task = (
@@ -113,7 +109,10 @@ class Keepalive:
             await asyncio.sleep(interval)
             self._pong.clear()
             try:
-                await self.ws.ping()
+                if self.text is None:
+                    await self.ws.ping()
+                else:
+                    await self.ws.send_str(self.text)
                 await asyncio.wait_for(self._pong.wait(), timeout)
             except asyncio.TimeoutError:
                 self.fired = True
@@ -125,7 +124,8 @@ class Keepalive:
 
 class KlineStream:
     """One websocket of some symbols' kline streams, reconnected with backoff for ever;
-    parsed klines go into ``queue``, connection ends are counted in ``stats``.
+    parsed klines go into ``queue``, connection ends are counted in ``stats``. Where the
+    exchange wants them, subscribe messages are sent after each connect.
 
     aiohttp's websocket client reads a burst of frames in its compiled parser, about a
     third of the CPU a kline costs through ``websockets``' asyncio client (see
@@ -138,10 +138,13 @@ class KlineStream:
         url: str,
         session: aiohttp.ClientSession,
         queue: asyncio.Queue[Any],
-        parser: KlineParser,
+        parser: MessageParser,
         config: LiveConfig,
         stats: LiveStats,
         rng: random.Random,
+        *,
+        exchange: WireExchange,
+        interval: str,
     ) -> None:
         self.index = index
         self.symbols = symbols
@@ -152,6 +155,8 @@ class KlineStream:
         self.config = config
         self.stats = stats
         self.rng = rng
+        self.subscribe = exchange.subscribe_messages(interval, symbols)
+        self.keepalive = exchange.keepalive
 
     async def run(self) -> None:
         """Connects, reads, reconnects; returns only when cancelled."""
@@ -206,11 +211,19 @@ class KlineStream:
         cfg = self.config
         self.stats.open_connections += 1
         watch = IdleWatch(ws, cfg.idle_timeout)
-        keepalive = Keepalive(ws, cfg.ping_interval, cfg.ping_timeout)
+        interval, most = cfg.ping_interval, self.keepalive.max_interval_s
+        if interval is not None and most is not None:
+            interval = min(interval, most)
+        keepalive = Keepalive(ws, interval, cfg.ping_timeout, self.keepalive.ping_text)
         text, binary = aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY
         queue, parse = self.queue, self.parser.parse
         received = False
         try:
+            try:
+                for message in self.subscribe:
+                    await ws.send_str(message)
+            except (OSError, aiohttp.ClientError) as exc:
+                return "connection_lost", f"{type(exc).__name__}: {exc}", received
             while True:
                 msg = await ws.receive()
                 kind = msg.type
@@ -218,12 +231,21 @@ class KlineStream:
                     received = True
                     watch.seen()
                     self.stats.messages += 1
-                    kline = parse(msg.data)
-                    if kline is not None:
+                    result = parse(msg.data)
+                    if result is None:
+                        continue
+                    if type(result) is Kline:
                         if queue.full():  # backpressure: wait for the engine
-                            await queue.put(kline)
+                            await queue.put(result)
                         else:
-                            queue.put_nowait(kline)
+                            queue.put_nowait(result)
+                    elif type(result) is list:
+                        for kline in result:
+                            await queue.put(kline)
+                    elif result.kind == "pong":
+                        keepalive.pong()
+                    else:  # the exchange refused a subscription: connect again
+                        return result.kind, result.detail, received
                     continue
                 watch.seen()
                 if kind is aiohttp.WSMsgType.PING:

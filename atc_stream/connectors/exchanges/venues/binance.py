@@ -1,0 +1,264 @@
+"""Binance adapters: spot (``binance``) and USD-M futures (``binance-usdm``), one wire
+format: combined websocket streams named in the URL, klines REST paged oldest first."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import msgspec
+
+from atc_stream.connectors.exchanges.exchange import PageRequest, RestLimits
+from atc_stream.connectors.exchanges.klines import (
+    MAX_TIME_MS,
+    Kline,
+    MessageParser,
+    number,
+    time_ms,
+)
+from atc_stream.connectors.exchanges.native import NativeExchange
+
+_INTERVALS = ("1m", "3m", "5m", "15m", "30m", "1h", "2h", "4h", "6h", "8h", "12h", "1d", "3d",
+              "1w", "1M")  # fmt: skip
+
+
+class BinanceSpot(NativeExchange):
+    """Binance spot: ``/api/v3/klines`` (weight 2 a page of 1000), combined streams of
+    ``stream.binance.com`` (1024 a connection), websocket ping frames."""
+
+    name = "binance"
+    ws_url = "wss://stream.binance.com:9443"
+    rest_url = "https://api.binance.com"
+    klines_path = "/api/v3/klines"
+    #: the symbol list of ``GET /api/v3/ticker/price`` (weight 4), lighter than exchangeInfo
+    instruments_path = "/api/v3/ticker/price"
+    page_limit = 1000
+    limits = RestLimits(6000, 60.0, 2, "X-MBX-USED-WEIGHT-1M")
+    intervals = {i: i for i in ("1s", *_INTERVALS)}
+    max_topics_per_connection = 1024
+    symbol_pattern = re.compile(r"[A-Z0-9]+")
+    symbol_examples = "BTCUSDT"
+
+    def parser(self, symbols: Sequence[str], interval: str, rejections: Counter) -> BinanceParser:
+        return BinanceParser(symbols, self.interval_name(interval), rejections)
+
+    def klines_request(
+        self, symbol: str, interval: str, start: int, end: int, now_ms: int
+    ) -> PageRequest:
+        params = {
+            "symbol": symbol, "interval": self.interval_name(interval), "startTime": start,
+            "endTime": end, "limit": self.page_limit,
+        }  # fmt: skip
+        return PageRequest(self.klines_path, params, self.page_limit)
+
+    def page_rows(self, data: Any) -> list[Any] | None:
+        return data if isinstance(data, list) else None
+
+    def parse_row(self, row: Any, symbol: str, interval: str, now_ms: int) -> Kline | None:
+        return parse_rest_row(row, symbol, now_ms)
+
+    def stream_url(self, ws_url: str, interval: str, symbols: Sequence[str]) -> str:
+        """The combined-stream URL (``{ws_url}/stream?streams=btcusdt@kline_1m/...``)."""
+        base = ws_url.rstrip("/")
+        if not base.endswith("/stream"):
+            base += "/stream"
+        name = self.interval_name(interval)
+        streams = "/".join(f"{s.lower()}@kline_{name}" for s in symbols)
+        return f"{base}?streams={streams}"
+
+    def instruments_requests(self, symbols: Sequence[str]) -> list[PageRequest]:
+        return [PageRequest(self.instruments_path, {}, 0)]
+
+    def instrument_page(
+        self, data: Any, params: dict[str, Any]
+    ) -> tuple[set[str], dict[str, Any] | None] | None:
+        if not isinstance(data, list):
+            return None
+        return {d["symbol"] for d in data if isinstance(d, dict) and "symbol" in d}, None
+
+
+class BinanceUsdm(BinanceSpot):
+    """Binance USD-M futures: ``/fapi/v1/klines`` (weight by ``limit``: 1-99 → 1,
+    100-499 → 2, 500-1000 → 5, over 1000 → 10; pages of 1000 give the most bars a
+    weight), streams of ``fstream.binance.com`` (200 a connection); no 1s klines."""
+
+    name = "binance-usdm"
+    ws_url = "wss://fstream.binance.com"
+    rest_url = "https://fapi.binance.com"
+    klines_path = "/fapi/v1/klines"
+    instruments_path = "/fapi/v1/ticker/price"
+    limits = RestLimits(2400, 60.0, 5, "X-MBX-USED-WEIGHT-1M")
+    intervals = {i: i for i in _INTERVALS}
+    max_topics_per_connection = 200
+    symbol_pattern = re.compile(r"[A-Z0-9]+(_[0-9]{6})?")  # delivery: BTCUSDT_250926
+    symbol_examples = "BTCUSDT (or BTCUSDT_250926)"
+
+
+_KLINE_FIELDS = ("t", "T", "s", "i", "o", "c", "h", "l", "v", "x")
+_INF = math.inf
+
+
+class _TypedKline(msgspec.Struct):
+    """The ``k`` object as the exchange sends it (prices as strings); for the fast path."""
+
+    t: int
+    T: int
+    s: str
+    i: str
+    o: str
+    h: str
+    l: str  # noqa: E741  (the exchange's name)
+    c: str
+    v: str
+    x: bool
+
+
+class _TypedEvent(msgspec.Struct):
+    e: str
+    k: _TypedKline
+    s: str | None = None
+
+
+class _TypedCombined(msgspec.Struct):
+    """A combined-stream message (``{"stream": ..., "data": {...}}``)."""
+
+    stream: str
+    data: _TypedEvent
+
+
+class BinanceParser(MessageParser):
+    """Parses combined-stream (or raw-stream) kline messages; counts what it rejects."""
+
+    def __init__(self, symbols: Iterable[str], interval: str, rejections: Counter) -> None:
+        super().__init__({s.upper() for s in symbols}, interval, rejections)
+        self._decoder = msgspec.json.Decoder()
+        self._typed_decoder = msgspec.json.Decoder(_TypedCombined)
+
+    def parse(self, raw: str | bytes) -> Kline | None:
+        """The kline in ``raw``, or None (counted by reason) when it holds none."""
+        try:
+            return self._parse_usual(raw) or self._parse(raw)
+        except Exception as exc:  # never let one message take the connection down
+            self.reject("not_a_kline", f"{type(exc).__name__}: {exc}")
+            return None
+
+    def _parse_usual(self, raw: str | bytes) -> Kline | None:
+        """The fast path: a well-formed combined-stream kline of a subscribed symbol, decoded
+        into typed structs in one pass. None for anything else, which ``_parse`` then
+        classifies (so every rejection keeps its exact reason)."""
+        try:
+            msg = self._typed_decoder.decode(raw)
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            return None
+        data, k = msg.data, msg.data.k
+        symbol = k.s.upper()
+        if data.e != "kline" or k.i != self.interval or symbol not in self.symbols:
+            return None
+        if data.s is not None and data.s.upper() != symbol:
+            return None
+        if msg.stream.lower() != f"{symbol.lower()}@kline_{k.i.lower()}":
+            return None
+        if not 0 <= k.t <= k.T < MAX_TIME_MS:
+            return None
+        try:  # the struct holds str: float() is what _number does with them
+            o, h, lo, c, v = float(k.o), float(k.h), float(k.l), float(k.c), float(k.v)
+        except ValueError:
+            return None
+        if not (v >= 0 and c > 0 and o > 0 and h > 0 and lo > 0):  # False for NaN too
+            return None
+        if not (v < _INF and c < _INF and o < _INF and h < _INF and lo < _INF):
+            return None
+        return Kline(symbol, k.t, k.T, o, h, lo, c, v, k.x)
+
+    def _parse(self, raw: str | bytes) -> Kline | None:
+        try:
+            msg = self._decoder.decode(raw)
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            self.reject("malformed_json", raw)
+            return None
+        if not isinstance(msg, dict):
+            self.reject("not_a_kline", raw)
+            return None
+        stream = None
+        if "stream" in msg or "data" in msg:  # combined-stream envelope
+            stream, data = msg.get("stream"), msg.get("data")
+            if stream is None or data is None:
+                self.reject("missing_field", raw)
+                return None
+            if not isinstance(stream, str) or not isinstance(data, dict):
+                self.reject("bad_type", raw)
+                return None
+        else:  # a raw-stream event (``/ws/<stream>``)
+            data = msg
+        event = data.get("e")
+        if event is None:
+            self.reject("missing_field" if "k" in data else "not_a_kline", raw)
+            return None
+        if event != "kline":
+            self.reject("not_a_kline", raw)
+            return None
+        k = data.get("k")
+        if k is None:
+            self.reject("missing_field", raw)
+            return None
+        if not isinstance(k, dict):
+            self.reject("bad_type", raw)
+            return None
+        for name in _KLINE_FIELDS:
+            if name not in k:
+                self.reject("missing_field", raw)
+                return None
+        symbol, interval, closed = k["s"], k["i"], k["x"]
+        if not isinstance(symbol, str) or not isinstance(interval, str):
+            self.reject("bad_type", raw)
+            return None
+        if not isinstance(closed, bool):
+            self.reject("bad_type", raw)
+            return None
+        symbol = symbol.upper()
+        outer = data.get("s", symbol)
+        if not isinstance(outer, str) or outer.upper() != symbol:
+            self.reject("inconsistent_message", raw)
+            return None
+        if symbol not in self.symbols:
+            self.reject("unsubscribed_symbol", raw)
+            return None
+        if interval != self.interval:
+            self.reject("wrong_interval", raw)
+            return None
+        if stream is not None and stream.lower() != f"{symbol.lower()}@kline_{interval.lower()}":
+            self.reject("inconsistent_message", raw)
+            return None
+        t, tc = time_ms(k["t"]), time_ms(k["T"])
+        if t is None or tc is None:
+            self.reject("bad_time", raw)
+            return None
+        if tc < t:
+            self.reject("inconsistent_message", raw)
+            return None
+        o, h, lo, c, v = (number(k[name]) for name in ("o", "h", "l", "c", "v"))
+        if o is None or h is None or lo is None or c is None or v is None or v < 0:
+            self.reject("bad_number", raw)
+            return None
+        if c <= 0 or o <= 0 or h <= 0 or lo <= 0:
+            self.reject("non_positive_price", raw)
+            return None
+        return Kline(symbol, t, tc, o, h, lo, c, v, closed)
+
+
+def parse_rest_row(row: Any, symbol: str, now_ms: int) -> Kline | None:
+    """One row of a REST klines response (``closed`` = close time before ``now_ms``)."""
+    if not isinstance(row, (list, tuple)) or len(row) < 7:
+        return None
+    t, tc = time_ms(row[0]), time_ms(row[6])
+    if t is None or tc is None or tc < t:
+        return None
+    o, h, lo, c, v = (number(x) for x in row[1:6])
+    if o is None or h is None or lo is None or c is None or v is None or v < 0:
+        return None
+    if c <= 0 or o <= 0 or h <= 0 or lo <= 0:
+        return None
+    return Kline(symbol, t, tc, o, h, lo, c, v, tc < now_ms)
