@@ -83,8 +83,13 @@ class FakeExchange:
         rest_faults: list[str] | None = None,
         slow_seconds: float = 1.0,
         t0: int = T0,
+        interval: str = INTERVAL,
+        realtime: bool = False,
     ) -> None:
         self.t0 = t0  # open time of bar 0
+        self.interval, self.ims = interval, interval_ms(interval)
+        # bars close on the wall clock (connected or not), and REST answers by it
+        self.realtime = realtime
         self.closes = closes
         self.n_bars = len(next(iter(closes.values())))
         self.cursor = start  # bars < cursor are closed; bar `cursor` is in progress
@@ -153,8 +158,17 @@ class FakeExchange:
 
     @property
     def now_ms(self) -> int:
-        """The exchange clock: the middle of the bar in progress."""
-        return self.t0 + self.cursor * IMS + IMS // 2
+        """The exchange clock: the middle of the bar in progress (in real time: now)."""
+        if self.realtime:
+            return int(time.time() * 1000)
+        return self.t0 + self.cursor * self.ims + self.ims // 2
+
+    def rest_cursor(self) -> int:
+        """The bar in progress as REST answers: in real time, the clock's, also in the
+        moment between a bar's close and the ticker's broadcast of it."""
+        if not self.realtime:
+            return self.cursor
+        return max(self.cursor, (int(time.time() * 1000) - self.t0) // self.ims)
 
     def wait_for_bar(self, i: int) -> None:
         """Returns once bar ``i`` is in progress (every bar before it has closed)."""
@@ -166,18 +180,19 @@ class FakeExchange:
     # -- data ------------------------------------------------------------------------------
 
     def kline(self, symbol: str, i: int, close: float, closed: bool) -> list:
-        t = self.t0 + i * IMS
-        return [t, close, close, close, close, 1.5, t + IMS - 1, closed]
+        t = self.t0 + i * self.ims
+        return [t, close, close, close, close, 1.5, t + self.ims - 1, closed]
 
     def ws_message(self, symbol: str, i: int, close: float, closed: bool) -> str:
-        t = self.t0 + i * IMS
+        t = self.t0 + i * self.ims
         k = {
-            "t": t, "T": t + IMS - 1, "s": symbol, "i": INTERVAL, "f": 1, "L": 2,
+            "t": t, "T": t + self.ims - 1, "s": symbol, "i": self.interval, "f": 1, "L": 2,
             "o": fmt(close), "c": fmt(close), "h": fmt(close), "l": fmt(close),
             "v": "1.5", "n": 2, "x": closed, "q": "0", "V": "0", "Q": "0", "B": "0",
         }  # fmt: skip
         data = {"e": "kline", "E": self.now_ms, "s": symbol, "k": k}
-        return json.dumps({"stream": f"{symbol.lower()}@kline_{INTERVAL}", "data": data})
+        stream = f"{symbol.lower()}@kline_{self.interval}"
+        return json.dumps({"stream": stream, "data": data})
 
     def preview_close(self, symbol: str, i: int, p: int) -> float:
         base = self.closes[symbol][min(i, self.n_bars - 1)]
@@ -246,13 +261,15 @@ class FakeExchange:
         return True
 
     async def _ticker(self) -> None:
-        while len(self._conns) < self.wait_connections:
+        while not self.realtime and len(self._conns) < self.wait_connections:
             await asyncio.sleep(0.005)
         for i in range(self.cursor, self.n_bars):
             for p in range(self.previews_per_bar):
                 for s in self.closes:
                     self._broadcast(s, self.ws_message(s, i, self.preview_close(s, i, p), False))
                 await asyncio.sleep(self.bar_pause / max(self.previews_per_bar, 1))
+            if self.realtime:
+                await asyncio.sleep(max(0.0, (self.t0 + (i + 1) * self.ims) / 1000 - time.time()))
             for action in self.faults.get(i, []):
                 deadline = time.monotonic() + 10
                 while not self._act(action) and time.monotonic() < deadline:
@@ -284,25 +301,25 @@ class FakeExchange:
         if fault == "slow":
             await asyncio.sleep(self.slow_seconds)
         symbol = q.get("symbol", "")
-        if symbol not in self.closes or q.get("interval") != INTERVAL:
+        if symbol not in self.closes or q.get("interval") != self.interval:
             return web.json_response({"code": -1121, "msg": "Invalid symbol."}, status=400)
         limit = min(int(q.get("limit", 500)), 1000)
         start = int(q["startTime"]) if "startTime" in q else None
         end = int(q["endTime"]) if "endTime" in q else None
-        closes = self.closes[symbol]
+        closes, ims, cursor = self.closes[symbol], self.ims, self.rest_cursor()
         rows = []
-        for i in range(0, min(self.cursor, self.n_bars - 1) + 1):
-            t = self.t0 + i * IMS
+        for i in range(0, min(cursor, self.n_bars - 1) + 1):
+            t = self.t0 + i * ims
             if (start is not None and t < start) or (end is not None and t > end):
                 continue
-            in_progress = i >= self.cursor
+            in_progress = i >= cursor
             close = self.preview_close(symbol, i, 0) if in_progress else closes[i]
-            row = [t, fmt(close), fmt(close), fmt(close), fmt(close), "1.5", t + IMS - 1]
+            row = [t, fmt(close), fmt(close), fmt(close), fmt(close), "1.5", t + ims - 1]
             rows.append(row + ["0", 2, "0", "0", "0"])
-        if self.cursor >= self.n_bars and (end is None or self.t0 + self.n_bars * IMS <= end):
-            t = self.t0 + self.n_bars * IMS  # the bar in progress after the data set ends
+        if cursor >= self.n_bars and (end is None or self.t0 + self.n_bars * ims <= end):
+            t = self.t0 + self.n_bars * ims  # the bar in progress after the data set ends
             c = fmt(self.preview_close(symbol, self.n_bars, 0))
-            rows.append([t, c, c, c, c, "1.5", t + IMS - 1, "0", 2, "0", "0", "0"])
+            rows.append([t, c, c, c, c, "1.5", t + ims - 1, "0", 2, "0", "0", "0"])
         rows = rows[:limit] if start is not None else rows[-limit:]
         if fault == "badrow":
             rows.insert(0, ["x", "nan", None])
