@@ -9,5 +9,5 @@ if [ ! -x .venv/bin/python ]; then
   .venv/bin/python -m pip install -q --upgrade pip
 fi
 extras=""
-[ "${1:-}" = "test" ] && extras="[test,redis,live]"
+[ "${1:-}" = "test" ] && extras="[test,redis,live,metrics]"
 .venv/bin/python -m pip install -q -e ".${extras}"

@@ -74,9 +74,12 @@ class Emulator:
         retry_after: str = "0",
         t0: int = T0,
         interval: str = INTERVAL,
+        realtime: bool = False,
     ) -> None:
         self.t0 = t0  # open time of bar 0
         self.interval = interval
+        # bars close on the wall clock (connected or not), and REST answers by it
+        self.realtime = realtime
         self.ims = interval_ms(interval)
         self.closes = closes
         self.n_bars = len(next(iter(closes.values())))
@@ -151,8 +154,17 @@ class Emulator:
 
     @property
     def now_ms(self) -> int:
-        """The exchange clock: the middle of the bar in progress."""
+        """The exchange clock: the middle of the bar in progress (in real time: now)."""
+        if self.realtime:
+            return int(time.time() * 1000)
         return self.t0 + self.cursor * self.ims + self.ims // 2
+
+    def rest_cursor(self) -> int:
+        """The bar in progress as REST answers: in real time, the clock's, also in the
+        moment between a bar's close and the ticker's broadcast of it."""
+        if not self.realtime:
+            return self.cursor
+        return max(self.cursor, (int(time.time() * 1000) - self.t0) // self.ims)
 
     def wait_for_bar(self, i: int) -> None:
         """Returns once bar ``i`` is in progress (every bar before it has closed)."""
@@ -176,14 +188,15 @@ class Emulator:
         """(open time, close, closed) of the bars opening in ``[start, end]`` the REST API
         knows now: the closed ones and the one in progress, ascending."""
         out = []
-        for i in range(0, min(self.cursor, self.n_bars - 1) + 1):
+        cursor = self.rest_cursor()
+        for i in range(0, min(cursor, self.n_bars - 1) + 1):
             t = self.t0 + i * self.ims
             if (start is not None and t < start) or (end is not None and t > end):
                 continue
-            in_progress = i >= self.cursor
+            in_progress = i >= cursor
             close = self.preview_close(symbol, i, 0) if in_progress else self.closes[symbol][i]
             out.append((t, float(close), not in_progress))
-        if self.cursor >= self.n_bars:
+        if cursor >= self.n_bars:
             t = self.t0 + self.n_bars * self.ims  # the bar in progress after the data set ends
             if (start is None or t >= start) and (end is None or t <= end):
                 out.append((t, float(self.preview_close(symbol, self.n_bars, 0)), False))
@@ -271,13 +284,18 @@ class Emulator:
         return True
 
     async def _ticker(self) -> None:
-        while sum(bool(c["symbols"]) for c in self._conns) < self.wait_connections:
+        while (
+            not self.realtime
+            and sum(bool(c["symbols"]) for c in self._conns) < self.wait_connections
+        ):
             await asyncio.sleep(0.005)
         for i in range(self.cursor, self.n_bars):
             for p in range(self.previews_per_bar):
                 for s in self.closes:
                     self._broadcast(s, self.ws_message(s, i, self.preview_close(s, i, p), False))
                 await asyncio.sleep(self.bar_pause / max(self.previews_per_bar, 1))
+            if self.realtime:
+                await asyncio.sleep(max(0.0, (self.t0 + (i + 1) * self.ims) / 1000 - time.time()))
             for action in self.faults.get(i, []):
                 deadline = time.monotonic() + 10
                 while not self._act(action) and time.monotonic() < deadline:

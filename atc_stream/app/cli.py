@@ -7,15 +7,17 @@ go to stderr so stdout stays machine-readable.
 from __future__ import annotations
 
 import sys
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from atc_stream.app.config_file import load_config_file
 from atc_stream.app.console import PROGRAM, OptionError, RunError, err, error
 from atc_stream.app.defaults import INTERVAL, REDIS_PREFIX, SNAPSHOT_EVERY
+from atc_stream.app.logs import LogFormat, use_log_format
 
 app = typer.Typer(
     add_completion=False,
@@ -189,11 +191,11 @@ def _user_errors():
         raise typer.Exit(2) from None
 
 
-def _run_job(job, **options) -> None:
+def _run_job(job, *, logs: AbstractContextManager | None = None, **options) -> None:
     """Run one job of ``atc_stream.jobs`` with the command's options: its exit status
     becomes the command's; a refused option is a usage error, a refused run one line
-    and exit 2 (``_user_errors``)."""
-    with _user_errors():
+    and exit 2 (``_user_errors``). ``logs``: how its lines are written (``--log-format``)."""
+    with logs or nullcontext(), _user_errors():
         try:
             status = job(**options)
         except OptionError as exc:
@@ -383,7 +385,14 @@ def live(
     strategy: StrategyOption = None,
     trades: TradesOption = None,
     positions: PositionsOption = None,
-) -> None:
+    metrics_port: Annotated[int, typer.Option(min=0, max=65535, help="Serve /metrics, "
+        "/healthz and /readyz on this port (0: off; needs the metrics extra).")] = 0,
+    metrics_host: Annotated[str, typer.Option(help="Address of --metrics-port.")] = "127.0.0.1",
+    log_format: Annotated[LogFormat, typer.Option("--log-format", help="stderr lines and "
+        "logs as text or JSON objects, one a line.")] = LogFormat.text,
+    config: Annotated[Path | None, typer.Option(is_eager=True, callback=load_config_file,
+        help="TOML file of options (key: option name); options given here win.")] = None,
+) -> None:  # fmt: skip
     """Stream exchange klines (Binance, Bybit, OKX or any ccxt exchange) through the engine.
 
     Warms up over REST, then applies closed klines as bars and previews in-progress ones;
@@ -405,6 +414,7 @@ def live(
         redis_prefix=redis_prefix, snapshot_dir=snapshot_dir, snapshot_every=snapshot_every,
         resume=resume, events_before_ready=events_before_ready, strategies=strategy or [],
         trades=trades, positions=positions,
+        metrics_port=metrics_port, metrics_host=metrics_host, logs=use_log_format(log_format),
     )  # fmt: skip
 
 

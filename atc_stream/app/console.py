@@ -3,6 +3,7 @@
 A job raises ``OptionError`` for an option value it refuses (the CLI shows it like a
 usage error) and ``RunError`` for a run that cannot start or resume (one line, exit 2).
 Progress, notes and summaries go to stderr through ``err``; stdout is for signals.
+With ``--log-format json`` (``app.logs``) those lines go to a sink that logs them instead.
 """
 
 from __future__ import annotations
@@ -10,11 +11,17 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from atc_stream.core.params import ATCParams, load_param_sets
 
 #: How every user-facing line starts.
 PROGRAM = "atc-stream"
+
+#: Where ``err`` sends its lines instead of stderr, when set: ``(line, level, fields)``.
+LineSink = Callable[[str, str, Mapping[str, Any] | None], None]
+_sink: LineSink | None = None
 
 
 class OptionError(ValueError):
@@ -40,14 +47,28 @@ def param_sets_option(path: str | os.PathLike | None) -> list[ATCParams] | None:
         raise OptionError(str(exc)) from None
 
 
-def err(line: str, *, end: str = "\n") -> None:
-    """A line to stderr (stdout is for signals); ``end=""`` for a line redrawn in place."""
+def set_line_sink(sink: LineSink | None) -> LineSink | None:
+    """Sends the lines of ``err`` to ``sink`` (None: to stderr again); the sink before."""
+    global _sink
+    before, _sink = _sink, sink
+    return before
+
+
+def err(
+    line: str, *, end: str = "\n", level: str = "info", fields: Mapping[str, Any] | None = None
+) -> None:
+    """A line to stderr (stdout is for signals); ``end=""`` for a line redrawn in place.
+    ``level`` and ``fields`` (values the line shows) are for a line sink."""
+    if _sink is not None:
+        if line.strip():
+            _sink(line, level, fields)
+        return
     print(line, end=end, file=sys.stderr, flush=not end)
 
 
 def error(message: str) -> None:
     """The one line of an error that ends the command."""
-    err(f"{PROGRAM}: error: {message}")
+    err(f"{PROGRAM}: error: {message}", level="error")
 
 
 def stderr_is_terminal() -> bool:
@@ -55,12 +76,12 @@ def stderr_is_terminal() -> bool:
     return sys.stderr.isatty()
 
 
-def status(line: str) -> None:
+def status(line: str, fields: Mapping[str, Any] | None = None) -> None:
     """A status line: redrawn in place on a terminal, one line each otherwise."""
-    if stderr_is_terminal():
+    if _sink is None and stderr_is_terminal():
         err(f"\r{line:<110}", end="")
     else:
-        err(line)
+        err(line, fields=fields)
 
 
 def log_warnings() -> None:

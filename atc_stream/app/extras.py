@@ -14,6 +14,7 @@ EXTRAS: dict[str, tuple[tuple[str, ...], str]] = {
     "live": (("aiohttp",), "pip install 'atc-stream[live]'"),
     "ccxt": (("ccxt",), "pip install 'atc-stream[ccxt]'"),
     "redis": (("redis",), "pip install 'atc-stream[redis]'"),
+    "metrics": (("prometheus_client",), "pip install 'atc-stream[metrics]'"),
     "plot": (("matplotlib", "pandas"), "pip install 'atc-stream[plot]'"),
     "pandas": (("pandas",), "pip install 'atc-stream[pandas]'"),
     "cuda": (("numba_cuda",), CUDA_INSTALL_HINT),

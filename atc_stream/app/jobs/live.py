@@ -8,7 +8,7 @@ good snapshot, cuts the same output file back to that position and appends; the 
 then backfills every stream from its last applied bar, so the file ends with every
 closed (symbol, params_id, time) row exactly once. Provisional rows (previews) written
 after the snapshot are cut with the rest. A different ``-o`` on resume starts that file
-fresh with the rows from the snapshot on.
+fresh with the rows from the snapshot on. ``--metrics-port``: ``app.ops_server``.
 """
 
 from __future__ import annotations
@@ -68,10 +68,15 @@ def run_live(
     strategies: Sequence[str] = (),
     trades: Path | None = None,
     positions: Path | None = None,
+    metrics_port: int = 0,
+    metrics_host: str = "127.0.0.1",
 ) -> int:
-    """Run the live feed until ``max_seconds``/``max_bars``/SIGINT; the exit status
-    (1 when the feed failed: REST unusable, no symbol known)."""
+    """Run the live feed until ``max_seconds``/``max_bars``/SIGINT/SIGTERM; the exit status
+    (1 when the feed failed: REST unusable, no symbol known). ``metrics_port`` (0: off)
+    serves the operations endpoints on ``metrics_host``."""
     require("live", "atc-stream live")
+    if metrics_port:
+        require("metrics", "--metrics-port")
     # after the checks: the feed imports aiohttp (and ccxt), optional extras
     from atc_stream.connectors.exchanges import registry
 
@@ -168,14 +173,18 @@ def run_live(
             f"atc-stream: live {len(client.symbols)} symbols x {engine.interval} from "
             f"{where} ({engine.backend.name} backend)"
         )
+        ops = (metrics_host, metrics_port) if metrics_port else None
         try:
-            failed, stats = _run_client(client, durability, max_seconds, max_bars, status_every)
+            failed, stats = _run_client(
+                client, durability, max_seconds, max_bars, status_every, ops
+            )
         finally:
             if paper is not None:
                 sink.close()
     if stderr_is_terminal() and status_every > 0:
         err("")
-    err("atc-stream: live done" + (f" (failed: {failed})" if failed else ""))
+    err("atc-stream: live done" + (f" (failed: {failed})" if failed else ""),
+        level="error" if failed else "info", fields=status_fields(stats))  # fmt: skip
     for line in stats.lines() + (paper_lines(engine) if paper is not None else []):
         err("  " + line)
     return 1 if failed is not None else 0
@@ -198,28 +207,56 @@ def _check_symbols(exchange, config, interval: str, symbols: list[str]) -> None:
         raise RunError(f"{exchange.name} has no symbol {', '.join(unknown)} (--symbols)")
 
 
-def _run_client(client, durability, max_seconds, max_bars, status_every):
-    """(the error that ended the feed or None, the client's ``LiveStats``)."""
+def status_fields(stats) -> dict[str, Any]:
+    """The values of a status line, as fields of a structured log line."""
+    lag = stats.last_bar_lag_ms
+    return {
+        "symbols": stats.symbols, "open_connections": stats.open_connections,
+        "connections": stats.connections, "warmup_bars": stats.warmup_bars,
+        "bars": stats.bars, "bars_per_second": round(stats.bars_per_second, 3),
+        "rows_out": stats.rows_out, "previews": stats.previews,
+        "lag_seconds": None if lag is None else lag / 1000, "reconnects": stats.reconnects,
+        "rejected": sum(stats.rejections.values()) + sum(stats.engine_rejections.values()),
+    }  # fmt: skip
+
+
+def _run_client(client, durability, max_seconds, max_bars, status_every, ops=None):
+    """(the error that ended the feed or None, the client's ``LiveStats``). ``ops``: the
+    (host, port) of the operations endpoints, served while the client runs."""
     import asyncio
 
     from atc_stream.connectors.exchanges.rest import RestError
 
     def show_status(stats) -> None:
-        status(stats.status_line())
+        status(stats.status_line(), status_fields(stats))
 
-    async def run():
+    async def serve_and_run():
+        server = None
+        if ops is not None:  # listening before the warmup: /readyz says it is not done
+            from atc_stream.app.ops_server import OpsServer
+
+            server = OpsServer(client, *ops, snapshotter=durability.snapshotter)
+            try:
+                await server.start()
+            except OSError as exc:
+                raise RunError(
+                    f"--metrics-port: cannot listen on {ops[0]}:{ops[1]}: {exc.strerror or exc}"
+                ) from None
         try:
             return await client.run(
                 max_seconds=max_seconds, max_bars=max_bars,
                 on_status=show_status if status_every > 0 else None,
                 status_every=status_every or 1.0,
             )  # fmt: skip
-        finally:  # in the loop that ran the feed: a library client's sockets
+        finally:
+            # in the loop that ran the feed: a library client's sockets
             await client.exchange.aclose()
+            if server is not None:
+                await server.close()
 
     with durability:
         try:
-            stats = asyncio.run(run())
+            stats = asyncio.run(serve_and_run())
         except (RestError, ValueError) as exc:
             return exc, client.stats
     return None, stats

@@ -6,6 +6,11 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field, fields
 
+from atc_stream.connectors.exchanges.timing import (
+    LATENCY_BUCKETS,
+    STEP_BUCKETS,
+    BucketHistogram,
+)
 from atc_stream.connectors.retry import Backoff
 
 
@@ -110,6 +115,12 @@ class LiveStats:
     disconnects: Counter = field(default_factory=Counter)  #: connection ends by reason
     http_retries: Counter = field(default_factory=Counter)  #: REST retries by reason
     engine_rejections: Counter = field(default_factory=Counter)  #: engine's, during the run
+    #: seconds of each ``Engine.step`` of closed bars
+    step_seconds: BucketHistogram = field(default_factory=lambda: BucketHistogram(STEP_BUCKETS))
+    #: seconds from a closed websocket kline's receipt to its result's hand-off (publisher)
+    kline_to_publish_seconds: BucketHistogram = field(
+        default_factory=lambda: BucketHistogram(LATENCY_BUCKETS)
+    )
 
     @property
     def seconds(self) -> float:

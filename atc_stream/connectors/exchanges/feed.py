@@ -17,6 +17,7 @@ import numpy as np
 from atc_stream.connectors.exchanges.config import LiveConfig, LiveStats
 from atc_stream.connectors.exchanges.exchange import Exchange, KlineHistory
 from atc_stream.connectors.exchanges.klines import Kline, same_grid
+from atc_stream.connectors.exchanges.timing import StampedQueue
 from atc_stream.connectors.exchanges.venues.binance import BinanceSpot
 from atc_stream.core.intervals import (
     approx_interval_ms,
@@ -29,6 +30,9 @@ from atc_stream.core.results import StepResult
 from atc_stream.engine.engine import Engine
 
 log = logging.getLogger("atc_stream.binance")
+
+#: Longest wait for a closed kline after its bar's close before its symbol is not live.
+READY_GRACE_MS = 5_000
 
 
 @dataclass
@@ -55,7 +59,7 @@ class _RunIO(NamedTuple):
 
     rest: KlineHistory
     #: websocket klines and finished backfills, in the order the engine takes them
-    queue: asyncio.Queue[Kline | _BackfillDone]
+    queue: StampedQueue
 
 
 class KlineClient:
@@ -138,6 +142,8 @@ class KlineClient:
         self._preview_symbols: set[str] = set()
         self._stopper: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
         self.rest: KlineHistory | None = None  #: the REST client of the latest ``run``
+        self._queue: StampedQueue | None = None  #: the latest ``run``'s, for its depth
+        self._arrived: list[float] = []  # when the websocket klines in _pending came
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -201,7 +207,7 @@ class KlineClient:
                 session, self.config, self.interval, self.stats, self.clock_ms, self.rng
             )
             self.rest = rest
-            io = _RunIO(rest, asyncio.Queue(maxsize=self.config.max_queue))
+            io = _RunIO(rest, StampedQueue(maxsize=self.config.max_queue))
             try:
                 if self.publisher is not None:
                     await self.publisher.start()
@@ -259,6 +265,42 @@ class KlineClient:
             self._engine_rejections_at_start
         )
 
+    # -- what operations ask (metrics, readiness), from the client's event loop -------------
+
+    def stats_now(self) -> LiveStats:
+        """The statistics, the engine's rejections during the run brought up to date."""
+        self._update_engine_rejections()
+        return self.stats
+
+    def queue_depth(self) -> int:
+        """Klines and finished backfills waiting for the engine (0 when not running)."""
+        return 0 if self._queue is None else self._queue.qsize()
+
+    def not_live(self, now_ms: int | None = None, grace_ms: int | None = None) -> dict[str, str]:
+        """The symbols that are not live, with why. A symbol is live when its last applied
+        bar is the latest closed by the clock (``now_ms``, default ``clock_ms()``) and it
+        waits for no backfill. The bar after it counts as closed only ``grace_ms`` after
+        its close (default: 5 s, at most half an interval), the time its kline takes to
+        come."""
+        now = self.clock_ms() if now_ms is None else now_ms
+        if grace_ms is None:
+            grace_ms = min(READY_GRACE_MS, self._interval_bound // 2)
+        out = {}
+        for symbol in self.symbols:
+            st = self._state[symbol]
+            if st.last is None:
+                out[symbol] = "no bar yet (warming up)"
+            elif st.backfill is not None:
+                out[symbol] = "backfilling"
+            elif next_open(next_open(st.last, self.interval), self.interval) + grace_ms <= now:
+                out[symbol] = f"behind: last bar {st.last}"
+        return out
+
+    def live_symbols(self, now_ms: int | None = None) -> list[str]:
+        """The symbols that are live (``not_live`` says why the others are not)."""
+        behind = self.not_live(now_ms)
+        return [s for s in self.symbols if s not in behind]
+
     async def _status_loop(self, on_status: Callable[[LiveStats], Any], every: float) -> None:
         while True:
             await asyncio.sleep(every)
@@ -293,9 +335,10 @@ class KlineClient:
     # -- the engine side: one consumer applies everything in order -------------------------------
 
     async def _consume(self, io: _RunIO, stop: asyncio.Event, max_bars: int | None) -> None:
-        queue = io.queue
+        queue = self._queue = io.queue
         max_batch = self.config.max_batch
         while True:
+            queue.taken.clear()
             items = [await queue.get()]
             while len(items) < max_batch:
                 try:
@@ -304,9 +347,12 @@ class KlineClient:
                     break
             # one clock read a batch: a closed kline opening after this is from the future
             self._future_after = self.clock_ms() + self._interval_bound
-            for item in items:
+            for item, arrived in zip(items, queue.taken, strict=True):
                 if isinstance(item, Kline):
+                    pending = len(self._pending)
                     self._dispatch(io, item)
+                    if len(self._pending) > pending:  # stepped in this batch
+                        self._arrived.append(arrived)
                 else:
                     self._on_backfill_done(io, item)
             self._flush()
@@ -455,7 +501,9 @@ class KlineClient:
     def _flush(self) -> None:
         if self._pending:
             updates, self._pending = self._pending, []
+            started = time.perf_counter()
             result = self.engine.step(updates)
+            self.stats.step_seconds.observe(time.perf_counter() - started)
             rejected = {r.index for r in result.rejected}
             applied = len(updates) - len(rejected)
             self.stats.bars += applied
@@ -465,6 +513,9 @@ class KlineClient:
                     self._state[symbol].last = last
             newest = max(u[1] for u in updates)
             self.stats.last_bar_lag_ms = float(self.clock_ms() - next_open(newest, self.interval))
+            if self._arrived:  # the results are handed to the publisher now
+                arrived, self._arrived = np.array(self._arrived), []
+                self.stats.kline_to_publish_seconds.observe_many(time.perf_counter() - arrived)
             self._emit(result)
             if self.snapshotter is not None:
                 self.snapshotter.maybe_snapshot(applied, self.source_offsets)
