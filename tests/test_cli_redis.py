@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from atc_stream.app.cli import app
 from atc_stream.connectors.redis.pubsub import SignalSubscriber
-from atc_stream.connectors.redis.streams import read_outputs
+from atc_stream.connectors.redis.stream_output import read_outputs
 from atc_stream.connectors.replay.player import random_walk_table
 from atc_stream.core.schema import SCHEMA_VERSION
 from atc_stream.state.snapshot_stores import DirectorySnapshotStore

@@ -29,9 +29,9 @@ import pytest
 from redis_fixtures import redis_server, redis_url  # noqa: F401
 
 from atc_stream import ATCParams, Engine, compute
-from atc_stream.connectors.redis.pubsub import records_from_result
-from atc_stream.connectors.redis.streams import read_outputs
+from atc_stream.connectors.redis.stream_output import read_outputs
 from atc_stream.connectors.replay.player import random_walk_table
+from atc_stream.core.messages import records_from_result
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(420)]
 

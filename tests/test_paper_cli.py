@@ -249,7 +249,7 @@ def test_replay_publishes_a_trade_message_per_closed_trade(tmp_path, bars, redis
     sub.wait_ready()
     with collected_messages(sub) as got:
         run_paper(tmp_path, bars[0], "--redis", redis_url)
-        sub.close()
+    sub.close()
     written = sort_trades(read_jsonl(tmp_path / "trades.jsonl"))
     on_all = [m for m in got if m.channel == "atc:trades"]
     per_symbol = [m for m in got if m.channel.startswith("atc:trade:")]

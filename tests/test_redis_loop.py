@@ -181,7 +181,7 @@ def test_packed_commands_are_the_protocol_of_the_documented_arguments():
     HSET of the latest hash that the records say, with the right argument counts."""
     import msgspec
 
-    from atc_stream.connectors.redis.pubsub import PUBLISH_SCRIPT, SignalMessages
+    from atc_stream.connectors.redis.channels import PUBLISH_SCRIPT, SignalMessages
     from atc_stream.core.messages import records_from_result
 
     results = [r for r in step_results(4, 140, seed=11) if len(r)][-40:]

@@ -15,7 +15,8 @@ import pytest
 from redis_fixtures import private_redis, redis_server, redis_url  # noqa: F401
 
 from atc_stream import ATCParams, Engine
-from atc_stream.connectors.redis.pubsub import SignalBatch, SignalPublisher, SignalSubscriber
+from atc_stream.connectors.redis.channels import SignalBatch
+from atc_stream.connectors.redis.pubsub import SignalPublisher, SignalSubscriber
 from atc_stream.connectors.replay.player import random_walk_table
 from atc_stream.connectors.retry import Backoff
 from atc_stream.core.messages import SignalRecord, records_from_result

@@ -10,14 +10,13 @@ from redis_fixtures import redis_server, redis_url  # noqa: F401
 
 from atc_stream import ATCParams, Engine
 from atc_stream.connectors.redis.pubsub import SignalPublisher, SignalSubscriber
+from atc_stream.connectors.redis.stream_output import parse_id, read_outputs
 from atc_stream.connectors.redis.streams import (
     MALFORMED_CLOSE,
     MALFORMED_MISSING_FIELD,
     MALFORMED_SYMBOL,
     MALFORMED_TIME,
     RedisStreamRunner,
-    parse_id,
-    read_outputs,
     source_key,
 )
 from atc_stream.connectors.replay.player import random_walk_table

@@ -124,7 +124,7 @@ def test_csv_writer_refuses_results_of_other_columns(tmp_path):
 def test_redis_records_of_a_subset_round_trip():
     import msgspec
 
-    from atc_stream.connectors.redis.pubsub import SignalBatch, _message_types
+    from atc_stream.connectors.redis.channels import SignalBatch, message_types
     from atc_stream.core.messages import SignalRecord, records_from_result
 
     result = _results(("events",))[2]
@@ -132,14 +132,14 @@ def test_redis_records_of_a_subset_round_trip():
     data = msgspec.json.encode(records[0])
     fields = list(json.loads(data))
     assert fields == [*result.column_names, "v"]
-    record_type, batch_type = _message_types(("events",))
+    record_type, batch_type = message_types(("events",))
     decoded = msgspec.json.Decoder(record_type).decode(data)
     assert decoded.long == bool(result.long_events[0]) and decoded.v == schema.SCHEMA_VERSION
     assert decoded.key == records[0].key == str(result.keys[0])  # the latest-hash field
     with pytest.raises(msgspec.ValidationError):  # the full record needs every column
         msgspec.json.Decoder(SignalRecord).decode(data)
     assert batch_type.__struct_fields__[-1] == "records"
-    assert _message_types("all") == (SignalRecord, SignalBatch)
+    assert message_types("all") == (SignalRecord, SignalBatch)
 
 
 def test_step_async_on_the_cpu_equals_step():

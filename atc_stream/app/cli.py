@@ -459,8 +459,20 @@ def subscribe(
     batch: Annotated[
         bool, typer.Option("--batch", help="Follow the per-step batch channel.")
     ] = False,
+    trades: Annotated[
+        bool, typer.Option("--trades", help="Follow the trades channel (paper trading).")
+    ] = False,
+    positions: Annotated[
+        bool,
+        typer.Option("--positions", help="Follow the positions channel (paper trading)."),
+    ] = False,
     latest: Annotated[
-        bool, typer.Option("--latest", help="First print the latest record of every stream.")
+        bool,
+        typer.Option(
+            "--latest",
+            help="First print the latest record of every stream (with --positions, also "
+            "the latest position of every strategy stream).",
+        ),
     ] = False,
     redis_prefix: RedisPrefixOption = REDIS_PREFIX,
     encoding: Annotated[str, typer.Option(help="json or msgpack (as published).")] = "json",
@@ -471,13 +483,14 @@ def subscribe(
 ) -> None:
     """Print signals as they arrive (one JSON object per line: channel, kind, data).
 
-    With no --symbols/--events/--batch, every per-symbol channel is followed."""
+    With no --symbols/--events/--batch/--trades/--positions, every per-symbol signal
+    channel is followed."""
     from atc_stream.app.jobs.subscribe import run_subscribe
 
     _run_job(
         run_subscribe, redis=redis, symbols=symbols, events=events, batch=batch,
-        latest=latest, redis_prefix=redis_prefix, encoding=encoding, count=count,
-        timeout=timeout,
+        trades=trades, positions=positions, latest=latest, redis_prefix=redis_prefix,
+        encoding=encoding, count=count, timeout=timeout,
     )  # fmt: skip
 
 
@@ -528,8 +541,9 @@ def run_stream(
 
     Outputs go to --output-stream (and pub/sub with --publish). Snapshots record the last
     applied entry; --resume continues from there (see connectors/redis/streams.py).
-    With --strategy, entries carry open, high, low and close (paper trading), and each
-    closed trade is published on {prefix}:trades with --publish."""
+    With --strategy, entries carry open, high, low and close (paper trading); the trades
+    and positions go to KEY:trades and KEY:positions of --output-stream KEY (exactly
+    once too) and to {prefix}:trades and {prefix}:positions with --publish."""
     from atc_stream.app.jobs.run_stream import run_stream as run
 
     _run_job(

@@ -1,4 +1,5 @@
-"""msgspec structs of the one output schema: a signal row, and the Redis record around it.
+"""msgspec structs of the one output schema: a signal row and the Redis record around it,
+and the trade and position records of paper trading.
 
 The fields are generated from ``core.schema.COLUMN_TYPES``, so JSONL lines, Redis
 messages and the Arrow/Parquet columns cannot drift apart.
@@ -136,6 +137,31 @@ class TradeRecord(msgspec.Struct, gc=False):
     return_: float = msgspec.field(name="return")
     v: int = SCHEMA_VERSION
 
+    @property
+    def key(self) -> str:
+        """The strategy stream key ``symbol:interval:params_id:strategy_id``."""
+        return f"{self.symbol}:{self.interval}:{self.params_id}:{self.strategy_id}"
+
+
+class PositionRecord(msgspec.Struct, gc=False):
+    """The position of a strategy stream at a bar's close (``StepResult.position_columns``),
+    plus ``v``: the message on the Redis position channels."""
+
+    symbol: str
+    interval: str
+    params_id: int
+    strategy_id: int
+    time: int
+    side: int
+    equity: float
+    v: int = SCHEMA_VERSION
+
+    @property
+    def key(self) -> str:
+        """The strategy stream key ``symbol:interval:params_id:strategy_id`` (the field
+        name in the ``positions:latest`` hash)."""
+        return f"{self.symbol}:{self.interval}:{self.params_id}:{self.strategy_id}"
+
 
 def trade_records_from_result(result: StepResult) -> list[TradeRecord]:
     """The :class:`TradeRecord` of every trade closed on ``result``'s bars (none for a
@@ -145,3 +171,13 @@ def trade_records_from_result(result: StepResult) -> list[TradeRecord]:
     columns = result.trade_columns()
     lists = [values.tolist() for values in columns.values()]
     return [TradeRecord(*row) for row in zip(*lists, strict=True)]
+
+
+def position_records_from_result(result: StepResult) -> list[PositionRecord]:
+    """The :class:`PositionRecord` of every (row, strategy) of ``result``, rows first (none
+    for a result without strategy outputs)."""
+    if result.strategy is None or len(result) == 0:
+        return []
+    columns = result.position_columns()
+    lists = [values.tolist() for values in columns.values()]
+    return [PositionRecord(*row) for row in zip(*lists, strict=True)]

@@ -1,6 +1,6 @@
-"""The ``subscribe`` job: print the signals a publisher sends over Redis pub/sub, one JSON
-object per line (``connectors.redis.pubsub.SignalSubscriber`` reconnects and counts
-malformed messages)."""
+"""The ``subscribe`` job: print the signals (and trades, positions) a publisher sends over
+Redis pub/sub, one JSON object per line (``connectors.redis.pubsub.SignalSubscriber``
+reconnects and counts malformed messages)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ def run_subscribe(
     events: bool,
     batch: bool,
     latest: bool,
+    trades: bool = False,
+    positions: bool = False,
     redis_prefix: str,
     encoding: str,
     count: int | None,
@@ -35,7 +37,7 @@ def run_subscribe(
     try:
         sub = SignalSubscriber(
             redis, prefix=redis_prefix, encoding=encoding, symbols=names, events=events,
-            batch=batch, as_dict=True,
+            batch=batch, trades=trades, positions=positions, as_dict=True,
         )  # fmt: skip
         sub.wait_ready()
     except ValueError as exc:
@@ -45,9 +47,13 @@ def run_subscribe(
         return 1
     try:
         if latest:
-            for key, record in sorted(sub.latest().items()):
-                out.write(encoder.encode({"channel": sub.latest_key, "kind": "latest",
-                                          "key": key, "data": record}) + b"\n")  # fmt: skip
+            hashes = [(sub.latest_key, "latest", sub.latest())]
+            if positions:
+                hashes.append((sub.positions_latest_key, "latest_position", sub.latest_positions()))
+            for channel, kind, values in hashes:
+                for key, record in sorted(values.items()):
+                    out.write(encoder.encode({"channel": channel, "kind": kind, "key": key,
+                                              "data": record}) + b"\n")  # fmt: skip
             out.flush()
         for msg in sub.messages(timeout=timeout, limit=count):
             out.write(encoder.encode({"channel": msg.channel, "kind": msg.kind, "data": msg.data}))

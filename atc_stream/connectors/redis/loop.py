@@ -14,7 +14,7 @@ from typing import Any
 
 from redis.connection import SSLConnection, UnixDomainSocketConnection, parse_url
 
-from atc_stream.connectors.redis.pubsub import SignalMessages
+from atc_stream.connectors.redis.channels import SignalMessages
 from atc_stream.connectors.redis.resp import ReplyError, pack_command, read_reply
 from atc_stream.connectors.retry import DEFAULT_BACKOFF, Backoff
 from atc_stream.core.results import StepResult

@@ -1,4 +1,5 @@
-"""Signals out to Redis pub/sub (and a "latest" hash), and the subscriber that reads them.
+"""Signals out to Redis pub/sub from a thread (``SignalPublisher``), and the subscriber
+that reads them (``SignalSubscriber``).
 
 Channels, message schema and delivery: docs/design/redis-pubsub.md.
 """
@@ -9,7 +10,6 @@ import logging
 import queue
 import threading
 import time
-import types
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -17,243 +17,19 @@ from typing import Any
 import msgspec
 import redis
 
-from atc_stream.connectors.redis.resp import CRLF, bulk, fail_fast_client, send_packed
-from atc_stream.connectors.retry import DEFAULT_BACKOFF, Backoff
-from atc_stream.core.messages import (
-    SignalRecord,
-    TradeRecord,
-    encoded_rows,
-    record_json,
-    record_type,
-    records_from_result,
-    trade_records_from_result,
+from atc_stream.connectors.redis.channels import (
+    SignalMessages,
+    codec,
+    message_types,
+    position_channel,
+    signal_channel,
 )
-from atc_stream.core.results import StepResult, StreamKey
-from atc_stream.core.schema import SCHEMA_VERSION, columns_for, resolve_outputs
+from atc_stream.connectors.redis.resp import fail_fast_client, send_packed
+from atc_stream.connectors.retry import DEFAULT_BACKOFF, Backoff
+from atc_stream.core.messages import PositionRecord, TradeRecord
+from atc_stream.core.results import StepResult
 
 log = logging.getLogger("atc_stream.redis")
-
-ENCODINGS = ("json", "msgpack")
-
-
-class SignalBatch(msgspec.Struct, kw_only=True):
-    """Every record of one engine step: the message on the batch channel."""
-
-    v: int = SCHEMA_VERSION
-    seq: int  #: 1, 2, 3, ... per publisher; a gap means steps were dropped
-    published_at: int  #: ns since the epoch, when the publisher encoded the batch
-    count: int
-    records: list[SignalRecord]
-
-
-class _BatchOut(msgspec.Struct, kw_only=True):
-    """SignalBatch with already encoded records (each record is encoded only once)."""
-
-    v: int = SCHEMA_VERSION
-    seq: int
-    published_at: int
-    count: int
-    records: list[msgspec.Raw]
-
-
-def _message_types(outputs: str | Sequence[str]) -> tuple[type, type]:
-    """The record and batch structs of a publisher whose engine returns ``outputs``."""
-    record = record_type(columns_for(resolve_outputs(outputs)))
-    if record is SignalRecord:
-        return SignalRecord, SignalBatch
-    batch = msgspec.defstruct(
-        "SignalBatch",
-        [("v", int, SCHEMA_VERSION), ("seq", int), ("published_at", int), ("count", int),
-         ("records", types.GenericAlias(list, (record,)))],  # list[record], made at runtime
-        kw_only=True, module=__name__,
-    )  # fmt: skip
-    return record, batch
-
-
-def _codec(encoding: str):
-    if encoding == "json":
-        return msgspec.json
-    if encoding == "msgpack":
-        return msgspec.msgpack
-    raise ValueError(f"encoding must be one of {ENCODINGS}, got {encoding!r}")
-
-
-def signal_channel(prefix: str, symbol: str) -> str:
-    return f"{prefix}:signal:{symbol}"
-
-
-def trade_channel(prefix: str, symbol: str) -> str:
-    return f"{prefix}:trade:{symbol}"
-
-
-#: PUBLISH every (channel, message) pair of ARGV in one command (Lua scripts run atomically).
-PUBLISH_SCRIPT = (
-    b"for i = 1, #ARGV, 2 do redis.call('PUBLISH', ARGV[i], ARGV[i + 1]) end return #ARGV / 2"
-)
-
-
-#: ``EVAL <PUBLISH_SCRIPT> 0`` without the argument count that precedes it
-_EVAL_PUBLISH = bulk(b"EVAL") + bulk(PUBLISH_SCRIPT) + bulk(b"0")
-_HSET = bulk(b"HSET")
-_PUBLISH = b"*3\r\n" + bulk(b"PUBLISH")  # then the channel and the message
-
-
-class SignalMessages:
-    """What goes out for a step: the channels, records, events and latest fields of
-    docs/design/redis-pubsub.md, as packed Redis commands, and the delivery counters
-    (``stats()``). Shared by the thread publisher (:class:`SignalPublisher`) and the
-    event-loop one (``loop.LoopPublisher``)."""
-
-    def __init__(
-        self,
-        *,
-        prefix: str = "atc",
-        encoding: str = "json",
-        per_symbol: bool = True,
-        batch: bool = True,
-        events: bool = True,
-        events_before_ready: bool = False,
-        latest: bool = True,
-    ) -> None:
-        if not isinstance(prefix, str) or not prefix:
-            raise ValueError(f"prefix must be a non-empty str, got {prefix!r}")
-        self._encoder = _codec(encoding).Encoder()
-        self.prefix = prefix
-        self.encoding = encoding
-        self.per_symbol = per_symbol
-        self.batch = batch
-        self.events = events
-        #: publish events of rows that are not ready yet too (docs/spec.md, "Readiness")
-        self.events_before_ready = events_before_ready
-        self.latest = latest
-        self.batch_channel = f"{prefix}:batch"
-        self.events_channel = f"{prefix}:events"
-        self.trades_channel = f"{prefix}:trades"
-        self.latest_key = f"{prefix}:latest"
-        self._trades_bulk = bulk(self.trades_channel.encode())
-        self._batch_bulk = bulk(self.batch_channel.encode())
-        self._events_bulk = bulk(self.events_channel.encode())
-        self._latest_key_bulk = bulk(self.latest_key.encode())
-        #: RESP bulk strings of each stream's channel and latest-hash field, made once
-        self._channels: dict[str, bytes] = {}
-        self._fields: dict[tuple[str, str, int], bytes] = {}
-        # delivery counters (``stats()``), kept by the publisher that sends these
-        self._seq = 0
-        self.enqueued = 0
-        self.delivered = 0
-        self.dropped = 0
-        self.dropped_rows = 0
-        self.messages = 0
-        self.errors = 0
-        self.reconnects = 0
-
-    def _counts(self, queued: int) -> dict[str, int]:
-        """The delivery counters; ``queued``: steps given but not delivered or dropped."""
-        names = ("enqueued", "delivered", "dropped", "dropped_rows", "messages", "errors")
-        return {**{n: getattr(self, n) for n in names}, "reconnects": self.reconnects,
-                "queued": queued}  # fmt: skip
-
-    def _commands(self, items: Sequence[tuple[int, StepResult]]) -> tuple[list[bytes], int]:
-        """The packed commands that publish ``items`` ((seq, result) pairs), and how many
-        messages (channel messages + latest fields) they carry.
-
-        The Redis protocol is written directly, each message's bytes placed once, with
-        the channel names and latest-hash fields of each stream encoded once per
-        publisher: on a 200-symbol step this packing is what publishing costs. The
-        batch channel's commands come first: Redis sends a subscriber its messages once
-        it has run the commands it read, so a batch subscriber does not wait for the
-        per-symbol fan-out and the latest hash.
-        """
-        encoded = self._encode(items)
-        batches = self._batch_commands(encoded)
-        fanout, messages = self._fanout_commands(encoded)
-        return batches + fanout, len(batches) + messages
-
-    def _encode(self, items: Sequence[tuple[int, StepResult]]) -> list[tuple]:
-        """(seq, result, encoded records) of each item."""
-        return [(seq, result, self._encoded_records(result)) for seq, result in items]
-
-    def _batch_commands(self, encoded: Sequence[tuple]) -> list[bytes]:
-        """A PUBLISH to the batch channel per step (none when ``batch`` is off)."""
-        if not self.batch:
-            return []
-        commands = []
-        for seq, _result, records in encoded:
-            message = self._encoder.encode(
-                _BatchOut(
-                    seq=seq,
-                    published_at=time.time_ns(),
-                    count=len(records),
-                    records=[msgspec.Raw(d) for d in records],
-                )
-            )
-            head = b"$%d\r\n" % len(message)
-            commands.append(b"".join((_PUBLISH, self._batch_bulk, head, message, CRLF)))
-        return commands
-
-    def _fanout_commands(self, encoded: Sequence[tuple]) -> tuple[list[bytes], int]:
-        """The EVAL publishing per-symbol and event messages and the HSET of the latest
-        hash, and how many messages and fields they carry."""
-        publish: list[bytes] = []  # RESP pieces: channel, message, channel, message, ...
-        n_publish = 0
-        latest: dict[bytes, tuple[bytes, bytes]] = {}  # field -> (length header, message)
-        for _seq, result, records in encoded:
-            heads = [b"$%d\r\n" % len(data) for data in records]
-            columns = dict(zip(result.column_names, result.column_values(), strict=True))
-            symbols = columns["symbol"]
-            if self.per_symbol:
-                channel_of = self._channels.get
-                for symbol, head, data in zip(symbols, heads, records, strict=True):
-                    channel = channel_of(symbol) or self._symbol_channel(symbol)
-                    publish += (channel, head, data, CRLF)
-                n_publish += len(records)
-            if self.events and "events" in result.groups:  # else no long/short columns
-                flags = zip(columns["long"], columns["short"], columns["ready"], strict=True)
-                for (long, short, ready), head, data in zip(flags, heads, records, strict=True):
-                    if (long or short) and (ready or self.events_before_ready):
-                        publish += (self._events_bulk, head, data, CRLF)
-                        n_publish += 1
-            for trade in trade_records_from_result(result):
-                data = self._encoder.encode(trade)
-                head = b"$%d\r\n" % len(data)
-                channels = [self._trades_bulk]
-                if self.per_symbol:
-                    channels.append(bulk(trade_channel(self.prefix, trade.symbol).encode()))
-                for channel in channels:
-                    publish += (channel, head, data, CRLF)
-                n_publish += len(channels)
-            if self.latest:
-                field_of = self._fields.get
-                keys = zip(symbols, columns["interval"], columns["params_id"], strict=True)
-                for key, head, data in zip(keys, heads, records, strict=True):
-                    latest[field_of(key) or self._latest_field(key)] = (head, data)
-        commands = []
-        if n_publish:
-            header = b"*%d\r\n" % (3 + 2 * n_publish) + _EVAL_PUBLISH
-            commands.append(header + b"".join(publish))
-        if latest:
-            parts = [b"*%d\r\n" % (2 + 2 * len(latest)), _HSET, self._latest_key_bulk]
-            for field, (head, data) in latest.items():
-                parts += (field, head, data, CRLF)
-            commands.append(b"".join(parts))
-        return commands, n_publish + len(latest)
-
-    def _symbol_channel(self, symbol: str) -> bytes:
-        channel = bulk(signal_channel(self.prefix, symbol).encode())
-        self._channels[symbol] = channel
-        return channel
-
-    def _latest_field(self, key: tuple[str, str, int]) -> bytes:
-        field = bulk(str(StreamKey(*key)).encode())  # the stream key, as SignalRecord.key
-        self._fields[key] = field
-        return field
-
-    def _encoded_records(self, result: StepResult) -> list[bytes]:
-        """Every row's record, encoded; JSON reuses the rows the file writer encoded."""
-        if self.encoding == "json":
-            return [record_json(row) for row in encoded_rows(result)]
-        encode = self._encoder.encode
-        return [encode(record) for record in records_from_result(result)]
 
 
 class SignalPublisher(SignalMessages):
@@ -469,8 +245,8 @@ class SignalPublisher(SignalMessages):
 
 
 class Message(msgspec.Struct):
-    """One received message: its channel, kind (``signal``, ``event``, ``trade`` or ``batch``) and
-    decoded payload (a Struct, or a dict with ``as_dict=True``)."""
+    """One received message: its channel, kind (``signal``, ``event``, ``batch``, ``trade``
+    or ``position``) and decoded payload (a Struct, or a dict with ``as_dict=True``)."""
 
     channel: str
     kind: str
@@ -480,12 +256,12 @@ class Message(msgspec.Struct):
 class SignalSubscriber:
     """Subscribe to a publisher's channels and iterate decoded messages.
 
-    With no ``symbols``, ``events`` or ``batch`` selected it subscribes to every
-    per-symbol channel (pattern ``{prefix}:signal:*``). ``channels``/``patterns`` add
-    raw channel names or glob patterns. ``outputs``: the output groups of the engine
-    whose results are published (``Engine(outputs=...)``; the CLI publishes "all"), so
-    that records of fewer columns decode. A lost connection is re-established on the
-    ``backoff`` schedule.
+    With no ``symbols``, ``events``, ``trades``, ``positions`` or ``batch`` selected it
+    subscribes to every per-symbol signal channel (pattern ``{prefix}:signal:*``).
+    ``channels``/``patterns`` add raw channel names or glob patterns. ``outputs``: the
+    output groups of the engine whose results are published (``Engine(outputs=...)``;
+    the CLI publishes "all"), so that records of fewer columns decode. A lost connection
+    is re-established on the ``backoff`` schedule.
 
     >>> with SignalSubscriber(url, symbols=["BTCUSDT"], events=True) as sub:
     ...     for msg in sub.messages(timeout=5):
@@ -501,6 +277,7 @@ class SignalSubscriber:
         symbols: Iterable[str] | None = None,
         events: bool = False,
         trades: bool = False,
+        positions: bool = False,
         batch: bool = False,
         all_symbols: bool = False,
         channels: Iterable[str] = (),
@@ -509,17 +286,20 @@ class SignalSubscriber:
         outputs: str | Sequence[str] = "all",
         backoff: Backoff = DEFAULT_BACKOFF,
     ) -> None:
-        codec = _codec(encoding)
+        module = codec(encoding)
         self.prefix = prefix
         self.as_dict = as_dict
         self.batch_channel = f"{prefix}:batch"
         self.events_channel = f"{prefix}:events"
         self.trades_channel = f"{prefix}:trades"
+        self.positions_channel = f"{prefix}:positions"
         self.latest_key = f"{prefix}:latest"
-        record, batch_type = _message_types(outputs)
-        self._trade_decoder = codec.Decoder(TradeRecord)
-        self._record_decoder = codec.Decoder(record)
-        self._batch_decoder = codec.Decoder(batch_type)
+        self.positions_latest_key = f"{prefix}:positions:latest"
+        record, batch_type = message_types(outputs)
+        self._trade_decoder = module.Decoder(TradeRecord)
+        self._position_decoder = module.Decoder(PositionRecord)
+        self._record_decoder = module.Decoder(record)
+        self._batch_decoder = module.Decoder(batch_type)
         self.backoff = backoff
         self._retry = backoff.schedule()
         self._client = fail_fast_client(url)
@@ -533,6 +313,8 @@ class SignalSubscriber:
             names.append(self.events_channel)
         if trades:
             names.append(self.trades_channel)
+        if positions:
+            names.append(self.positions_channel)
         if batch:
             names.append(self.batch_channel)
         names.extend(channels)
@@ -573,6 +355,10 @@ class SignalSubscriber:
             kind, value = "batch", self._batch_decoder.decode(data)
         elif channel == self.trades_channel or channel.startswith(f"{self.prefix}:trade:"):
             kind, value = "trade", self._trade_decoder.decode(data)
+        elif channel == self.positions_channel or channel.startswith(
+            position_channel(self.prefix, "")
+        ):
+            kind, value = "position", self._position_decoder.decode(data)
         else:
             kind = "event" if channel == self.events_channel else "signal"
             value = self._record_decoder.decode(data)
@@ -656,9 +442,17 @@ class SignalSubscriber:
 
     def latest(self) -> dict[str, Any]:
         """The latest record of every stream (the ``{prefix}:latest`` hash), by stream key."""
+        return self._hash(self.latest_key, self._record_decoder)
+
+    def latest_positions(self) -> dict[str, Any]:
+        """The latest position of every strategy stream (the ``{prefix}:positions:latest``
+        hash), by ``symbol:interval:params_id:strategy_id``."""
+        return self._hash(self.positions_latest_key, self._position_decoder)
+
+    def _hash(self, name: str, decoder: Any) -> dict[str, Any]:
         out = {}
-        for field, data in self._client.hgetall(self.latest_key).items():
-            value = self._record_decoder.decode(data)
+        for field, data in self._client.hgetall(name).items():
+            value = decoder.decode(data)
             key = field.decode() if isinstance(field, bytes) else field
             out[key] = msgspec.to_builtins(value) if self.as_dict else value
         return out

@@ -1,4 +1,5 @@
-"""Bars in from a Redis Stream, signals out to a Redis Stream, exactly once across crashes.
+"""Bars in from a Redis Stream, signals, trades and positions out to Redis Streams, exactly
+once across crashes.
 
 The input and output format and the exactly-once argument: docs/design/redis-streams.md.
 """
@@ -19,38 +20,20 @@ import numpy as np
 import redis
 
 from atc_stream.connectors.redis.resp import fail_fast_client, pack_command, send_packed
+from atc_stream.connectors.redis.stream_output import (
+    OutputStreams,
+    format_id,
+    output_keys,
+    parse_id,
+)
 from atc_stream.connectors.retry import DEFAULT_BACKOFF, Backoff, BackoffSchedule
 from atc_stream.core.inputs import TIME_UNITS
-from atc_stream.core.messages import records_from_result
 from atc_stream.core.results import StepResult
 from atc_stream.core.timetext import epoch_to_ms, text_to_ms
 from atc_stream.engine.engine import Engine
 from atc_stream.engine.paper import BAD_OHLC, MISSING_OHLC
 
 log = logging.getLogger("atc_stream.redis")
-
-#: Largest number of IDs one XACK call in the Lua script acknowledges.
-_ACK_CHUNK = 512
-
-# KEYS: output stream, input stream.
-# ARGV: maxlen, group, number of rows n, then n x (src, key, time, data), then IDs to ack.
-_OUTPUT_SCRIPT = b"""
-local maxlen = ARGV[1]
-local n = tonumber(ARGV[3])
-local i = 4
-for r = 1, n do
-  redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*',
-             'src', ARGV[i], 'key', ARGV[i + 1], 'time', ARGV[i + 2], 'data', ARGV[i + 3])
-  i = i + 4
-end
-local acked = 0
-while i <= #ARGV do
-  local last = math.min(i + %d - 1, #ARGV)
-  acked = acked + redis.call('XACK', KEYS[2], ARGV[2], unpack(ARGV, i, last))
-  i = last + 1
-end
-return acked
-""" % (_ACK_CHUNK,)
 
 # KEYS: input stream. ARGV: group, consumer, count. Returns the new entries as one
 # msgpack blob ([[id, [field, value, ...]], ...]) or nil (false) when there are none.
@@ -122,17 +105,6 @@ def source_key(input_stream: str) -> str:
     return f"redis-stream:{input_stream}"
 
 
-def parse_id(value: bytes | str) -> tuple[int, int]:
-    """A stream entry ID ``"<ms>-<seq>"`` as a comparable pair."""
-    text = value.decode() if isinstance(value, bytes) else str(value)
-    ms, _, seq = text.partition("-")
-    return int(ms), int(seq or 0)
-
-
-def format_id(value: tuple[int, int]) -> str:
-    return f"{value[0]}-{value[1]}"
-
-
 @dataclass
 class RunStats:
     """What a Redis Streams run did."""
@@ -140,6 +112,8 @@ class RunStats:
     entries: int = 0  #: input entries read (all kinds)
     bars: int = 0  #: well-formed bars handed to the engine
     rows_out: int = 0  #: output rows written (output stream and/or publisher)
+    trades_out: int = 0  #: trade entries written to the output stream's ``:trades``
+    positions_out: int = 0  #: position entries written to its ``:positions``
     rows_suppressed: int = 0  #: replayed rows not written again (already in the output)
     skipped_old: int = 0  #: entries at or before the restored offset, dropped
     batches: int = 0
@@ -154,6 +128,11 @@ class RunStats:
             if self.seconds > 0
             else f"bars applied     {self.bars}",
             f"rows out         {self.rows_out} (+{self.rows_suppressed} suppressed replays)",
+            *(
+                [f"trades out       {self.trades_out}, positions out {self.positions_out}"]
+                if self.trades_out or self.positions_out
+                else []
+            ),
             f"skipped (<= restored offset) {self.skipped_old}",
             f"malformed        {malformed}",
         ]
@@ -193,6 +172,9 @@ class RedisStreamRunner:
 
     ``engine`` is a fresh engine or one restored from the newest snapshot
     (``Engine.restore``); its ``source_offsets`` say where the input resumes.
+    ``output_stream`` receives the signal entries; with strategies, the trades and
+    positions go to ``output_stream:trades`` and ``output_stream:positions``, written
+    in the same script (``stream_output.OutputStreams``).
     ``time_unit`` is the unit of integer entry times (None: taken as they are, epoch ms
     by convention; ``auto``: by magnitude; see ``parse_bar_time``). Redis outages are
     waited out on the ``backoff`` schedule.
@@ -225,8 +207,11 @@ class RedisStreamRunner:
             raise ValueError(f"consumer must be a non-empty str, got {consumer!r}")
         if output_stream is not None and (not isinstance(output_stream, str) or not output_stream):
             raise ValueError(f"output_stream must be a non-empty str or None: {output_stream!r}")
-        if output_stream == input_stream:
-            raise ValueError("output_stream must differ from input_stream")
+        if output_stream is not None and input_stream in output_keys(output_stream):
+            raise ValueError(
+                f"output_stream must differ from input_stream (and its :trades and "
+                f":positions streams too): {output_stream!r}"
+            )
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
         if not isinstance(output_maxlen, int) or output_maxlen < 1:
@@ -248,6 +233,11 @@ class RedisStreamRunner:
         self.consumer = consumer
         self.output_stream = output_stream
         self.output_maxlen = output_maxlen
+        self.output = (
+            None
+            if output_stream is None
+            else OutputStreams(output_stream, input_stream, group, output_maxlen)
+        )
         self.batch_size = batch_size
         self.block_ms = block_ms
         self.start_id = start_id
@@ -259,7 +249,6 @@ class RedisStreamRunner:
         self.stats = RunStats()
         self.output_mark: tuple[int, int] | None = None
         self._offset = self._restored_offset()
-        self._encoder = msgspec.json.Encoder()
         self._msgpack = msgspec.msgpack.Decoder(list)
         self._logged: set[str] = set()
         self._stop = False
@@ -568,25 +557,35 @@ class RedisStreamRunner:
         return subset, [srcs[i] for i in rows.tolist()]
 
     def _write_until_done(self, out: tuple[StepResult, list[bytes]], ids: list[bytes]) -> None:
-        """``_write``, retried through Redis outages. The script is atomic, so after a
-        failure either the whole batch is in the output stream (its reply was lost) or
-        none of it; the last output entry's ``src`` tells which."""
+        """Write the batch's outputs and acknowledge ``ids``, retried through Redis outages.
+        The script is atomic, so after a failure either the whole batch is in the output
+        streams (its reply was lost) or none of it; the signal stream's last ``src`` tells
+        which, and the script is sent again only once that was read."""
+        result, srcs = out
+        if self.output is None:
+            command = pack_command([b"XACK", self.input_stream, self.group, *ids]) if ids else None
+            counts = (len(result), 0, 0)
+        else:
+            command, counts = self.output.command(result, srcs, ids)
         retry = self.backoff.schedule()
-        while True:
+        unsure = False  # a send failed: the script may have run, its reply lost
+        while command is not None:
             try:
-                self._write(out, ids)
-                return
+                if unsure:
+                    if self._batch_written(srcs):
+                        self.client.xack(self.input_stream, self.group, *ids)
+                        break
+                    unsure = False
+                unsure = True
+                send_packed(self.client, [command])
+                break
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 if self._stop:
                     raise
                 self._connection_error(exc, retry)
-            try:
-                if self._batch_written(out[1]):
-                    self.client.xack(self.input_stream, self.group, *ids)
-                    self.stats.rows_out += len(out[0])
-                    return
-            except (redis.ConnectionError, redis.TimeoutError):
-                continue
+        self.stats.rows_out += len(result)
+        self.stats.trades_out += counts[1]
+        self.stats.positions_out += counts[2]
 
     def _batch_written(self, srcs: list[bytes]) -> bool:
         if not srcs:
@@ -595,72 +594,8 @@ class RedisStreamRunner:
         return mark is not None and mark >= max(parse_id(s) for s in srcs)
 
     def _last_output_src(self) -> tuple[int, int] | None:
-        """The ``src`` of the last output entry (the output mark); None without one."""
-        if self.output_stream is None:
-            return None
-        last = self.client.xrevrange(self.output_stream, "+", "-", count=1)
-        fields = last[0][1] if last else None
-        src = fields.get(b"src") if fields else None
-        return None if src is None else parse_id(src)
-
-    def _write(self, out: tuple[StepResult, list[bytes]], ids: list[bytes]) -> None:
-        """XADD the rows and XACK ``ids`` in one atomic script (or just XACK)."""
-        result, srcs = out
-        if self.output_stream is None:
-            if ids:
-                send_packed(
-                    self.client, [pack_command([b"XACK", self.input_stream, self.group, *ids])]
-                )
-            self.stats.rows_out += len(result)
-            return
-        encode = self._encoder.encode
-        args: list[Any] = [
-            b"EVAL",
-            _OUTPUT_SCRIPT,
-            b"2",
-            self.output_stream,
-            self.input_stream,
-            self.output_maxlen,
-            self.group,
-            len(result),
-        ]
-        for record, src in zip(records_from_result(result), srcs, strict=True):
-            args += (src, record.key, record.time, encode(record))
-        args += ids
-        send_packed(self.client, [pack_command(args)])
-        self.stats.rows_out += len(result)
-
-
-def read_outputs(
-    client: redis.Redis, output_stream: str, *, count: int = 10_000
-) -> list[dict[str, Any]]:
-    """Every entry of an output stream as ``{"id", "src", "key", "time", "record"}``
-    (``record``: the decoded SignalRecord as a dict, with the columns the engine was
-    asked for), oldest first."""
-    decoder = msgspec.json.Decoder()
-    out: list[dict[str, Any]] = []
-    start = "-"
-    while True:
-        chunk = client.xrange(output_stream, start, "+", count=count)
-        if not chunk:
-            return out
-        for entry_id, fields in chunk:
-            # only pending-list reads return IDs or fields of deleted entries as None
-            assert entry_id is not None and fields is not None
-            out.append(
-                {
-                    "id": _text(entry_id),
-                    "src": _text(fields[b"src"]),
-                    "key": _text(fields[b"key"]),
-                    "time": int(fields[b"time"]),
-                    "record": decoder.decode(fields[b"data"]),
-                }
-            )
-        start = "(" + out[-1]["id"]
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+        """The output mark (``OutputStreams.last_src``); None without an output stream."""
+        return None if self.output is None else self.output.last_src(self.client)
 
 
 def _group_entries(reply: object) -> list[Any]:
