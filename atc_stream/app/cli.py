@@ -16,8 +16,27 @@ import typer
 
 from atc_stream.app.config_file import load_config_file
 from atc_stream.app.console import PROGRAM, OptionError, RunError, err, error
-from atc_stream.app.defaults import INTERVAL, REDIS_PREFIX, SNAPSHOT_EVERY
+from atc_stream.app.defaults import INTERVAL, REDIS_PREFIX
 from atc_stream.app.logs import LogFormat, use_log_format
+from atc_stream.app.options import (
+    BackendOption,
+    EventsBeforeReadyOption,
+    IntervalOption,
+    OutputOption,
+    ParamsOption,
+    PositionsOption,
+    ProgressOption,
+    RedisOption,
+    RedisPrefixOption,
+    ResumableIntervalOption,
+    ResumeOption,
+    SnapshotDirOption,
+    SnapshotEveryOption,
+    StrategyOption,
+    TradesOption,
+    WarmupOption,
+    check_speed,
+)
 
 app = typer.Typer(
     add_completion=False,
@@ -73,109 +92,6 @@ def compile_kernels() -> None:
     from atc_stream.app.jobs.compile import run_compile
 
     raise typer.Exit(run_compile())
-
-
-ParamsOption = Annotated[
-    Path | None,
-    typer.Option("--params", help="JSON file with ATC parameters (an object or a list of them)."),
-]
-OutputOption = Annotated[
-    str,
-    typer.Option(
-        "--output", "-o", help="Where signals go: '-' (stdout), FILE.jsonl or FILE.parquet."
-    ),
-]
-WarmupOption = Annotated[
-    int,
-    typer.Option("--warmup", min=0, help="Bars per symbol applied in one batched warmup first."),
-]
-ProgressOption = Annotated[bool, typer.Option("--progress/--no-progress", help="Progress bar.")]
-
-
-def _check_speed(value: float | None) -> float | None:
-    if value is not None and not value > 0:
-        raise typer.BadParameter(f"must be > 0 (x real time), got {value}")
-    return value
-
-
-def _check_backend(value: str) -> str:
-    if value not in ("cpu", "cuda", "auto"):
-        raise typer.BadParameter(f"{value!r} is not one of 'cpu', 'cuda', 'auto'")
-    return value
-
-
-BackendOption = Annotated[
-    str, typer.Option("--backend", help="cpu, cuda or auto.", callback=_check_backend)
-]
-IntervalOption = Annotated[
-    str, typer.Option("--interval", help="Bar interval label of the streams.")
-]
-ResumableIntervalOption = Annotated[
-    str | None,
-    typer.Option(
-        "--interval",
-        help=f"Bar interval label of the streams (default {INTERVAL}; on --resume the snapshot's).",
-    ),
-]
-
-RedisOption = Annotated[
-    str | None,
-    typer.Option("--redis", help="Publish signals to this Redis URL (pub/sub + latest hash)."),
-]
-RedisPrefixOption = Annotated[
-    str, typer.Option("--redis-prefix", help="Channel and key prefix used with --redis.")
-]
-SnapshotDirOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--snapshot-dir",
-        help="Keep snapshots in this directory (else in Redis when --redis is given).",
-    ),
-]
-SnapshotEveryOption = Annotated[
-    int | None,
-    typer.Option(
-        "--snapshot-every", min=1, help=f"Snapshot every N bars (default {SNAPSHOT_EVERY})."
-    ),
-]
-ResumeOption = Annotated[
-    bool,
-    typer.Option(
-        "--resume", help="Restore the latest snapshot and continue from its recorded input offset."
-    ),
-]
-EventsBeforeReadyOption = Annotated[
-    bool,
-    typer.Option(
-        "--events-before-ready",
-        help="Also count (summary) and publish (Redis events channel) long/short events of "
-        "rows that are not ready yet (docs/spec.md, 'Warm-up and readiness').",
-    ),
-]
-
-StrategyOption = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--strategy",
-        help="Paper trading (repeatable): a TOML file of [[strategy]] tables, or inline "
-        "key=value,... (direction, stop, take_profit, max_hold, fee_bps, slippage_bps).",
-    ),
-]
-TradesOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--trades",
-        help="With --strategy: a trade record per closed trade (FILE.jsonl or DIR.parquet).",
-    ),
-]
-PositionsOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--positions",
-        help="With --strategy: side and equity per bar and strategy stream (FILE.jsonl or "
-        "DIR.parquet).",
-    ),
-]
 
 
 @contextmanager
@@ -252,7 +168,7 @@ def replay(
     speed: Annotated[
         float | None,
         typer.Option(
-            callback=_check_speed,
+            callback=check_speed,
             help="Play at SPEED x real time (bar times in ms); default: max.",
         ),
     ] = None,

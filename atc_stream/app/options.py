@@ -1,0 +1,112 @@
+"""The options several ``atc-stream`` commands share (typer annotations), and their checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from atc_stream.app.defaults import INTERVAL, SNAPSHOT_EVERY
+
+ParamsOption = Annotated[
+    Path | None,
+    typer.Option("--params", help="JSON file with ATC parameters (an object or a list of them)."),
+]
+OutputOption = Annotated[
+    str,
+    typer.Option(
+        "--output", "-o", help="Where signals go: '-' (stdout), FILE.jsonl or FILE.parquet."
+    ),
+]
+WarmupOption = Annotated[
+    int,
+    typer.Option("--warmup", min=0, help="Bars per symbol applied in one batched warmup first."),
+]
+ProgressOption = Annotated[bool, typer.Option("--progress/--no-progress", help="Progress bar.")]
+
+
+def check_speed(value: float | None) -> float | None:
+    if value is not None and not value > 0:
+        raise typer.BadParameter(f"must be > 0 (x real time), got {value}")
+    return value
+
+
+def check_backend(value: str) -> str:
+    if value not in ("cpu", "cuda", "auto"):
+        raise typer.BadParameter(f"{value!r} is not one of 'cpu', 'cuda', 'auto'")
+    return value
+
+
+BackendOption = Annotated[
+    str, typer.Option("--backend", help="cpu, cuda or auto.", callback=check_backend)
+]
+IntervalOption = Annotated[
+    str, typer.Option("--interval", help="Bar interval label of the streams.")
+]
+ResumableIntervalOption = Annotated[
+    str | None,
+    typer.Option(
+        "--interval",
+        help=f"Bar interval label of the streams (default {INTERVAL}; on --resume the snapshot's).",
+    ),
+]
+
+RedisOption = Annotated[
+    str | None,
+    typer.Option("--redis", help="Publish signals to this Redis URL (pub/sub + latest hash)."),
+]
+RedisPrefixOption = Annotated[
+    str, typer.Option("--redis-prefix", help="Channel and key prefix used with --redis.")
+]
+SnapshotDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--snapshot-dir",
+        help="Keep snapshots in this directory (else in Redis when --redis is given).",
+    ),
+]
+SnapshotEveryOption = Annotated[
+    int | None,
+    typer.Option(
+        "--snapshot-every", min=1, help=f"Snapshot every N bars (default {SNAPSHOT_EVERY})."
+    ),
+]
+ResumeOption = Annotated[
+    bool,
+    typer.Option(
+        "--resume", help="Restore the latest snapshot and continue from its recorded input offset."
+    ),
+]
+EventsBeforeReadyOption = Annotated[
+    bool,
+    typer.Option(
+        "--events-before-ready",
+        help="Also count (summary) and publish (Redis events channel) long/short events of "
+        "rows that are not ready yet (docs/spec.md, 'Warm-up and readiness').",
+    ),
+]
+
+StrategyOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--strategy",
+        help="Paper trading (repeatable): a TOML file of [[strategy]] tables, or inline "
+        "key=value,... (direction, stop, take_profit, max_hold, fee_bps, slippage_bps).",
+    ),
+]
+TradesOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--trades",
+        help="With --strategy: a trade record per closed trade (FILE.jsonl or DIR.parquet).",
+    ),
+]
+PositionsOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--positions",
+        help="With --strategy: side and equity per bar and strategy stream (FILE.jsonl or "
+        "DIR.parquet).",
+    ),
+]
