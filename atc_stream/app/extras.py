@@ -12,7 +12,7 @@ from atc_stream.kernels import CUDA_INSTALL_HINT
 #: The CUDA backend has one extra per CUDA major (``pyproject.toml``).
 EXTRAS: dict[str, tuple[tuple[str, ...], str]] = {
     "live": (("aiohttp",), "pip install 'atc-stream[live]'"),
-    "ccxt": (("ccxt",), "pip install 'atc-stream[ccxt]'"),
+    "ccxt": (("ccxt", "aiohttp"), "pip install 'atc-stream[ccxt]'"),
     "redis": (("redis",), "pip install 'atc-stream[redis]'"),
     "metrics": (("prometheus_client",), "pip install 'atc-stream[metrics]'"),
     "plot": (("matplotlib", "pandas"), "pip install 'atc-stream[plot]'"),

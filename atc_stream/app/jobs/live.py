@@ -74,14 +74,13 @@ def run_live(
     """Run the live feed until ``max_seconds``/``max_bars``/SIGINT/SIGTERM; the exit status
     (1 when the feed failed: REST unusable, no symbol known). ``metrics_port`` (0: off)
     serves the operations endpoints on ``metrics_host``."""
+    if exchange.startswith("ccxt:"):  # its extra brings the live one: name the whole of it
+        require("ccxt", f"--exchange {exchange}")
     require("live", "atc-stream live")
     if metrics_port:
         require("metrics", "--metrics-port")
     # after the checks: the feed imports aiohttp (and ccxt), optional extras
     from atc_stream.connectors.exchanges import registry
-
-    if registry.is_ccxt(exchange):
-        require("ccxt", f"--exchange {exchange}")
     from atc_stream.connectors.exchanges.config import LiveConfig
     from atc_stream.connectors.exchanges.feed import KlineClient
 
