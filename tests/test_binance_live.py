@@ -50,6 +50,7 @@ from exchange_emulators import (  # noqa: E402
     fast_config,
     make_bars,
     run_client,
+    small_heap,
 )
 from exchange_emulators import feed as feed_symbols  # noqa: E402
 
@@ -713,7 +714,8 @@ def test_ping_timeout_reconnects_and_pongs_keep_a_connection():
         finally:
             await runner.cleanup()
 
-    stats = asyncio.run(run_against_silent_server())
+    with small_heap():
+        stats = asyncio.run(run_against_silent_server())
     # each connection: a ping after 0.1 s, dropped 0.2 s later, 0.05-0.1 s of backoff
     assert 2 <= stats.disconnects["ping_timeout"] <= 6
     assert set(stats.disconnects) == {"ping_timeout"} and pings

@@ -21,6 +21,7 @@ from exchange_emulators import (  # noqa: E402
     collect,
     compile_kernels,
     make_bars,
+    small_heap,
 )
 
 from atc_stream import Engine  # noqa: E402
@@ -59,7 +60,8 @@ def run(client: KlineClient, **kw) -> LiveStats:
         finally:
             await client.exchange.aclose()
 
-    return asyncio.run(go())
+    with small_heap():
+        return asyncio.run(go())
 
 
 def config(**kw) -> LiveConfig:
