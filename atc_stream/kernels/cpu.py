@@ -14,19 +14,27 @@ from atc_stream.core import schema
 from atc_stream.core.output_row import (
     N_OUT,
 )
+from atc_stream.kernels import lanes as lane_source
 from atc_stream.kernels import threads as threading_policy
 from atc_stream.kernels.backend import Ohlc, ReadyFields
 from atc_stream.kernels.cache import cached_jit
-from atc_stream.kernels.compile import compile_both, compile_core
+from atc_stream.kernels.compile import compile_both, compile_core, compile_module
 from atc_stream.kernels.paper_cpu import run_strategy_step, run_strategy_warmup
 from atc_stream.state.arrays import StateStore
+from atc_stream.state.layout import BAR_INDEX, PARAM_ROW
 
 # inline="always": numba otherwise calls each core function out of line with ~30 words of
 # array arguments (54 MA calls per bar); inlining halves the per-bar cost, same doubles.
-_core = compile_core(cached_jit(njit(error_model="numpy", inline="always", cache=True)))
+_inlined = cached_jit(njit(error_model="numpy", inline="always", cache=True))
+_core = compile_core(_inlined)
 update_stream = _core.update_stream
 stream_growth = _core.stream_growth
 growth_factor = _core.growth_factor
+_lanes = compile_module(lane_source, _inlined)
+block_warmup = _lanes.block_warmup
+LANES = lane_source.LANES
+#: smallest block worth running in lanes: a block costs about as much as 4 streams alone
+MIN_BLOCK = 4
 
 
 def step(
@@ -132,13 +140,77 @@ def warmup(
             )
 
 
+def warmup_blocks(
+    ring,
+    values,
+    counters,
+    param_lengths,
+    param_values,
+    slots,
+    times,
+    closes,
+    counts,
+    out,
+    record_all,
+    members,
+    block_starts,
+):
+    """``warmup`` of the streams ``members`` in blocks of up to LANES (``plan_blocks``),
+    each block through ``lanes.block_warmup``: the same bits, LANES chains at a time."""
+    capacity = ring.shape[1] // 2
+    rows = capacity + times.shape[1]
+    for b in prange(block_starts.shape[0] - 1):
+        start = block_starts[b]
+        block_warmup(
+            ring, values, counters, param_lengths, param_values, slots, times, closes,
+            counts, out, record_all, members[start:block_starts[b + 1]],
+            block_starts[b + 1] - start, np.empty((rows, LANES)),
+            np.empty((values.shape[1], LANES)), np.empty((lane_source.N_V, LANES)),
+            np.empty((N_OUT, LANES)), np.empty(LANES), np.empty(LANES, np.int64),
+            np.empty(LANES),
+        )  # fmt: skip
+
+
+def plan_blocks(counters, param_lengths, slots, counts):
+    """Group warmup rows into lane blocks: ``(members, block_starts, scalar_rows)``. A
+    block holds streams of one parameter row whose bar indices are equal or all steady
+    (``lanes.steady_bar``), longest histories first so a block's lanes end together; the
+    rows of a group's last block when it would be under MIN_BLOCK streams go to
+    ``scalar_rows`` (a block costs LANES streams' work however few it holds)."""
+    rows = np.flatnonzero(counts > 0)
+    param_row = counters[slots[rows], PARAM_ROW]
+    steady = np.array([lane_source.steady_bar(lengths) for lengths in param_lengths], np.int64)
+    phase = np.minimum(counters[slots[rows], BAR_INDEX], steady[param_row])
+    order = np.lexsort((-counts[rows], phase, param_row))
+    rows, param_row, phase = rows[order], param_row[order], phase[order]
+    members: list[np.ndarray] = []
+    starts = [0]
+    scalar_rows: list[np.ndarray] = []
+    edges = np.flatnonzero((np.diff(param_row) != 0) | (np.diff(phase) != 0)) + 1
+    for group in np.split(rows, edges) if rows.shape[0] else []:
+        for first in range(0, group.shape[0], LANES):
+            block = group[first : first + LANES]
+            if block.shape[0] < MIN_BLOCK:
+                scalar_rows.append(block)
+                continue
+            members.append(block)
+            starts.append(starts[-1] + block.shape[0])
+    return (
+        np.concatenate(members).astype(np.int64) if members else np.zeros(0, np.int64),
+        np.array(starts, np.int64),
+        np.concatenate(scalar_rows).astype(np.int64) if scalar_rows else np.zeros(0, np.int64),
+    )
+
+
 step_serial, step_parallel = compile_both(step)
 preview_serial, preview_parallel = compile_both(preview)
 warmup_serial, warmup_parallel = compile_both(warmup)
+warmup_blocks_serial, warmup_blocks_parallel = compile_both(warmup_blocks)
 # the plain names stay the parallel drivers, as before the serial variants existed
 step, preview, warmup = step_parallel, preview_parallel, warmup_parallel
 DRIVERS = (step_serial, step_parallel, preview_serial, preview_parallel,
-           warmup_serial, warmup_parallel, growth_factor)  # fmt: skip
+           warmup_serial, warmup_parallel, warmup_blocks_serial, warmup_blocks_parallel,
+           growth_factor)  # fmt: skip
 
 
 class CpuBackend:
@@ -237,10 +309,26 @@ class CpuBackend:
     ) -> np.ndarray:
         rows = times.shape[1] if record_all else 1
         out = np.full((slots.shape[0], max(rows, 1), N_OUT), np.nan)
-        threading_policy.run(
-            warmup_serial, warmup_parallel, self._threads(int(counts.sum()), slots.shape[0]),
-            *self._arrays(), slots, times, closes, counts, out, record_all,
-        )  # fmt: skip
+        members, block_starts, scalar_rows = plan_blocks(
+            self.store.counters, self.store.params.lengths, slots, counts
+        )
+        if members.shape[0]:
+            threading_policy.run(
+                warmup_blocks_serial, warmup_blocks_parallel,
+                self._threads(int(counts[members].sum()), block_starts.shape[0] - 1),
+                *self._arrays(), slots, times, closes, counts, out, record_all, members,
+                block_starts,
+            )  # fmt: skip
+        if scalar_rows.shape[0]:
+            some = scalar_rows if scalar_rows.shape[0] < slots.shape[0] else slice(None)
+            part = out[some]
+            threading_policy.run(
+                warmup_serial, warmup_parallel,
+                self._threads(int(counts[some].sum()), scalar_rows.shape[0]),
+                *self._arrays(), slots[some], times[some], closes[some], counts[some],
+                part, record_all,
+            )  # fmt: skip
+            out[some] = part
         return out
 
     def step_with_strategies(
