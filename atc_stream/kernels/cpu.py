@@ -32,6 +32,7 @@ stream_growth = _core.stream_growth
 growth_factor = _core.growth_factor
 _lanes = compile_module(lane_source, _inlined)
 block_warmup = _lanes.block_warmup
+steady_bar = _lanes.steady_bar
 LANES = lane_source.LANES
 #: smallest block worth running in lanes: a block costs about as much as 4 streams alone
 MIN_BLOCK = 4
@@ -171,35 +172,57 @@ def warmup_blocks(
         )  # fmt: skip
 
 
+@cached_jit(njit(cache=True))
 def plan_blocks(counters, param_lengths, slots, counts):
-    """Group warmup rows into lane blocks: ``(members, block_starts, scalar_rows)``. A
-    block holds streams of one parameter row whose bar indices are equal or all steady
-    (``lanes.steady_bar``), longest histories first so a block's lanes end together; the
-    rows of a group's last block when it would be under MIN_BLOCK streams go to
-    ``scalar_rows`` (a block costs LANES streams' work however few it holds)."""
+    """Group rows (warmup histories or step updates) into lane blocks: ``(members,
+    block_starts, scalar_rows)``. A block holds streams of one parameter row whose bar
+    indices are equal or all steady (``lanes.steady_bar``), longest histories first so
+    a block's lanes end together; the rows of a group's last block when it would be
+    under MIN_BLOCK streams go to ``scalar_rows`` (a block costs LANES streams' work)."""
+    steady = np.empty(param_lengths.shape[0], np.int64)
+    for r in range(param_lengths.shape[0]):
+        steady[r] = steady_bar(param_lengths[r])
     rows = np.flatnonzero(counts > 0)
-    param_row = counters[slots[rows], PARAM_ROW]
-    steady = np.array([lane_source.steady_bar(lengths) for lengths in param_lengths], np.int64)
-    phase = np.minimum(counters[slots[rows], BAR_INDEX], steady[param_row])
-    order = np.lexsort((-counts[rows], phase, param_row))
-    rows, param_row, phase = rows[order], param_row[order], phase[order]
-    members: list[np.ndarray] = []
-    starts = [0]
-    scalar_rows: list[np.ndarray] = []
-    edges = np.flatnonzero((np.diff(param_row) != 0) | (np.diff(phase) != 0)) + 1
-    for group in np.split(rows, edges) if rows.shape[0] else []:
-        for first in range(0, group.shape[0], LANES):
-            block = group[first : first + LANES]
-            if block.shape[0] < MIN_BLOCK:
-                scalar_rows.append(block)
-                continue
-            members.append(block)
-            starts.append(starts[-1] + block.shape[0])
-    return (
-        np.concatenate(members).astype(np.int64) if members else np.zeros(0, np.int64),
-        np.array(starts, np.int64),
-        np.concatenate(scalar_rows).astype(np.int64) if scalar_rows else np.zeros(0, np.int64),
-    )
+    n = rows.shape[0]
+    longest = 0
+    widest = 0
+    for s in rows:
+        longest = max(longest, counts[s])
+        widest = max(widest, steady[counters[slots[s], PARAM_ROW]])
+    keys = np.empty(n, np.int64)
+    for i in range(n):
+        s = rows[i]
+        param_row = counters[slots[s], PARAM_ROW]
+        phase = min(counters[slots[s], BAR_INDEX], steady[param_row])
+        keys[i] = (param_row * (widest + 1) + phase) * (longest + 1) + longest - counts[s]
+    sorting = np.argsort(keys, kind="mergesort")
+    order = rows[sorting]
+    keys = keys[sorting]
+    members = np.empty(n, np.int64)
+    block_starts = np.empty(n + 1, np.int64)
+    scalar_rows = np.empty(n, np.int64)
+    n_members = 0
+    n_blocks = 0
+    n_scalar = 0
+    block_starts[0] = 0
+    i = 0
+    while i < n:
+        group = keys[i] // (longest + 1)
+        j = i
+        while j < n and keys[j] // (longest + 1) == group and j - i < LANES:
+            j += 1
+        if j - i >= MIN_BLOCK:
+            for k in range(i, j):
+                members[n_members] = order[k]
+                n_members += 1
+            n_blocks += 1
+            block_starts[n_blocks] = n_members
+        else:
+            for k in range(i, j):
+                scalar_rows[n_scalar] = order[k]
+                n_scalar += 1
+        i = j
+    return members[:n_members], block_starts[: n_blocks + 1], scalar_rows[:n_scalar]
 
 
 step_serial, step_parallel = compile_both(step)
@@ -244,6 +267,9 @@ class CpuBackend:
         round_starts: np.ndarray,
     ) -> np.ndarray:
         out = np.full((slots.shape[0], N_OUT), np.nan)  # rows of rejected updates stay NaN
+        if round_starts.shape[0] == 2 and order.shape[0] >= MIN_BLOCK:
+            order = self._step_blocks(slots, times, closes, order, out)
+            round_starts = np.array([0, order.shape[0]], np.int64)
         n_rounds = max(round_starts.shape[0] - 1, 1)
         widest = order.shape[0] if n_rounds == 1 else int(np.diff(round_starts).max())
         threading_policy.run(
@@ -251,6 +277,25 @@ class CpuBackend:
             *self._arrays(), slots, times, closes, order, round_starts, out,
         )  # fmt: skip
         return out
+
+    def _step_blocks(self, slots, times, closes, order, out) -> np.ndarray:
+        """A one-round step in lane blocks (``plan_blocks``, one bar per stream); returns
+        the updates left to the scalar driver."""
+        n = slots.shape[0]
+        ones = np.zeros(n, np.int64)
+        ones[order] = 1
+        members, block_starts, scalar_rows = plan_blocks(
+            self.store.counters, self.store.params.lengths, slots, ones
+        )
+        if members.shape[0]:
+            threading_policy.run(
+                warmup_blocks_serial, warmup_blocks_parallel,
+                self._threads(members.shape[0], block_starts.shape[0] - 1),
+                *self._arrays(), slots, np.ascontiguousarray(times, np.int64).reshape(n, 1),
+                np.ascontiguousarray(closes, np.float64).reshape(n, 1), ones,
+                out.reshape(n, 1, N_OUT), False, members, block_starts,
+            )  # fmt: skip
+        return scalar_rows
 
     def step_outputs(
         self,
