@@ -661,7 +661,8 @@ def _exercise_kernels(threads: int, tick: Callable[[], object]) -> None:
     (``kernels.prepare``'s exercise: ``kernels.prepare.CALLS_PER_EXERCISE`` calls)."""
     engine = Engine(backend="cpu", capacity=2, threads=threads)
     times = np.arange(3, dtype=np.int64)
-    engine.warmup({"A": (times, np.array([1.0, 2.0, 3.0])), "B": (times, np.ones(3))})
+    # five streams of one phase: a lane block (the strategy exercise's two run alone)
+    engine.warmup({name: (times, np.array([1.0, 2.0, 3.0])) for name in "ABCDE"})
     tick()
     # two streams per call: with one, every call runs (and loads) only the serial driver
     both = np.concatenate([engine.slots_of("A"), engine.slots_of("B")])

@@ -14,19 +14,28 @@ from atc_stream.core import schema
 from atc_stream.core.output_row import (
     N_OUT,
 )
+from atc_stream.kernels import lanes as lane_source
 from atc_stream.kernels import threads as threading_policy
 from atc_stream.kernels.backend import Ohlc, ReadyFields
 from atc_stream.kernels.cache import cached_jit
-from atc_stream.kernels.compile import compile_both, compile_core
+from atc_stream.kernels.compile import compile_both, compile_core, compile_module
 from atc_stream.kernels.paper_cpu import run_strategy_step, run_strategy_warmup
 from atc_stream.state.arrays import StateStore
+from atc_stream.state.layout import BAR_INDEX, PARAM_ROW
 
 # inline="always": numba otherwise calls each core function out of line with ~30 words of
 # array arguments (54 MA calls per bar); inlining halves the per-bar cost, same doubles.
-_core = compile_core(cached_jit(njit(error_model="numpy", inline="always", cache=True)))
+_inlined = cached_jit(njit(error_model="numpy", inline="always", cache=True))
+_core = compile_core(_inlined)
 update_stream = _core.update_stream
 stream_growth = _core.stream_growth
 growth_factor = _core.growth_factor
+_lanes = compile_module(lane_source, _inlined)
+block_warmup = _lanes.block_warmup
+steady_bar = _lanes.steady_bar
+LANES = lane_source.LANES
+#: smallest block worth running in lanes: a block costs about as much as 4 streams alone
+MIN_BLOCK = 4
 
 
 def step(
@@ -132,13 +141,99 @@ def warmup(
             )
 
 
+def warmup_blocks(
+    ring,
+    values,
+    counters,
+    param_lengths,
+    param_values,
+    slots,
+    times,
+    closes,
+    counts,
+    out,
+    record_all,
+    members,
+    block_starts,
+):
+    """``warmup`` of the streams ``members`` in blocks of up to LANES (``plan_blocks``),
+    each block through ``lanes.block_warmup``: the same bits, LANES chains at a time."""
+    capacity = ring.shape[1] // 2
+    rows = capacity + times.shape[1]
+    for b in prange(block_starts.shape[0] - 1):
+        start = block_starts[b]
+        block_warmup(
+            ring, values, counters, param_lengths, param_values, slots, times, closes,
+            counts, out, record_all, members[start:block_starts[b + 1]],
+            block_starts[b + 1] - start, np.empty((rows, LANES)),
+            np.empty((values.shape[1], LANES)), np.empty((lane_source.N_V, LANES)),
+            np.empty((N_OUT, LANES)), np.empty(LANES), np.empty(LANES, np.int64),
+            np.empty(LANES),
+        )  # fmt: skip
+
+
+@cached_jit(njit(cache=True))
+def plan_blocks(counters, param_lengths, slots, counts):
+    """Group rows (warmup histories or step updates) into lane blocks: ``(members,
+    block_starts, scalar_rows)``. A block holds streams of one parameter row whose bar
+    indices are equal or all steady (``lanes.steady_bar``), longest histories first so
+    a block's lanes end together; the rows of a group's last block when it would be
+    under MIN_BLOCK streams go to ``scalar_rows`` (a block costs LANES streams' work)."""
+    steady = np.empty(param_lengths.shape[0], np.int64)
+    for r in range(param_lengths.shape[0]):
+        steady[r] = steady_bar(param_lengths[r])
+    rows = np.flatnonzero(counts > 0)
+    n = rows.shape[0]
+    longest = 0
+    widest = 0
+    for s in rows:
+        longest = max(longest, counts[s])
+        widest = max(widest, steady[counters[slots[s], PARAM_ROW]])
+    keys = np.empty(n, np.int64)
+    for i in range(n):
+        s = rows[i]
+        param_row = counters[slots[s], PARAM_ROW]
+        phase = min(counters[slots[s], BAR_INDEX], steady[param_row])
+        keys[i] = (param_row * (widest + 1) + phase) * (longest + 1) + longest - counts[s]
+    sorting = np.argsort(keys, kind="mergesort")
+    order = rows[sorting]
+    keys = keys[sorting]
+    members = np.empty(n, np.int64)
+    block_starts = np.empty(n + 1, np.int64)
+    scalar_rows = np.empty(n, np.int64)
+    n_members = 0
+    n_blocks = 0
+    n_scalar = 0
+    block_starts[0] = 0
+    i = 0
+    while i < n:
+        group = keys[i] // (longest + 1)
+        j = i
+        while j < n and keys[j] // (longest + 1) == group and j - i < LANES:
+            j += 1
+        if j - i >= MIN_BLOCK:
+            for k in range(i, j):
+                members[n_members] = order[k]
+                n_members += 1
+            n_blocks += 1
+            block_starts[n_blocks] = n_members
+        else:
+            for k in range(i, j):
+                scalar_rows[n_scalar] = order[k]
+                n_scalar += 1
+        i = j
+    return members[:n_members], block_starts[: n_blocks + 1], scalar_rows[:n_scalar]
+
+
 step_serial, step_parallel = compile_both(step)
 preview_serial, preview_parallel = compile_both(preview)
 warmup_serial, warmup_parallel = compile_both(warmup)
+warmup_blocks_serial, warmup_blocks_parallel = compile_both(warmup_blocks)
 # the plain names stay the parallel drivers, as before the serial variants existed
 step, preview, warmup = step_parallel, preview_parallel, warmup_parallel
 DRIVERS = (step_serial, step_parallel, preview_serial, preview_parallel,
-           warmup_serial, warmup_parallel, growth_factor)  # fmt: skip
+           warmup_serial, warmup_parallel, warmup_blocks_serial, warmup_blocks_parallel,
+           growth_factor)  # fmt: skip
 
 
 class CpuBackend:
@@ -172,6 +267,9 @@ class CpuBackend:
         round_starts: np.ndarray,
     ) -> np.ndarray:
         out = np.full((slots.shape[0], N_OUT), np.nan)  # rows of rejected updates stay NaN
+        if round_starts.shape[0] == 2 and order.shape[0] >= MIN_BLOCK:
+            order = self._step_blocks(slots, times, closes, order, out)
+            round_starts = np.array([0, order.shape[0]], np.int64)
         n_rounds = max(round_starts.shape[0] - 1, 1)
         widest = order.shape[0] if n_rounds == 1 else int(np.diff(round_starts).max())
         threading_policy.run(
@@ -179,6 +277,25 @@ class CpuBackend:
             *self._arrays(), slots, times, closes, order, round_starts, out,
         )  # fmt: skip
         return out
+
+    def _step_blocks(self, slots, times, closes, order, out) -> np.ndarray:
+        """A one-round step in lane blocks (``plan_blocks``, one bar per stream); returns
+        the updates left to the scalar driver."""
+        n = slots.shape[0]
+        ones = np.zeros(n, np.int64)
+        ones[order] = 1
+        members, block_starts, scalar_rows = plan_blocks(
+            self.store.counters, self.store.params.lengths, slots, ones
+        )
+        if members.shape[0]:
+            threading_policy.run(
+                warmup_blocks_serial, warmup_blocks_parallel,
+                self._threads(members.shape[0], block_starts.shape[0] - 1),
+                *self._arrays(), slots, np.ascontiguousarray(times, np.int64).reshape(n, 1),
+                np.ascontiguousarray(closes, np.float64).reshape(n, 1), ones,
+                out.reshape(n, 1, N_OUT), False, members, block_starts,
+            )  # fmt: skip
+        return scalar_rows
 
     def step_outputs(
         self,
@@ -237,10 +354,26 @@ class CpuBackend:
     ) -> np.ndarray:
         rows = times.shape[1] if record_all else 1
         out = np.full((slots.shape[0], max(rows, 1), N_OUT), np.nan)
-        threading_policy.run(
-            warmup_serial, warmup_parallel, self._threads(int(counts.sum()), slots.shape[0]),
-            *self._arrays(), slots, times, closes, counts, out, record_all,
-        )  # fmt: skip
+        members, block_starts, scalar_rows = plan_blocks(
+            self.store.counters, self.store.params.lengths, slots, counts
+        )
+        if members.shape[0]:
+            threading_policy.run(
+                warmup_blocks_serial, warmup_blocks_parallel,
+                self._threads(int(counts[members].sum()), block_starts.shape[0] - 1),
+                *self._arrays(), slots, times, closes, counts, out, record_all, members,
+                block_starts,
+            )  # fmt: skip
+        if scalar_rows.shape[0]:
+            some = scalar_rows if scalar_rows.shape[0] < slots.shape[0] else slice(None)
+            part = out[some]
+            threading_policy.run(
+                warmup_serial, warmup_parallel,
+                self._threads(int(counts[some].sum()), scalar_rows.shape[0]),
+                *self._arrays(), slots[some], times[some], closes[some], counts[some],
+                part, record_all,
+            )  # fmt: skip
+            out[some] = part
         return out
 
     def step_with_strategies(

@@ -1,0 +1,161 @@
+"""The lane warmup (kernels/lanes.py through CpuBackend.warmup) against the scalar driver,
+bit for bit: every output row and the whole final state."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from atc_stream.core.output_row import N_OUT
+from atc_stream.core.params import ATCParams
+from atc_stream.engine import Engine
+from atc_stream.kernels import cpu
+from atc_stream.state.arrays import StateStore
+
+pytestmark = pytest.mark.timeout(600)
+
+PARAM_SETS = (
+    ATCParams(),
+    ATCParams(ema_len=5, hma_len=7, wma_len=9, dema_len=6, lsma_len=8, kama_len=5,
+              robustness="Narrow", cutout=40, La=0.5, De=1.0),
+    ATCParams(robustness="Wide", cutout=3, cut=0.1, long_threshold=0.05, short_threshold=-0.05),
+)  # fmt: skip
+
+
+def _store(n: int, param_rows: np.ndarray) -> tuple[StateStore, np.ndarray]:
+    store = StateStore(n)
+    for params in PARAM_SETS:
+        store.add_params(params)
+    slots = np.array([store.allocate(int(row)) for row in param_rows], np.int64)
+    return store, slots
+
+
+def _walks(rng, n: int, bars: int) -> np.ndarray:
+    """Random walks on a 0.01 grid with flat runs, so closes tie their averages."""
+    steps = rng.choice([-0.02, -0.01, 0.0, 0.0, 0.01, 0.02], size=(n, bars))
+    return np.maximum(np.round(50.0 + np.cumsum(steps, axis=1), 2), 0.01)
+
+
+def _arrays(store: StateStore):
+    return store.ring, store.values, store.counters, store.params.lengths, store.params.values
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def _scalar_warmup(store, slots, times, closes, counts, record_all=True):
+    rows = times.shape[1] if record_all else 1
+    out = np.full((slots.shape[0], rows, N_OUT), np.nan)
+    cpu.warmup_serial(*_arrays(store), slots, times, closes, counts, out, record_all)
+    return out
+
+
+def _assert_same_state(a: StateStore, b: StateStore) -> None:
+    assert _same(a.values, b.values)
+    assert _same(a.ring, b.ring)
+    assert _same(a.counters, b.counters)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_lane_warmup_is_bit_identical_in_two_phases(threads):
+    """Several parameter sets, part-full blocks, uneven and zero counts, NaN warm-up,
+    then a second warmup continuing from uneven bar indices (steady and not)."""
+    rng = np.random.default_rng(7)
+    n = 53
+    param_rows = rng.integers(0, len(PARAM_SETS), n)
+    scalar, slots = _store(n, param_rows)
+    lanes, _ = _store(n, param_rows)
+    backend = cpu.CpuBackend(lanes, threads=threads)
+    start = 0
+    for bars, low in ((90, 0), (120, 30)):
+        closes = _walks(rng, n, bars)
+        counts = rng.integers(low, bars + 1, n)
+        counts[:20] = bars  # whole blocks of one phase
+        counts[-1] = 0
+        times = np.tile(np.arange(start + 1, start + bars + 1, dtype=np.int64), (n, 1))
+        start += bars
+        expected = _scalar_warmup(scalar, slots, times, closes, counts)
+        got = backend.warmup(slots, times, closes, counts, True)
+        for s in range(n):
+            assert _same(got[s, : counts[s]], expected[s, : counts[s]]), s
+        _assert_same_state(scalar, lanes)
+        last = backend.warmup(slots, times[:, :0], closes[:, :0], np.zeros(n, np.int64), False)
+        assert np.isnan(last).all()
+
+
+def test_last_row_only_and_plan_covers_every_stream():
+    rng = np.random.default_rng(3)
+    n = 37
+    param_rows = np.zeros(n, np.int64)
+    scalar, slots = _store(n, param_rows)
+    lanes, _ = _store(n, param_rows)
+    closes = _walks(rng, n, 200)
+    counts = rng.integers(1, 201, n)
+    times = np.tile(np.arange(1, 201, dtype=np.int64), (n, 1))
+    members, starts, alone = cpu.plan_blocks(lanes.counters, lanes.params.lengths, slots, counts)
+    assert sorted([*members, *alone]) == list(range(n))
+    assert (np.diff(starts) <= cpu.LANES).all() and (np.diff(starts) >= cpu.MIN_BLOCK).all()
+    expected = _scalar_warmup(scalar, slots, times, closes, counts, record_all=False)
+    got = cpu.CpuBackend(lanes, threads=1).warmup(slots, times, closes, counts, False)
+    assert _same(got, expected)
+    _assert_same_state(scalar, lanes)
+
+
+def test_snapshot_after_lane_warmup_continues_with_the_scalar_step():
+    rng = np.random.default_rng(11)
+    symbols = [f"S{i}" for i in range(20)]
+    closes = _walks(rng, len(symbols), 300)
+    times = np.arange(300, dtype=np.int64) * 60_000
+    history = {s: (times[:250], closes[i, :250]) for i, s in enumerate(symbols)}
+    by_lanes = Engine(backend="cpu", threads=1)
+    by_lanes.warmup(history)
+    one_by_one = Engine(backend="cpu", threads=1)
+    for symbol in symbols:  # a single stream per warmup call runs the scalar driver
+        one_by_one.warmup({symbol: history[symbol]})
+    restored = Engine.restore(by_lanes.snapshot(), backend="cpu", threads=1)
+    for t in range(250, 300):
+        stepped = [
+            engine.step_arrays(
+                np.concatenate([engine.slots_of(s) for s in symbols]),
+                np.full(len(symbols), times[t]),
+                closes[:, t],
+            )
+            for engine in (restored, one_by_one)
+        ]
+        assert _same(stepped[0].signal, stepped[1].signal)
+        assert _same(stepped[0].bar_index, stepped[1].bar_index)
+    assert restored.streams == one_by_one.streams
+    for key in restored.streams:
+        assert repr(restored.stream_state(key)) == repr(one_by_one.stream_state(key))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_lane_step_is_bit_identical(threads):
+    """One-round steps of random subsets (3 streams: scalar; more: lane blocks) from
+    uneven bar indices, several parameter sets, ties on the 0.01 grid."""
+    rng = np.random.default_rng(5)
+    n = 61
+    param_rows = rng.integers(0, len(PARAM_SETS), n)
+    scalar, slots = _store(n, param_rows)
+    lanes, _ = _store(n, param_rows)
+    closes = _walks(rng, n, 160)
+    counts = rng.integers(0, 100, n)
+    times = np.tile(np.arange(1, 101, dtype=np.int64), (n, 1))
+    for store in (scalar, lanes):
+        _scalar_warmup(store, slots, times, closes[:, :100], counts)
+    backend = cpu.CpuBackend(lanes, threads=threads)
+    for t in range(100, 160):
+        size = 3 if t % 5 == 0 else int(rng.integers(4, n + 1))
+        chosen = np.sort(rng.choice(n, size, replace=False))
+        step_slots = slots[chosen]
+        step_times = np.full(size, t + 1, np.int64)
+        step_closes = closes[chosen, t].copy()
+        order = np.arange(size, dtype=np.int64)
+        starts = np.array([0, size], np.int64)
+        expected = np.full((size, N_OUT), np.nan)
+        cpu.step_serial(*_arrays(scalar), step_slots, step_times, step_closes, order, starts,
+                        expected)  # fmt: skip
+        got = backend.step(step_slots, step_times, step_closes, order, starts)
+        assert _same(got, expected), t
+        _assert_same_state(scalar, lanes)
