@@ -53,7 +53,7 @@ def run_live(
     max_bars: int | None,
     max_streams_per_connection: int,
     idle_timeout: float,
-    rest_rate: float,
+    rest_weight_budget: int | None,
     ws_compression: bool,
     status_every: float,
     params: Path | None,
@@ -67,9 +67,11 @@ def run_live(
     strategies: Sequence[str] = (),
     trades: Path | None = None,
     positions: Path | None = None,
+    started_ms: int | None = None,
 ) -> int:
     """Run the live feed until ``max_seconds``/``max_bars``/SIGINT; the exit status
-    (1 when the feed failed: REST unusable, no symbol known)."""
+    (1 when the feed failed: REST unusable or banned, no symbol known). Every bar closing
+    after ``started_ms`` (default: when the feed starts) is stepped and written."""
     require("live", "atc-stream live")
     # after the check: the feed imports aiohttp, an optional extra
     from atc_stream.connectors.exchanges.config import LiveConfig
@@ -81,8 +83,8 @@ def run_live(
     try:
         config = LiveConfig(
             history=history, max_streams_per_connection=max_streams_per_connection,
-            previews=previews, idle_timeout=idle_timeout, rest_rate=rest_rate,
-            ws_compression=ws_compression,
+            previews=previews, idle_timeout=idle_timeout,
+            rest_weight_budget=rest_weight_budget, ws_compression=ws_compression,
             ws_url=ws_url if ws_url is not None else LiveConfig.ws_url,
             rest_url=rest_url if rest_url is not None else LiveConfig.rest_url,
         )  # fmt: skip
@@ -141,7 +143,7 @@ def run_live(
                 engine, symbols, config, on_result=sink.write,
                 on_preview=sink.write if previews else None,
                 snapshotter=durability.snapshotter, source_offsets=offsets,
-                publisher=publisher,
+                publisher=publisher, live_from_ms=started_ms,
             )  # fmt: skip
         except ValueError as exc:
             raise OptionError(str(exc), param_hint="--symbols") from None

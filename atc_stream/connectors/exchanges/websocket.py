@@ -152,6 +152,8 @@ class KlineStream:
         self.config = config
         self.stats = stats
         self.rng = rng
+        #: set once a session is open: the symbols' klines flow from then on
+        self.connected = asyncio.Event()
 
     async def run(self) -> None:
         """Connects, reads, reconnects; returns only when cancelled."""
@@ -180,6 +182,7 @@ class KlineStream:
                 log.exception("connection %d failed unexpectedly", self.index)
             else:
                 self.stats.connects += 1
+                self.connected.set()
                 if connected_before:
                     self.stats.reconnects += 1
                 connected_before = True
