@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import sys
 import threading
 import time
 from collections import Counter
@@ -865,6 +866,21 @@ def test_cli_live_streams_to_file(tmp_path):
             assert (r["signal"] is None and np.isnan(want)) or r["signal"] == want
     assert "live 2 symbols" in result.stderr
     assert "reconnects" in result.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the start is read from /proc")
+def test_cli_counts_the_bars_after_the_start_from_the_process_start():
+    """``atc-stream live`` publishes every bar closing after its process started, not
+    after the seconds of imports and kernel loading: the start is read from the OS."""
+    import subprocess
+
+    code = (
+        "import time; time.sleep(1.0); from atc_stream.app.cli import _process_started_ms; "
+        "print(time.time() * 1000 - _process_started_ms())"
+    )
+    age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               check=True).stdout)  # fmt: skip
+    assert 1000 <= age < 30_000
 
 
 def test_cli_live_paper_trades_as_backtest_after_the_warmup(tmp_path):

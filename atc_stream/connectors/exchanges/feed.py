@@ -32,7 +32,7 @@ from atc_stream.engine.engine import Engine
 log = logging.getLogger("atc_stream.binance")
 
 #: Seconds between the start-up's batched warmups: the histories fetched meanwhile go
-#: through one ``Engine.warmup`` (one call a symbol would cost ~3x the CPU).
+#: through one ``Engine.warmup`` (many small calls cost ~3x the CPU of one).
 WARMUP_EVERY = 0.2
 
 
