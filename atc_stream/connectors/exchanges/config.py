@@ -114,7 +114,8 @@ class LiveStats:
     rows_out: int = 0  #: result rows passed to ``on_result``
     rest_requests: int = 0
     rest_weight_used: int = 0  #: REST weight used in the exchange's current window, as last known
-    rest_limit_waits: int = 0  #: REST requests that waited for the weight budget or a 429 pause
+    #: REST requests of the latest run that waited for the weight budget or a 429 pause
+    rest_limit_waits: int = 0
     rest_limit_wait_s: float = 0.0  #: seconds they waited, summed over them
     last_bar_lag_ms: float | None = None  #: clock - close time of the newest applied bar
     started: float = field(default_factory=time.monotonic)

@@ -75,14 +75,13 @@ class KlineRest:
             if attempt:  # a 429's Retry-After is waited out in acquire, by every request
                 await asyncio.sleep(backoff.delay(attempt - 1, self.rng.random))
             async with self._semaphore:
-                waits, waited = limiter.waits, limiter.waited
                 try:
                     window = await limiter.acquire()
                 except RateLimitBan as exc:
                     raise RestBanned(f"GET {self.url}: {exc}") from None
-                finally:
-                    stats.rest_limit_waits += limiter.waits - waits
-                    stats.rest_limit_wait_s += limiter.waited - waited
+                finally:  # the limiter's totals: it counts every request's wait once
+                    stats.rest_limit_waits = limiter.waits
+                    stats.rest_limit_wait_s = limiter.waited
                 stats.rest_requests += 1
                 try:
                     timeout = aiohttp.ClientTimeout(total=cfg.rest_timeout)
