@@ -7,10 +7,11 @@ Run from the repository root (needs redis-server and the ``live``/``redis`` extr
     .venv/bin/python benchmarks/bench_live.py --symbols 20 200 1000 --bars 30
 
 A local exchange in Binance's format (the websocket + REST server of
-``tests/exchange_emulators.py``) serves ``--history`` closed bars per symbol over REST,
-then sends every symbol's closed 1-second kline once per second of wall clock,
-stamping each kline when its websocket send returns. A real ``atc-stream live
---redis`` process (warm kernel cache: ``atc-stream compile`` runs first) consumes it,
+``tests/exchange_emulators.py``) closes every symbol's 1-second bar once per second of
+wall clock from the start, ``--history`` of them closed before: REST serves the closed
+ones, the websocket sends each closed kline to whoever is connected then, stamping it
+when the send returns. A real ``atc-stream live --redis`` process with default options
+(warm kernel cache: ``atc-stream compile`` runs first) consumes it,
 and a redis-py subscriber on ``atc:batch``, in a process of its own (so it does not
 share a GIL with the exchange), stamps every record on arrival. Latency of a kline =
 arrival of its signal record − send time of that kline (same host, same clock); the
@@ -20,8 +21,10 @@ messages a bar arrives in, and the CPU time per live bar of each process sharing
 machine's cores (Linux): the client, this exchange, redis-server and the subscriber.
 *Time to live* = process start → the first bar from which every kline's signal
 arrives within 100 ms. Steady p50/p99 are over the klines of the bars after that.
-Targets at 200 symbols with 300 bars of history and a warm cache: live within 10 s;
-p50 <= 2 ms, p99 <= 5 ms.
+*Missing* / *twice*: (symbol, bar)s closed after the process started (up to the last
+bar sent) that never reached Redis / reached it more than once. Targets with 300 bars
+of history and a warm cache: 200 symbols live within 5 s, 1,000 within 10 s, none
+missing; p50 <= 2 ms, p99 <= 5 ms at 200.
 """
 
 from __future__ import annotations
@@ -30,11 +33,13 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -64,17 +69,21 @@ class WallClockExchange(FakeExchange):
     cores). ``writes="message"``: one ``ws.send`` per kline, stamped when it returns.
     """
 
-    def __init__(self, closes, start, *, t0: int, connections: int, writes: str) -> None:
+    def __init__(self, closes, start, *, t0: int, writes: str, rest_latency: float) -> None:
         super().__init__(
-            closes, start, previews_per_bar=0, t0=t0, wait_connections=connections,
-            interval=INTERVAL,
+            closes, start, previews_per_bar=0, t0=t0, interval=INTERVAL, realtime=True
         )  # fmt: skip
         self.sent_at: dict[tuple[str, int], float] = {}  # (symbol, bar open ms) -> sent
         self.writes = writes
+        self.rest_latency = rest_latency
+
+    async def _klines(self, request, fault):
+        if self.rest_latency:  # a remote exchange: the round trip, without the CPU
+            await asyncio.sleep(self.rest_latency)
+        return await super()._klines(request, fault)
 
     async def _ticker(self) -> None:
-        while len(self._conns) < self.wait_connections:
-            await asyncio.sleep(0.002)
+        # bars close on the clock whether or not anyone is connected, as on an exchange
         next_tick = (self.t0 + (self.cursor + 1) * IMS) / 1000  # the bar's close on the clock
         for i in range(self.cursor, self.n_bars):
             t = self.t0 + i * IMS
@@ -220,10 +229,8 @@ def run_one(n_symbols: int, args, redis_url: str, redis_pid: int, tmp: Path, cli
     # bar `history` is the first one in progress when the process starts
     t0 = int(time.time() * 1000) - args.history * IMS - IMS // 2
     reader, arrivals_file, stop_file = _start_subscriber(redis_url, tmp)
-    # 200 streams per websocket: the local server rejects longer URLs (HTTP 414)
-    connections = -(-n_symbols // STREAMS_PER_CONNECTION)
     with WallClockExchange(
-        closes, args.history, t0=t0, connections=connections, writes=args.exchange_writes
+        closes, args.history, t0=t0, writes=args.exchange_writes, rest_latency=args.rest_latency
     ) as ex:
         chunks = [symbols[i : i + STREAMS_PER_CONNECTION]
                   for i in range(0, n_symbols, STREAMS_PER_CONNECTION)]  # fmt: skip
@@ -234,8 +241,9 @@ def run_one(n_symbols: int, args, redis_url: str, redis_pid: int, tmp: Path, cli
             sys.executable, "-m", "atc_stream", "live", "--symbols", ",".join(symbols),
             "--history", str(args.history), "--ws-url", ex.ws_url, "--rest-url", ex.rest_url,
             "--redis", redis_url, "--backend", "cpu", "--status-every", "0",
-            "--no-previews", "--rest-rate", "10000", "--output", str(tmp / "live.jsonl"),
+            "--no-previews", "--output", str(tmp / "live.jsonl"),
             "--interval", INTERVAL, "--max-seconds", str(args.bars + 60),
+            # 200 streams per websocket: the local server rejects longer URLs (HTTP 414)
             "--max-streams-per-connection", str(STREAMS_PER_CONNECTION),
         ]  # fmt: skip
         started = time.time()
@@ -262,6 +270,7 @@ def run_one(n_symbols: int, args, redis_url: str, redis_pid: int, tmp: Path, cli
         _, stderr = live.communicate(timeout=120)
         done = subprocess.CompletedProcess(command, live.returncode, "", stderr)
         sent_at = dict(ex.sent_at)
+        closed_bars = ex.cursor  # bars 0 .. closed_bars - 1 have closed
     time.sleep(0.3)
     stop_file.touch()
     reader.wait(60)
@@ -271,9 +280,17 @@ def run_one(n_symbols: int, args, redis_url: str, redis_pid: int, tmp: Path, cli
         print(f"{n_symbols} symbols: no bar was sent; atc-stream said:\n{done.stderr[-1500:]}")
     arrival: dict[tuple[str, int], float] = {}
     messages_of_bar: dict[int, set] = {}  # bar -> arrival stamps (one per batch message)
+    copies: Counter = Counter()
     for arrived, symbol, t in json.loads(arrivals_file.read_text()):
         arrival.setdefault((symbol, t), arrived)  # the first message carrying the record
         messages_of_bar.setdefault(t, set()).add(arrived)
+        copies[(symbol, t)] += 1
+    # every bar closing after the process started must reach Redis exactly once
+    first_after = next(i for i in range(total + 1) if (t0 + (i + 1) * IMS) / 1000 > started)
+    due = [(s, t0 + i * IMS) for s in symbols for i in range(first_after, closed_bars)]
+    missing = sum(1 for key in due if copies[key] == 0)
+    twice = sum(1 for key in due if copies[key] > 1)
+    rest = re.search(r"REST +(\d+) requests", done.stderr)
     latency = {k: arrival[k] - sent for k, sent in sent_at.items() if k in arrival}
     by_bar: dict[int, list] = {}
     for (_symbol, t), lat in latency.items():
@@ -298,6 +315,10 @@ def run_one(n_symbols: int, args, redis_url: str, redis_pid: int, tmp: Path, cli
         "client": client,
         "symbols": n_symbols,
         "klines sent": len(sent_at),
+        "due": len(due),
+        "missing": missing if client != "floor" else None,
+        "twice": twice if client != "floor" else None,
+        "rest requests": int(rest.group(1)) if rest else None,
         "klines received": len(latency),
         "time to live": (started_bar - started) if started_bar is not None else None,
         "p50": float(np.percentile(steady, 50)) if steady else None,
@@ -327,15 +348,21 @@ def main(argv=None) -> int:
         help="the local exchange writes a bar's klines in one socket write (like a remote "
         "exchange: no CPU taken from the client) or sends them one ws.send each",
     )  # fmt: skip
+    parser.add_argument(
+        "--rest-latency", type=float, default=0.0,
+        help="seconds the local exchange takes to answer each REST request (a remote "
+        "exchange's round trip)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     compiled = subprocess.run([sys.executable, "-m", "atc_stream", "compile"],
                               capture_output=True, text=True)  # fmt: skip
     print(compiled.stderr.strip())
     print(f"1-min load average before: {os.getloadavg()[0]:.2f}\n")
-    print("| client | symbols | history | time to live | first bar late by | kline p50 | kline p99 "
+    print("| client | symbols | history | time to live | missing / twice (of due) | REST requests "
+          "| first bar late by | kline p50 | kline p99 "
           "| whole bar p50 | klines received | batch messages per bar "
           "| CPU ms per bar: client / exchange / redis / subscriber |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     clients = ("atc-stream", "floor") if args.floor else ("atc-stream",)
     with RedisServer() as server, tempfile.TemporaryDirectory() as tmp:
         for n, client in ((n, c) for n in args.symbols for c in clients):
@@ -353,7 +380,9 @@ def main(argv=None) -> int:
                 return "never" if x is None else f"{x * scale:.2f} {unit}"
 
             name = "floor: no engine" if client == "floor" else "atc-stream live"
-            print(f"| {name} | {n:,} | {args.history} | {s(r['time to live'])} | "
+            lost = "-" if r["missing"] is None else f"{r['missing']} / {r['twice']} ({r['due']})"
+            print(f"| {name} | {n:,} | {args.history} | {s(r['time to live'])} | {lost} | "
+                  f"{r['rest requests'] if r['rest requests'] is not None else '-'} | "
                   f"{s(r['first bar late by'], 'ms', 1e3)} | {s(r['p50'], 'ms')} | "
                   f"{s(r['p99'], 'ms')} | {s(r['bar p50'], 'ms')} | "
                   f"{r['klines received']}/{r['klines sent']} | "

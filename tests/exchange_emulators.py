@@ -8,7 +8,8 @@ Every emulator serves one fixed, deterministic bar set: its ticker publishes bar
 bar (a few in-progress klines, then the closed one) to whoever is connected (subscribed,
 where the exchange wants a subscribe message), and misbehaves on cue: closes connections
 (cleanly, abruptly, mid-message), stalls, sends raw messages, and answers REST with
-429/418 (with ``Retry-After``), 5xx, timeouts, garbage or a bad row.
+429/418 (with ``Retry-After``), 5xx, timeouts, garbage or a bad row. The Binance ones
+report the weight used in ``X-MBX-USED-WEIGHT-1M``, as the exchange does.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ class Emulator:
     ``client_message`` (subscribe and ping messages of the client)."""
 
     name = "emulator"
+    used_weight_header: str | None = None  #: the response header of the weight used
+    klines_weight = 1  #: weight of one klines request
 
     def __init__(
         self,
@@ -70,6 +73,7 @@ class Emulator:
         previews_per_bar: int = 2,
         bar_pause: float = 0.006,
         wait_connections: int = 1,
+        wait_rest: int = 0,
         faults: dict[int, list] | None = None,
         rest_faults: list[str] | None = None,
         slow_seconds: float = 1.0,
@@ -89,6 +93,8 @@ class Emulator:
         self.previews_per_bar = previews_per_bar
         self.bar_pause = bar_pause
         self.wait_connections = wait_connections
+        #: the ticker also waits for this many klines answers (a client's whole warmup)
+        self.wait_rest = wait_rest
         self.faults = faults or {}  # bar index -> actions done before its closed kline
         self.rest_faults = list(rest_faults or [])
         self.slow_seconds = slow_seconds
@@ -103,6 +109,13 @@ class Emulator:
         self.rest_requests: list[dict] = []  # query of every klines request
         self.rest_log: list[tuple[float, str, str | None]] = []  # (monotonic, path, fault)
         self.rest_answers = Counter()
+        #: called at each klines request, its value kept in ``rest_stamps`` (a test's clock)
+        self.rest_clock = None
+        self.rest_stamps: list = []
+        self.other_weight = 0  #: weight other clients of the same IP used (reported too)
+        self.rest_in_flight = 0
+        self.max_rest_in_flight = 0  #: most klines requests being answered at once
+        self.rest_answered_at: list[int] = []  #: the bar in progress at each klines answer
         self.done = False
         self.applied: Counter = Counter()  # fault actions that hit a connection
         self._ready = threading.Event()
@@ -286,9 +299,9 @@ class Emulator:
         return True
 
     async def _ticker(self) -> None:
-        while (
-            not self.realtime
-            and sum(bool(c["symbols"]) for c in self._conns) < self.wait_connections
+        while not self.realtime and (
+            sum(bool(c["symbols"]) for c in self._conns) < self.wait_connections
+            or len(self.rest_answered_at) < self.wait_rest
         ):
             await asyncio.sleep(0.005)
         for i in range(self.cursor, self.n_bars):
@@ -318,34 +331,57 @@ class Emulator:
         raise NotImplementedError
 
     def _rest(self, path: str, handler):
-        """``handler`` behind the REST fault injection: faults hit klines requests only."""
+        """``handler`` behind the REST fault injection: faults hit klines requests only.
+        Where the exchange reports the weight used (``used_weight_header``), klines answers
+        carry it: ``other_weight`` plus ``klines_weight`` a klines request so far."""
         klines = handler.__name__ == "_klines"
 
         async def serve_request(request: web.Request) -> web.Response:
-            fault = self.rest_faults.pop(0) if klines and self.rest_faults else None
-            self.rest_log.append((time.monotonic(), path, fault))
-            if klines:
+            if not klines:
+                return await self._answer(path, request, handler, None)
+            self.rest_in_flight += 1
+            self.max_rest_in_flight = max(self.max_rest_in_flight, self.rest_in_flight)
+            try:
+                fault = self.rest_faults.pop(0) if self.rest_faults else None
                 self.rest_requests.append(dict(request.query))
-            if fault is not None:
-                self.rest_answers[fault] += 1
-            if fault in ("429", "418"):
-                headers = {"Retry-After": self.retry_after}
-                return web.Response(status=int(fault), headers=headers, text="slow down")
-            if fault == "500":
-                return web.Response(status=502, text="bad gateway")
-            if fault == "garbage":
-                return web.Response(status=200, text="<html>oops</html>")
-            if fault == "slow":
-                await asyncio.sleep(self.slow_seconds)
-            return await handler(request, fault)
+                if self.rest_clock is not None:
+                    self.rest_stamps.append(self.rest_clock())
+                response = await self._answer(path, request, handler, fault)
+            finally:
+                self.rest_in_flight -= 1
+            if self.used_weight_header is not None:
+                used = self.other_weight + self.klines_weight * len(self.rest_requests)
+                response.headers[self.used_weight_header] = str(used)
+            return response
 
         return serve_request
+
+    async def _answer(self, path: str, request: web.Request, handler, fault) -> web.Response:
+        self.rest_log.append((time.monotonic(), path, fault))
+        if fault is not None:
+            self.rest_answers[fault] += 1
+        status, _, retry_after = (fault or "").partition(":")
+        if status in ("429", "418"):  # "429:SECONDS": with that Retry-After
+            headers = {"Retry-After": retry_after or self.retry_after}
+            return web.Response(status=int(status), headers=headers, text="slow down")
+        if fault == "500":
+            return web.Response(status=502, text="bad gateway")
+        if fault == "garbage":
+            return web.Response(status=200, text="<html>oops</html>")
+        if fault == "slow":
+            await asyncio.sleep(self.slow_seconds)
+        response = await handler(request, fault)
+        if handler.__name__ == "_klines":
+            self.rest_answered_at.append(self.cursor)
+        return response
 
 
 class BinanceEmulator(Emulator):
     """Binance spot: combined streams named in the URL, ``/api/v3/klines`` ascending."""
 
     name = "binance"
+    used_weight_header = "X-MBX-USED-WEIGHT-1M"
+    klines_weight = 2
     klines_path = "/api/v3/klines"
     tickers_path = "/api/v3/ticker/price"
 
@@ -397,6 +433,8 @@ FakeExchange = BinanceEmulator
 
 class BinanceUsdmEmulator(BinanceEmulator):
     """Binance USD-M futures: the spot format under ``/fapi/v1``."""
+
+    klines_weight = 5
 
     name = "binance-usdm"
     klines_path = "/fapi/v1/klines"
@@ -598,7 +636,6 @@ def fast_config(ex: Emulator, **kw) -> LiveConfig:
         close_timeout=0.5,
         backoff_initial=0.02,
         backoff_max=0.2,
-        rest_rate=None,
         rest_timeout=3.0,
         gap_confirm_delay=0.05,
     )

@@ -6,7 +6,8 @@ combined-stream kline format and serves ``/api/v3/klines`` from one fixed,
 deterministic bar set. Its ticker publishes bar after bar (a few in-progress klines,
 then the closed one) to whoever is connected, and can misbehave on cue: close
 connections (cleanly, abruptly, mid-message), stall, inject hostile messages, and
-answer REST with 429/500/timeouts/garbage. Every test checks that the client's
+answer REST with 429/418/500/timeouts/garbage (reporting the weight used in
+``X-MBX-USED-WEIGHT-1M``, as the exchange does). Every test checks that the client's
 closed-bar outputs hold every bar exactly once and equal ``atc_stream.compute`` over
 the same closes, bit for bit.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import sys
 import time
 from collections import Counter
 
@@ -56,7 +58,6 @@ from exchange_emulators import feed as feed_symbols  # noqa: E402
 
 from atc_stream.connectors.exchanges.config import LiveConfig, LiveStats  # noqa: E402
 from atc_stream.connectors.exchanges.feed import KlineClient  # noqa: E402
-from atc_stream.connectors.exchanges.rest import TokenBucket  # noqa: E402
 from atc_stream.connectors.exchanges.venues.binance import BinanceParser  # noqa: E402
 from atc_stream.connectors.retry import Backoff  # noqa: E402
 from atc_stream.core.intervals import interval_ms, next_open  # noqa: E402
@@ -98,7 +99,10 @@ def test_warmup_stream_previews_equal_compute():
     assert ex.extensions == [None, None]  # no permessage-deflate unless asked
     assert stats.warmup_bars == len(SYMBOLS) * history
     assert stats.bars == len(SYMBOLS) * (320 - start)
-    assert stats.closed_klines == stats.bars and stats.backfilled_bars == 0
+    # bars closing while the history was fetched came from REST (and were dropped from
+    # the websocket): no bar needed a backfill
+    assert stats.closed_klines + stats.backfilled_bars == stats.bars and stats.backfills == 0
+    assert len(ex.rest_requests) == len(SYMBOLS)
     assert not stats.rejections and not stats.engine_rejections
     # warmup row (bar start-1) + every streamed bar, exactly once, bit-identical
     assert_exact(collect(results), closes, start - history, start - 1, 319)
@@ -238,25 +242,34 @@ def test_hostile_stream_inputs_counted_and_survived():
     assert rej["duplicate_kline"] == 1 and rej["out_of_order_kline"] == 2
     assert rej["stale_preview"] == 1
     assert rej["off_grid_kline"] == 1 and rej["future_kline"] == 1
-    assert stats.backfilled_bars == 1  # ETHUSDT bar 275, from REST
+    assert stats.backfills == 1  # ETHUSDT bar 275, from REST
     assert not stats.engine_rejections
     assert_exact(collect(results), closes, start - 120, start - 1, 289)
 
 
-def test_rest_faults_retried_paged_and_rate_limited():
+def test_rest_faults_retried_paged_and_weight_limited():
+    from atc_stream.connectors.exchanges.limits import WeightLimiter
+    from atc_stream.connectors.exchanges.venues.binance import BINANCE_SPOT
+
     closes = make_bars(["BTCUSDT", "ETHUSDT"], 1300, seed=4)
     start, history = 1250, 1100  # > 1000: two pages per symbol
     faults = ["429", "500", "garbage", "slow", "badrow"]
+    now = [0.0]  # the limiter's clock: moves only when it waits for the next minute
+
+    async def sleep(seconds: float) -> None:
+        now[0] += seconds
+
     # the slow reply outlasts the client's timeout 3x; the timeout leaves ordinary replies a
     # full second, as one on a busy 2-core machine can take a few tenths of one
     with FakeExchange(closes, start, rest_faults=faults, slow_seconds=3.0) as ex:
+        ex.other_weight = 5390  # another client of this IP spent most of the minute
         engine = Engine(backend="cpu", interval=INTERVAL, outputs="all")
         results = []
-        cfg = fast_config(ex, history=history, rest_timeout=1.0, rest_rate=50.0, rest_burst=1,
-                          rest_concurrency=1)  # fmt: skip
+        cfg = fast_config(ex, history=history, rest_timeout=1.0, rest_concurrency=1)
         client = KlineClient(
             engine, ["BTCUSDT", "ETHUSDT"], cfg, on_result=results.append,
             clock_ms=lambda: ex.now_ms, seed=4,
+            rest_limiter=WeightLimiter(BINANCE_SPOT, clock=lambda: now[0], sleep=sleep),
         )  # fmt: skip
         stats = run_client(client, max_bars=2 * (1300 - start), max_seconds=60)
         requests = list(ex.rest_requests)
@@ -267,8 +280,54 @@ def test_rest_faults_retried_paged_and_rate_limited():
     assert all(int(r["limit"]) == 1000 for r in requests)
     assert len(requests) == 4 + len(faults) - 1  # 2 pages x 2 symbols + retried faults
     assert stats.warmup_bars == 2 * history
-    assert client.rest.bucket.waited > 0  # 50 requests/s with a burst of 1
+    # the exchange's count (5390 + 2 a request) filled the minute after five requests
+    assert stats.rest_limit_waits >= 1 and stats.rest_weight_used >= 5392
     assert_exact(collect(results), closes, start - history, start - 1, 1299)
+
+
+def test_bars_closing_during_a_slow_history_fetch_are_stepped_once():
+    """The websocket is subscribed before the history is asked for: bars that close while
+    REST answers slowly come over both, and each is stepped (its result emitted, not
+    folded into the warmup) exactly once, in order; one request per symbol, no backfill."""
+    closes = make_bars(SYMBOLS, 330, seed=15)
+    start, history = 200, 150
+    faults = ["slow"] * (len(SYMBOLS) - 1)  # one answer comes at once: two warmup batches
+    with FakeExchange(
+        closes, start, rest_faults=faults, slow_seconds=0.6, previews_per_bar=1, bar_pause=0.01
+    ) as ex:
+        stats, results = feed(
+            ex, fast_config(ex, history=history), seed=7,
+            max_bars=len(SYMBOLS) * (330 - start), max_seconds=20,
+        )  # fmt: skip
+        requests, answered_at = len(ex.rest_requests), list(ex.rest_answered_at)
+    assert requests == len(SYMBOLS) and stats.backfills == 0
+    assert max(answered_at) > start + 5  # bars closed while REST took its time
+    assert stats.warmup_bars == len(SYMBOLS) * history
+    # they came over the websocket, held until the warmup; REST has those closed before
+    # it was asked (by the clock then: a later one may be the bar still in progress)
+    assert stats.closed_klines + stats.backfilled_bars == stats.bars
+    assert stats.bars == len(SYMBOLS) * (330 - start)
+    assert not stats.rejections and not stats.engine_rejections
+    assert_exact(collect(results), closes, start - history, start - 1, 329)
+
+
+def test_bars_closed_since_live_from_are_stepped_not_warmed_up():
+    """A process that started five bars before the client runs: those five bars are
+    emitted (stepped), and the warmup ends before them."""
+    closes = make_bars(SYMBOLS, 260, seed=16)
+    start, history, late = 230, 100, 5
+    with FakeExchange(closes, start) as ex:
+        results: list = []
+        client = KlineClient(
+            Engine(backend="cpu", interval=INTERVAL, outputs="all"), SYMBOLS,
+            fast_config(ex, history=history), on_result=results.append,
+            clock_ms=lambda: ex.now_ms, live_from_ms=ex.now_ms - late * IMS,
+        )  # fmt: skip
+        stats = run_client(client, max_bars=len(SYMBOLS) * (260 - start + late), max_seconds=60)
+    assert stats.warmup_bars == len(SYMBOLS) * history and stats.backfills == 0
+    assert stats.backfilled_bars >= len(SYMBOLS) * late
+    first = start - late - history
+    assert_exact(collect(results), closes, first, start - late - 1, 259)
 
 
 def test_restart_from_snapshot_every_bar_once():
@@ -342,26 +401,6 @@ def test_config_backoff_grows_is_capped_and_jittered():
         LiveConfig(backoff_initial=1.0, backoff_max=0.5)
     with pytest.raises(ValueError, match="jitter"):
         LiveConfig(backoff_jitter=1.5)
-
-
-def test_token_bucket_lets_a_burst_through_then_paces_requests():
-    now = [0.0]
-
-    async def sleep(seconds: float) -> None:  # time passes only when the bucket waits
-        now[0] += seconds
-
-    async def ten_requests() -> list[float]:
-        # 32/s: every time and token count below is exact in binary floating point
-        bucket = TokenBucket(rate=32.0, burst=2, clock=lambda: now[0], sleep=sleep)
-        sent = []
-        for _ in range(10):
-            await bucket.acquire()
-            sent.append(now[0])
-        assert bucket.waited == 8 / 32
-        return sent
-
-    sent = asyncio.run(ten_requests())
-    assert sent == [0.0, 0.0] + [i / 32 for i in range(1, 9)]  # 2 at once, then 32/s
 
 
 def test_config_and_argument_validation():
@@ -485,6 +524,21 @@ def test_cli_live_streams_to_file(tmp_path):
             assert (r["signal"] is None and np.isnan(want)) or r["signal"] == want
     assert "live 2 symbols" in result.stderr
     assert "reconnects" in result.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the start is read from /proc")
+def test_cli_counts_the_bars_after_the_start_from_the_process_start():
+    """``atc-stream live`` publishes every bar closing after its process started, not
+    after the seconds of imports and kernel loading: the start is read from the OS."""
+    import subprocess
+
+    code = (
+        "import time; time.sleep(1.0); from atc_stream.app.cli import _process_started_ms; "
+        "print(time.time() * 1000 - _process_started_ms())"
+    )
+    age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               check=True).stdout)  # fmt: skip
+    assert 1000 <= age < 30_000
 
 
 def test_cli_live_paper_trades_as_backtest_after_the_warmup(tmp_path):

@@ -66,7 +66,7 @@ def run(client: KlineClient, **kw) -> LiveStats:
 
 def config(**kw) -> LiveConfig:
     base = dict(history=150, idle_timeout=5.0, backoff_initial=0.02, backoff_max=0.2,
-                rest_rate=None, rest_timeout=3.0, gap_confirm_delay=0.05)  # fmt: skip
+                rest_timeout=3.0, gap_confirm_delay=0.05)  # fmt: skip
     return LiveConfig(**{**base, **kw})
 
 

@@ -90,8 +90,9 @@ def assert_metrics_match(found: dict, stats) -> None:
         ("messages_total", stats.messages), ("connects_total", stats.connects),
         ("reconnects_total", stats.reconnects), ("rest_requests_total", stats.rest_requests),
         ("backfills_total", stats.backfills), ("backfill_failures_total", stats.backfill_failures),
-        ("rest_limit_waits_total", getattr(stats, "rest_limit_waits", 0)),
-        ("rest_weight_used", getattr(stats, "rest_weight_used", 0)),
+        ("rest_limit_waits_total", stats.rest_limit_waits),
+        ("rest_limit_wait_seconds_total", stats.rest_limit_wait_s),
+        ("rest_weight_used", stats.rest_weight_used),
         ("symbols", stats.symbols), ("connections", stats.connections),
         ("open_connections", stats.open_connections),
     ]:  # fmt: skip
@@ -242,9 +243,12 @@ def test_collector_exposes_every_field_of_live_stats():
     found = samples(generate_latest(registry).decode())
     assert_metrics_match(found, client.stats_now())
     assert dict(stats.engine_rejections) and found[(f"{PREFIX}_rest_weight_used", ())] == 0
-    stats.rest_weight_used = 1234  # the REST limiter's field, where the feed has it
+    stats.rest_weight_used = 1234  # the REST limiter's fields
+    stats.rest_limit_waits, stats.rest_limit_wait_s = 3, 1.5
     found = samples(generate_latest(registry).decode())
     assert found[(f"{PREFIX}_rest_weight_used", ())] == 1234
+    assert found[(f"{PREFIX}_rest_limit_waits_total", ())] == 3
+    assert found[(f"{PREFIX}_rest_limit_wait_seconds_total", ())] == 1.5
     assert found[(f"{PREFIX}_kline_to_publish_seconds_bucket", (("le", "+Inf"),))] == 4
     assert found[(f"{PREFIX}_kline_to_publish_seconds_bucket", (("le", "0.0025"),))] == 3
 

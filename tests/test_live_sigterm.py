@@ -38,18 +38,6 @@ SHUTDOWN_LIMIT_S = 5.0
 WAIT_S = 240.0
 
 
-def fast_rest_options() -> list[str]:
-    """REST as fast as the local exchange answers, with whichever option the command has
-    for its pace (none: its default budget is already far above what the test asks)."""
-    import typer
-
-    from atc_stream.app.cli import app
-
-    live = typer.main.get_command(app).commands["live"]
-    names = {p.name for p in live.params}
-    return ["--rest-rate", "100000"] if "rest_rate" in names else []
-
-
 def start_live(args: list[str], log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get(
         "PYTHONPATH", "")])}  # fmt: skip
@@ -90,7 +78,7 @@ def test_sigterm_stops_within_5_s_with_a_final_snapshot_and_resume_writes_each_r
             "--ws-url", ex.ws_url, "--rest-url", ex.rest_url, "--backend", "cpu",
             "--no-previews", "--status-every", "0", "--max-streams-per-connection", "250",
             "--snapshot-dir", str(snaps), "--output", str(out), "--max-seconds", "600",
-            "--log-format", "json", *fast_rest_options(),
+            "--log-format", "json",
         ]  # fmt: skip
         first_log = tmp_path / "first.log"
         first = start_live([*common, "--metrics-port", str(port)], first_log)

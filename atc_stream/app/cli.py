@@ -278,7 +278,16 @@ def live(
     idle_timeout: Annotated[
         float, typer.Option(help="Reconnect after SECONDS without a message.")
     ] = 60.0,
-    rest_rate: Annotated[float, typer.Option(help="REST requests per second at most.")] = 10.0,
+    rest_weight_budget: Annotated[
+        int | None,
+        typer.Option(
+            "--rest-weight-budget",
+            min=1,
+            help="REST request weight the exchange allows this IP per its window "
+            "(default: the exchange's, e.g. Binance spot's 6000 a minute); 90% of it is "
+            "spent at most.",
+        ),
+    ] = None,
     ws_compression: Annotated[
         bool,
         typer.Option(
@@ -322,10 +331,10 @@ def live(
 
     _run_job(
         run_live, symbols=symbols, interval=interval, exchange=exchange, history=history,
-        ws_url=ws_url,
-        rest_url=rest_url, output=output, previews=previews, max_seconds=max_seconds,
+        ws_url=ws_url, rest_url=rest_url, output=output, previews=previews, max_seconds=max_seconds,
         max_bars=max_bars, max_streams_per_connection=max_streams_per_connection,
-        idle_timeout=idle_timeout, rest_rate=rest_rate, ws_compression=ws_compression,
+        idle_timeout=idle_timeout, rest_weight_budget=rest_weight_budget,
+        ws_compression=ws_compression, started_ms=_started_ms,
         status_every=status_every, params=params, backend=backend, redis=redis,
         redis_prefix=redis_prefix, snapshot_dir=snapshot_dir, snapshot_every=snapshot_every,
         resume=resume, events_before_ready=events_before_ready, strategies=strategy or [],
@@ -600,9 +609,39 @@ def plot(
     )  # fmt: skip
 
 
+#: When the command ``main`` runs started (ms since the epoch): ``live`` publishes every
+#: bar closing after it. None outside ``main`` (the commands run inside another program).
+_started_ms: int | None = None
+_main_ran = False  #: a command of this process ran before
+
+
+def _process_started_ms() -> int:
+    """This process's start time (Linux: from /proc; elsewhere: now)."""
+    import os
+    import time
+
+    now = time.time()
+    try:
+        with open("/proc/self/stat") as f:  # field 22, after the parenthesised name
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        age = uptime - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        age = 0.0
+    return int((now - min(max(age, 0.0), 60.0)) * 1000)
+
+
 def main(argv: list[str] | None = None) -> None:
     """The console entry point: a usage error (bad option value, missing file, unknown
     option) is one line on stderr and exit status 2, not a usage box."""
+    import time
+
+    global _started_ms, _main_ran
+    # a process's first command starts with the process (its imports count); a later one
+    # in the same process (tests) with its call
+    _started_ms = int(time.time() * 1000) if _main_ran else _process_started_ms()
+    _main_ran = True
     try:
         result = app(args=argv, standalone_mode=False)
     except typer.TyperException as exc:  # a usage error, or another error typer reports
@@ -613,6 +652,8 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         err(f"{PROGRAM}: interrupted")
         sys.exit(130)
+    finally:
+        _started_ms = None
     sys.exit(result if isinstance(result, int) else 0)
 
 

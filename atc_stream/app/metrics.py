@@ -24,7 +24,16 @@ COUNTERS = (
     ("connects", "connects", "Websocket handshakes that succeeded."),
     ("reconnects", "reconnects", "Websocket handshakes after a connection's first."),
     ("rest_requests", "rest_requests", "REST requests sent."),
-    ("rest_limit_waits", "rest_limit_waits", "REST requests that waited for the weight budget."),
+    (
+        "rest_limit_waits",
+        "rest_limit_waits",
+        "REST requests that waited for the weight budget or a 429 pause.",
+    ),
+    (
+        "rest_limit_wait_seconds",
+        "rest_limit_wait_s",
+        "Seconds REST requests waited for the weight budget or a 429 pause, summed.",
+    ),
     ("backfills", "backfills", "REST backfills of gaps started."),
     ("backfill_failures", "backfill_failures", "REST backfills that failed (and were retried)."),
 )
@@ -72,15 +81,13 @@ class LiveCollector:
                 rejections.add_metric([stage, reason], count)
         yield rejections
         for name, field, doc in COUNTERS:
-            yield CounterMetricFamily(f"{PREFIX}_{name}", doc, getattr(stats, field, 0))
+            yield CounterMetricFamily(f"{PREFIX}_{name}", doc, getattr(stats, field))
         for name, label, field, doc in BY_REASON:
             family = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=[label])
             for reason, count in sorted(getattr(stats, field).items()):
                 family.add_metric([reason], count)
             yield family
-        gauges = [
-            (f"{PREFIX}_{name}", doc, getattr(stats, field, 0)) for name, field, doc in GAUGES
-        ]
+        gauges = [(f"{PREFIX}_{name}", doc, getattr(stats, field)) for name, field, doc in GAUGES]
         gauges += [
             (f"{PREFIX}_symbols_live", "Symbols whose last bar is the latest closed one.",
              len(self.client.live_symbols())),

@@ -54,7 +54,7 @@ def run_live(
     max_bars: int | None,
     max_streams_per_connection: int,
     idle_timeout: float,
-    rest_rate: float,
+    rest_weight_budget: int | None,
     ws_compression: bool,
     status_every: float,
     params: Path | None,
@@ -70,10 +70,12 @@ def run_live(
     positions: Path | None = None,
     metrics_port: int = 0,
     metrics_host: str = "127.0.0.1",
+    started_ms: int | None = None,
 ) -> int:
     """Run the live feed until ``max_seconds``/``max_bars``/SIGINT/SIGTERM; the exit status
-    (1 when the feed failed: REST unusable, no symbol known). ``metrics_port`` (0: off)
-    serves the operations endpoints on ``metrics_host``."""
+    (1 when the feed failed: REST unusable or banned, no symbol known). Every bar closing
+    after ``started_ms`` (default: when the feed starts) is stepped and written.
+    ``metrics_port`` (0: off) serves the operations endpoints on ``metrics_host``."""
     if exchange.startswith("ccxt:"):  # its extra brings the live one: name the whole of it
         require("ccxt", f"--exchange {exchange}")
     require("live", "atc-stream live")
@@ -90,8 +92,9 @@ def run_live(
     try:
         config = LiveConfig(
             history=history, max_streams_per_connection=max_streams_per_connection,
-            previews=previews, idle_timeout=idle_timeout, rest_rate=rest_rate,
-            ws_compression=ws_compression, ws_url=ws_url, rest_url=rest_url,
+            previews=previews, idle_timeout=idle_timeout,
+            rest_weight_budget=rest_weight_budget, ws_compression=ws_compression,
+            ws_url=ws_url, rest_url=rest_url,
         )  # fmt: skip
         if max_seconds is not None and not max_seconds > 0:
             raise ValueError(f"--max-seconds must be > 0, got {max_seconds}")
@@ -162,7 +165,7 @@ def run_live(
                 engine, symbols, config, on_result=sink.write,
                 on_preview=sink.write if previews else None,
                 snapshotter=durability.snapshotter, source_offsets=offsets,
-                publisher=publisher, exchange=venue,
+                publisher=publisher, exchange=venue, live_from_ms=started_ms,
             )  # fmt: skip
         except ValueError as exc:
             raise OptionError(str(exc), param_hint="--symbols") from None

@@ -34,11 +34,12 @@ class LiveConfig:
     backoff_max: float = 30.0
     backoff_factor: float = 2.0
     backoff_jitter: float = 0.5  #: each delay is shortened by a random 0..jitter of itself
-    rest_rate: float | None = 10.0  #: REST requests per second (token bucket); None: no limit
-    rest_burst: int = 10
+    #: REST weight the exchange allows per window (``limits.WeightRules``; Binance spot:
+    #: 6,000 a minute); None: the exchange's. 90% of it is spent at most
+    rest_weight_budget: int | None = None
     rest_timeout: float = 10.0  #: per request
-    rest_retries: int = 5  #: extra tries per request on 429/418/5xx/timeouts/garbage
-    rest_concurrency: int = 8
+    rest_retries: int = 5  #: extra tries per request on 429/5xx/timeouts/garbage
+    rest_concurrency: int = 64  #: REST requests in flight at most
     gap_confirm_retries: int = 2  #: re-asks when REST lacks the last bar of a gap
     gap_confirm_delay: float = 1.0
     max_held: int = 10_000  #: klines held per symbol while it is backfilled
@@ -58,16 +59,21 @@ class LiveConfig:
             elif f.name in ("previews", "ws_compression"):
                 if not isinstance(value, bool):
                     raise ValueError(f"{f.name} must be a bool, got {value!r}")
+            elif f.name == "rest_weight_budget":
+                if value is not None and (
+                    isinstance(value, bool) or not isinstance(value, int) or value < 1
+                ):
+                    raise ValueError(f"rest_weight_budget must be an int >= 1, got {value!r}")
             elif f.name in ("history", "rest_retries", "gap_confirm_retries"):
                 if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                     raise ValueError(f"{f.name} must be an int >= 0, got {value!r}")
             elif f.name in (
-                "max_streams_per_connection", "rest_burst", "rest_concurrency", "max_held",
+                "max_streams_per_connection", "rest_concurrency", "max_held",
                 "max_batch", "max_queue", "max_message_bytes",
             ):  # fmt: skip
                 if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                     raise ValueError(f"{f.name} must be an int >= 1, got {value!r}")
-            elif f.name in ("ping_interval", "ping_timeout", "idle_timeout", "rest_rate"):
+            elif f.name in ("ping_interval", "ping_timeout", "idle_timeout"):
                 if value is not None and not (isinstance(value, (int, float)) and value > 0):
                     raise ValueError(f"{f.name} must be > 0 or None, got {value!r}")
             elif f.name.startswith("backoff_"):
@@ -100,14 +106,20 @@ class LiveStats:
     warmup_bars: int = 0
     bars: int = 0  #: closed (symbol, bar)s applied after warmup (websocket + backfill)
     closed_klines: int = 0  #: of which came from the websocket
-    backfilled_bars: int = 0  #: of which came from REST backfill
+    #: of which came from REST (backfills; at start-up, bars closed after ``live_from``)
+    backfilled_bars: int = 0
     backfills: int = 0  #: REST backfills started
     backfill_failures: int = 0
-    backfill_overlap: int = 0  #: websocket klines held during a backfill that brought them
+    #: websocket klines held during a warmup or backfill whose REST answer brought them
+    backfill_overlap: int = 0
     previews: int = 0  #: (symbol, bar) previews computed
     previews_superseded: int = 0  #: in-progress klines replaced by a newer one before use
     rows_out: int = 0  #: result rows passed to ``on_result``
     rest_requests: int = 0
+    rest_weight_used: int = 0  #: REST weight used in the exchange's current window, as last known
+    #: REST requests of the latest run that waited for the weight budget or a 429 pause
+    rest_limit_waits: int = 0
+    rest_limit_wait_s: float = 0.0  #: seconds they waited, summed over them
     last_bar_lag_ms: float | None = None  #: clock - close time of the newest applied bar
     started: float = field(default_factory=time.monotonic)
     ended: float | None = None  #: set when ``run`` returns
@@ -155,6 +167,8 @@ class LiveStats:
             f"disconnects      {fmt(self.disconnects)}",
             f"REST             {self.rest_requests} requests, {self.backfills} backfills "
             f"({self.backfill_failures} failed); retries: {fmt(self.http_retries)}",
+            f"REST weight      {self.rest_weight_used} used in the window; "
+            f"{self.rest_limit_waits} requests waited ({self.rest_limit_wait_s:.1f} s)",
             f"rejected input   {fmt(self.rejections)}",
             f"engine rejected  {fmt(self.engine_rejections)}",
         ]

@@ -17,20 +17,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from atc_stream.connectors.exchanges.config import LiveConfig, LiveStats
 from atc_stream.connectors.exchanges.klines import Kline, MessageParser
+from atc_stream.connectors.exchanges.limits import WeightLimiter, WeightRules
 
 if TYPE_CHECKING:
     import aiohttp
-
-
-@dataclass(frozen=True)
-class RestLimits:
-    """An exchange's documented REST budget, as plain data for a rate limiter."""
-
-    budget: int  #: weight allowed per window (per IP)
-    window_s: float  #: the window, seconds
-    weight_per_request: int  #: weight of one klines page request as the adapter sends it
-    #: response header holding the weight used in the current window (None: not sent)
-    used_weight_header: str | None = None
 
 
 @dataclass(frozen=True)
@@ -71,7 +61,11 @@ class KlineHistory(Protocol):
 
 
 class KlineConnection(Protocol):
-    """One connection's klines into the feed's queue, reconnected until cancelled."""
+    """One connection's klines into the feed's queue, reconnected until cancelled;
+    ``connected`` is set once it is open and subscribed (its symbols' klines flow)."""
+
+    symbols: Sequence[str]
+    connected: asyncio.Event
 
     async def run(self) -> None: ...
 
@@ -88,7 +82,7 @@ class Exchange(ABC):
     name: str
     ws_url: str | None = None
     rest_url: str | None = None
-    limits: RestLimits
+    limits: WeightRules
     intervals: Mapping[str, str]
     max_topics_per_connection: int = 1024
     symbol_pattern: re.Pattern[str]
@@ -139,8 +133,10 @@ class Exchange(ABC):
         stats: LiveStats,
         clock_ms: Callable[[], int],
         rng: random.Random,
+        limiter: WeightLimiter | None = None,
     ) -> KlineHistory:
-        """The REST history client of one run."""
+        """The REST history client of one run; ``limiter`` spends the REST weight budget
+        (default: one of ``limits``, its budget ``config.rest_weight_budget`` when set)."""
 
     @abstractmethod
     def connection(

@@ -15,8 +15,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from atc_stream.connectors.exchanges.config import LiveConfig, LiveStats
-from atc_stream.connectors.exchanges.exchange import Exchange, KlineHistory
+from atc_stream.connectors.exchanges.exchange import Exchange, KlineConnection, KlineHistory
 from atc_stream.connectors.exchanges.klines import Kline, same_grid
+from atc_stream.connectors.exchanges.limits import WeightLimiter
+from atc_stream.connectors.exchanges.rest import RestBanned
 from atc_stream.connectors.exchanges.timing import StampedQueue
 from atc_stream.connectors.exchanges.venues.binance import BinanceSpot
 from atc_stream.core.intervals import (
@@ -34,16 +36,21 @@ log = logging.getLogger("atc_stream.binance")
 #: Longest wait for a closed kline after its bar's close before its symbol is not live.
 READY_GRACE_MS = 5_000
 
+#: Seconds between the start-up's batched warmups: the histories fetched meanwhile go
+#: through one ``Engine.warmup`` (many small calls cost ~3x the CPU of one).
+WARMUP_EVERY = 0.2
+
 
 @dataclass
 class _SymbolState:
     last: int | None = None  #: open time of the last applied closed bar
     filled_until: int | None = None  #: REST was asked about every bar opening before this
-    held: deque = field(default_factory=deque)  #: closed klines waiting for a backfill
+    held: deque = field(default_factory=deque)  #: closed klines waiting for REST
     held_preview: Kline | None = None
     preview: Kline | None = None  #: newest in-progress kline of this batch
     backfill: asyncio.Task[None] | None = None
     failures: int = 0  #: backfills of this symbol that failed in a row
+    warming: bool = False  #: its history is being fetched for the warmup
 
 
 class _BackfillDone(NamedTuple):
@@ -54,11 +61,17 @@ class _BackfillDone(NamedTuple):
     error: BaseException | None
 
 
+class _WarmupDone(NamedTuple):
+    #: (symbol, REST's klines from before ``live_from`` up to the fetch) of each symbol
+    histories: list[tuple[str, list[Kline]]]
+
+
 class _RunIO(NamedTuple):
     """Where one ``run`` gets bars from: made inside its event loop, passed down."""
 
     rest: KlineHistory
-    #: websocket klines and finished backfills, in the order the engine takes them
+    #: websocket klines, fetched histories and finished backfills, in the order the
+    #: engine takes them
     queue: StampedQueue
 
 
@@ -70,15 +83,19 @@ class KlineClient:
     >>> stats = asyncio.run(client.run(max_seconds=60))
 
     ``on_result(StepResult)`` gets every closed-bar result (the warmup's last bars
-    too); ``on_preview(StepResult)`` every preview (``provisional=True``).
+    too); ``on_preview(StepResult)`` every preview (``provisional=True``). The warmup
+    takes the bars closed by ``live_from_ms`` (default: the clock when ``run`` starts);
+    every bar closing after it is stepped, so its result is emitted.
     ``snapshotter`` (a ``state.snapshotter.Snapshotter``) is told about applied bars;
     ``source_offsets()`` (optional) is called when it takes a snapshot, after the bars'
     results went to ``on_result``, e.g. to record the output's durable position.
     ``publisher`` (a ``redis_loop.LoopPublisher``) gets every closed-bar result first,
     from inside the event loop; ``run`` starts and closes it.
     ``exchange`` (an ``exchange.Exchange``, default Binance spot) says how to talk to
-    the venue; the config's URLs default to the exchange's.
-    ``clock_ms`` (ms since the epoch) and ``seed`` (jitter) are for tests.
+    the venue; the config's URLs default to the exchange's. ``rest_limiter`` spends
+    its REST weight budget (default: the exchange's ``limits``, or
+    ``config.rest_weight_budget``). ``clock_ms`` (ms since the epoch) and ``seed``
+    (jitter) are for tests.
     """
 
     def __init__(
@@ -95,6 +112,8 @@ class KlineClient:
         exchange: Exchange | None = None,
         clock_ms: Callable[[], int] | None = None,
         seed: int | None = None,
+        live_from_ms: int | None = None,
+        rest_limiter: WeightLimiter | None = None,
     ) -> None:
         exchange = exchange or BinanceSpot()
         self.exchange = exchange
@@ -144,6 +163,12 @@ class KlineClient:
         self.rest: KlineHistory | None = None  #: the REST client of the latest ``run``
         self._queue: StampedQueue | None = None  #: the latest ``run``'s, for its depth
         self._arrived: list[float] = []  # when the websocket klines in _pending came
+        self.live_from_ms = live_from_ms
+        self.rest_limiter = rest_limiter
+        self._live_from = 0  # the start-up's: bars closing after it are stepped, not warmed
+        self._warming = 0  # symbols whose warmup history is not applied yet
+        self._warmed: asyncio.Event | None = None
+        self._stream_of: dict[str, KlineConnection] = {}  # the latest run's, by symbol
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -181,8 +206,8 @@ class KlineClient:
         on_status: Callable[[LiveStats], Any] | None = None,
         status_every: float = 1.0,
     ) -> LiveStats:
-        """Warm up / backfill, then stream until ``stop()``, ``max_seconds`` or ``max_bars``
-        closed bars applied after warmup. Returns the statistics."""
+        """Subscribe, warm up / backfill, and stream until ``stop()``, ``max_seconds`` or
+        ``max_bars`` closed bars applied after warmup. Returns the statistics."""
         import aiohttp
 
         if max_bars is not None and max_bars < 1:
@@ -199,50 +224,62 @@ class KlineClient:
             self.engine.compile()
         self.stats.started = time.monotonic()
         self.stats.ended = None
+        self._live_from = self.clock_ms() if self.live_from_ms is None else self.live_from_ms
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
         tasks: list[asyncio.Future[Any]] = []
         frozen = False
         async with aiohttp.ClientSession(trust_env=True) as session:
             rest = self.exchange.history(
-                session, self.config, self.interval, self.stats, self.clock_ms, self.rng
-            )
+                session, self.config, self.interval, self.stats, self.clock_ms, self.rng,
+                limiter=self.rest_limiter,
+            )  # fmt: skip
             self.rest = rest
             io = _RunIO(rest, StampedQueue(maxsize=self.config.max_queue))
             try:
                 if self.publisher is not None:
                     await self.publisher.start()
-                startup = asyncio.ensure_future(self._startup(io))
-                stop_wait = asyncio.ensure_future(stop.wait())
-                tasks += [startup, stop_wait]
-                await asyncio.wait(
-                    [startup, stop_wait],
-                    timeout=None if deadline is None else max(0.0, deadline - time.monotonic()),
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                if not startup.done():
-                    return self.stats
-                startup.result()
-                # the start-up's garbage goes now, and what survives it (modules, the
-                # engine, warmup data) leaves the collector's view: a full collection
-                # in the live phase then scans only live-phase objects, not ~100 ms' worth
-                gc.collect()
+                # what the imports and the kernels' loading left behind leaves the
+                # collector's view (collected when young): a full collection then scans
+                # only objects made since, not ~100-300 ms' worth, and none has to run
+                # while bars come in
+                gc.collect(1)
                 gc.freeze()
                 frozen = True
-                consumer = asyncio.ensure_future(self._consume(io, stop, max_bars))
-                tasks.append(consumer)
+                # the websocket first: every bar closing from then on comes through it, so
+                # none falls between a REST answer and the stream
+                streams = []
                 for index, chunk in enumerate(self.chunks):
                     connection = self.exchange.connection(
                         index, chunk, session, io.queue, self.parser, self.config, self.stats,
                         self.rng, self.interval,
                     )  # fmt: skip
-                    tasks.append(asyncio.ensure_future(connection.run()))
+                    streams.append(connection)
+                fresh = self._begin_startup(io, streams)
+                consumer = asyncio.ensure_future(self._consume(io, stop, max_bars))
+                tasks.append(consumer)
+                tasks += [asyncio.ensure_future(stream.run()) for stream in streams]
+                startup = asyncio.ensure_future(self._startup(io, fresh))
+                stop_wait = asyncio.ensure_future(stop.wait())
+                tasks += [startup, stop_wait]
                 if on_status is not None:
                     tasks.append(asyncio.ensure_future(self._status_loop(on_status, status_every)))
                 await asyncio.wait(
-                    [consumer, stop_wait],
-                    timeout=None if deadline is None else max(0.0, deadline - time.monotonic()),
+                    [startup, consumer, stop_wait], timeout=left(),
                     return_when=asyncio.FIRST_COMPLETED,
-                )
+                )  # fmt: skip
+                if startup.done():
+                    startup.result()  # re-raise a failed start-up (REST unusable, a ban)
+                    gc.collect(1)  # the same for the start-up's survivors
+                    gc.freeze()
+                    if not (consumer.done() or stop_wait.done()):
+                        await asyncio.wait(
+                            [consumer, stop_wait], timeout=left(),
+                            return_when=asyncio.FIRST_COMPLETED,
+                        )  # fmt: skip
                 if consumer.done():
                     consumer.result()  # re-raise a failure of the engine or a callback
             finally:
@@ -252,6 +289,7 @@ class KlineClient:
                 await asyncio.gather(*tasks, return_exceptions=True)
                 for st in self._state.values():
                     st.backfill = None
+                    st.warming = False
                 if self.publisher is not None:
                     await self.publisher.aclose()
                 if frozen:
@@ -309,28 +347,105 @@ class KlineClient:
 
     # -- startup: warmup fresh symbols, backfill restored ones -------------------------------
 
-    async def _startup(self, io: _RunIO) -> None:
-        fresh = [s for s in self.symbols if self._state[s].last is None]
-        history = self.config.history
-        if fresh and history > 0:
-            end = self.clock_ms()
-            start = max(0, end - (history + 2) * approx_interval_ms(self.interval))
-            fetched = await asyncio.gather(*(io.rest.fetch(s, start, end) for s in fresh))
-            series = {}
-            for symbol, klines in zip(fresh, fetched, strict=True):
-                closed = [k for k in klines if k.closed][-history:]
-                if closed:
-                    series[symbol] = self._series(closed)
-            if series:
-                result = self.engine.warmup(series)
-                self.stats.warmup_bars = sum(len(s[0]) for s in series.values())
-                for symbol, last in self._engine_lasts(series).items():
-                    self._state[symbol].last = last
-                self._emit(result)
+    def _begin_startup(self, io: _RunIO, streams: Sequence[KlineConnection]) -> list[str]:
+        """Before any kline comes: marks the symbols to warm up (their klines are held
+        until their history is applied) and starts the backfills of restored ones (each
+        once its websocket is open). Returns the symbols to warm up."""
+        self._warmed = asyncio.Event()
+        self._stream_of = {symbol: stream for stream in streams for symbol in stream.symbols}
+        fresh = []
         for symbol in self.symbols:
             st = self._state[symbol]
-            if st.last is not None and symbol not in fresh:
-                self._start_backfill(io, symbol, st, next_open(st.last, self.interval), None)
+            if st.last is not None:
+                self.stats.backfills += 1
+                start = next_open(st.last, self.interval)
+                st.backfill = asyncio.ensure_future(self._backfill(io, symbol, start, None, 0.0))
+            elif self.config.history > 0:
+                st.warming = True
+                fresh.append(symbol)
+        self._warming = len(fresh)
+        if not fresh:
+            self._warmed.set()
+        return fresh
+
+    async def _startup(self, io: _RunIO, fresh: Sequence[str]) -> None:
+        """Fetches each fresh symbol's history in one request (when it fits a page) once
+        its websocket is open, and returns when every one is applied (``_on_warmups``).
+        Histories are passed on together every ``WARMUP_EVERY`` s: one batched warmup."""
+        history = self.config.history
+        # the last `history` bars closed by `live_from`, and every one closed since
+        start = max(0, self._live_from - (history + 2) * approx_interval_ms(self.interval))
+        ready: list[tuple[str, list[Kline]]] = []
+
+        async def fetch(symbol: str) -> None:
+            await self._subscribed(symbol)
+            klines = await io.rest.fetch(symbol, start, self.clock_ms())
+            ready.append((symbol, klines))  # looked up after the await: swapped each batch
+
+        fetches = {asyncio.ensure_future(fetch(symbol)) for symbol in fresh}
+        try:
+            pending = fetches
+            while pending:
+                done, pending = await asyncio.wait(pending, timeout=WARMUP_EVERY)
+                for task in done:
+                    task.result()  # a failed fetch ends the start-up
+                if ready:
+                    batch, ready = ready, []
+                    await io.queue.put(_WarmupDone(batch))
+        finally:
+            for task in fetches:  # one failed: the others stop too
+                task.cancel()
+        assert self._warmed is not None
+        await self._warmed.wait()
+
+    def _on_warmups(self, io: _RunIO, done: Sequence[_WarmupDone]) -> None:
+        """Applies fetched histories: the bars closed by ``live_from`` in one batched
+        warmup, the later ones as steps (their results are emitted), then each symbol's
+        held websocket klines (those REST brought too are dropped)."""
+        history = self.config.history
+        histories = [h for item in done for h in item.histories]
+        series, later = {}, {}
+        for symbol, klines in histories:
+            closed = [k for k in klines if k.closed]
+            cut = 0
+            while cut < len(closed) and self._closes_by(closed[cut], self._live_from):
+                cut += 1
+            if cut:
+                series[symbol] = self._series(closed[max(0, cut - history) : cut])
+            later[symbol] = closed[cut:]
+        if series:
+            result = self.engine.warmup(series)
+            self.stats.warmup_bars += sum(len(s[0]) for s in series.values())
+            for symbol, last in self._engine_lasts(series).items():
+                self._state[symbol].last = last
+            self._emit(result)
+        for symbol, _ in histories:
+            st = self._state[symbol]
+            st.warming = False
+            for k in later[symbol]:
+                if st.last is None or k.open_time > st.last:
+                    self._pending.append(self._bar(k))
+                    st.last = k.open_time
+                    self.stats.backfilled_bars += 1
+            self._release(io, st)
+        self._warming -= len(histories)
+        if self._warming <= 0 and self._warmed is not None:
+            self._warmed.set()
+
+    async def _subscribed(self, symbol: str) -> None:
+        """Returns once ``symbol``'s websocket is open (at most ``open_timeout`` later: a
+        gap is then backfilled once it is)."""
+        connected = self._stream_of[symbol].connected
+        if not connected.is_set():
+            try:
+                await asyncio.wait_for(connected.wait(), self.config.open_timeout)
+            except asyncio.TimeoutError:
+                pass
+
+    def _closes_by(self, k: Kline, t: int) -> bool:
+        """Whether bar ``k`` closed by ``t`` (ms), by the interval's grid."""
+        step = self._interval_ms
+        return (k.open_time + step if step else next_open(k.open_time, self.interval)) <= t
 
     # -- the engine side: one consumer applies everything in order -------------------------------
 
@@ -347,14 +462,19 @@ class KlineClient:
                     break
             # one clock read a batch: a closed kline opening after this is from the future
             self._future_after = self.clock_ms() + self._interval_bound
+            # histories that came together are warmed up in one batch, where the first is
+            warmups = [item for item in items if isinstance(item, _WarmupDone)]
             for item, arrived in zip(items, queue.taken, strict=True):
                 if isinstance(item, Kline):
                     pending = len(self._pending)
                     self._dispatch(io, item)
                     if len(self._pending) > pending:  # stepped in this batch
                         self._arrived.append(arrived)
-                else:
+                elif isinstance(item, _BackfillDone):
                     self._on_backfill_done(io, item)
+                elif warmups:
+                    self._on_warmups(io, warmups)
+                    warmups = []
             self._flush()
             if max_bars is not None and self.stats.bars >= max_bars:
                 stop.set()
@@ -367,13 +487,13 @@ class KlineClient:
             # would make every later bar of the symbol out of order (a frozen symbol)
             self.parser.reject("future_kline", k)
             return
-        if st.backfill is not None:
+        if st.backfill is not None or st.warming:
             self._hold(st, k)
             return
         last = st.last
         if last is not None:
             if k.open_time <= last:
-                if released:  # held during a backfill that brought this bar: expected
+                if released:  # held while REST was asked, which brought this bar: expected
                     self.stats.backfill_overlap += 1
                     return
                 if not k.closed:
@@ -446,9 +566,12 @@ class KlineClient:
         self, io: _RunIO, symbol: str, start: int, bound: int | None, delay: float
     ) -> None:
         """Fetches the closed bars of ``symbol`` from ``start`` up to ``bound`` (exclusive;
-        None: up to the clock) and queues them for the engine."""
+        None: up to the clock, asked once its websocket is open) and queues them for the
+        engine."""
         if delay:
             await asyncio.sleep(delay)
+        if bound is None:
+            await self._subscribed(symbol)
         try:
             for attempt in range(self.config.gap_confirm_retries + 1):
                 if bound is None:
@@ -471,6 +594,8 @@ class KlineClient:
     def _on_backfill_done(self, io: _RunIO, done: _BackfillDone) -> None:
         st = self._state[done.symbol]
         st.backfill = None
+        if isinstance(done.error, RestBanned):  # retrying would prolong the ban: stop
+            raise done.error
         if done.error is not None:
             self.stats.backfill_failures += 1
             delay = self.config.backoff.delay(st.failures, self.rng.random)
@@ -491,6 +616,11 @@ class KlineClient:
                 self.stats.backfilled_bars += 1
         if done.bound is not None:
             st.filled_until = max(st.filled_until or done.bound, done.bound)
+        self._release(io, st)
+
+    def _release(self, io: _RunIO, st: _SymbolState) -> None:
+        """Dispatches the klines held while REST was asked, in order (those it brought
+        are dropped as overlap)."""
         held, st.held = st.held, deque()
         preview, st.held_preview = st.held_preview, None
         for k in held:
@@ -524,7 +654,7 @@ class KlineClient:
             for symbol in sorted(self._preview_symbols):
                 st = self._state[symbol]
                 k, st.preview = st.preview, None
-                if k is None or st.backfill is not None:
+                if k is None or st.backfill is not None or st.warming:
                     continue
                 if st.last is None or k.open_time > st.last:
                     updates.append(self._bar(k))

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from atc_stream.connectors.exchanges.config import LiveConfig, LiveStats
 from atc_stream.connectors.exchanges.exchange import WireExchange
 from atc_stream.connectors.exchanges.klines import MessageParser
+from atc_stream.connectors.exchanges.limits import WeightLimiter
 from atc_stream.connectors.exchanges.rest import KlineRest
 from atc_stream.connectors.exchanges.websocket import KlineStream, check_ws_url
 
@@ -34,8 +35,11 @@ class NativeExchange(WireExchange):
         stats: LiveStats,
         clock_ms: Callable[[], int],
         rng: random.Random,
+        limiter: WeightLimiter | None = None,
     ) -> KlineRest:
-        return KlineRest(session, config, interval, stats, clock_ms, rng, exchange=self)
+        return KlineRest(
+            session, config, interval, stats, clock_ms, rng, exchange=self, limiter=limiter
+        )
 
     def connection(
         self,

@@ -1,12 +1,11 @@
-"""REST kline history: an exchange's klines endpoint paged, rate-limited and retried with
-backoff (the request and row formats come from its ``WireExchange``)."""
+"""REST kline history: an exchange's klines endpoint paged, weight-limited (the exchange's
+``WeightRules``) and retried with backoff (request and row formats: its ``WireExchange``)."""
 
 from __future__ import annotations
 
 import asyncio
 import random
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -14,6 +13,7 @@ import msgspec
 from atc_stream.connectors.exchanges.config import LiveConfig, LiveStats
 from atc_stream.connectors.exchanges.exchange import WireExchange
 from atc_stream.connectors.exchanges.klines import Kline
+from atc_stream.connectors.exchanges.limits import RateLimitBan, WeightLimiter
 
 if TYPE_CHECKING:
     import aiohttp
@@ -23,46 +23,17 @@ class RestError(RuntimeError):
     """A REST request failed for good (retries exhausted, or a non-retryable status)."""
 
 
-class TokenBucket:
-    """At most ``burst`` requests at once, refilled at ``rate`` per second (None: no limit)."""
-
-    def __init__(
-        self,
-        rate: float | None,
-        burst: float = 1.0,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
-    ) -> None:
-        if rate is not None and not rate > 0:
-            raise ValueError(f"rate must be > 0 requests/s or None, got {rate!r}")
-        if not burst >= 1:
-            raise ValueError(f"burst must be >= 1, got {burst!r}")
-        self.rate = rate
-        self.burst = float(burst)
-        self.tokens = float(burst)
-        self._clock = clock
-        self._sleep = sleep
-        self._stamp = clock()
-        self.waited = 0.0  #: total seconds callers waited
-
-    async def acquire(self, tokens: float = 1.0) -> None:
-        """Returns once ``tokens`` requests may go (at once when there is no limit)."""
-        if self.rate is None:
-            return
-        while True:
-            now = self._clock()
-            self.tokens = min(self.burst, self.tokens + (now - self._stamp) * self.rate)
-            self._stamp = now
-            if self.tokens >= tokens:
-                self.tokens -= tokens
-                return
-            delay = (tokens - self.tokens) / self.rate
-            self.waited += delay
-            await self._sleep(delay)
+class RestBanned(RestError):
+    """The exchange banned this client (HTTP 418): the feed stops, it does not retry."""
 
 
 class KlineRest:
-    """Paged, rate-limited, retried GETs of ``exchange``'s klines on one aiohttp session."""
+    """Paged, weight-limited, retried GETs of ``exchange``'s klines on one aiohttp session.
+
+    Requests run concurrently (at most ``config.rest_concurrency`` at once) as far as
+    ``limiter`` lets them (default: the exchange's ``limits``, its budget replaced by
+    ``config.rest_weight_budget`` when set).
+    """
 
     def __init__(
         self,
@@ -74,6 +45,7 @@ class KlineRest:
         rng: random.Random,
         *,
         exchange: WireExchange,
+        limiter: WeightLimiter | None = None,
     ) -> None:
         self.session = session
         self.config = config
@@ -84,7 +56,7 @@ class KlineRest:
         self.exchange = exchange
         self.base = (config.rest_url or exchange.rest_url or "").rstrip("/")
         self.url = self.base  #: where requests go unless one names its own URL
-        self.bucket = TokenBucket(config.rest_rate, config.rest_burst)
+        self.limiter = limiter or WeightLimiter(exchange.limits, config.rest_weight_budget)
         self._semaphore = asyncio.Semaphore(config.rest_concurrency)
 
     async def get_page(
@@ -95,7 +67,7 @@ class KlineRest:
     ) -> Any:
         """One request (to ``url``, default ``self.url``); what ``rows`` (default: the
         exchange's ``page_rows``) makes of the decoded JSON, retried while that is None.
-        Retries, then raises ``RestError``."""
+        Retries, then raises ``RestError`` (``RestBanned`` at once on a ban)."""
         import aiohttp
 
         url = url or self.url
@@ -103,42 +75,45 @@ class KlineRest:
 
         cfg = self.config
         backoff = cfg.backoff
+        limiter, stats = self.limiter, self.stats
         last_problem = ""
-        retry_after: float | None = None
         for attempt in range(cfg.rest_retries + 1):
-            if attempt:
-                delay = backoff.delay(attempt - 1, self.rng.random)
-                if retry_after is not None:
-                    delay = max(delay, retry_after)
-                await asyncio.sleep(delay)
-            retry_after = None
-            await self.bucket.acquire()
-            self.stats.rest_requests += 1
-            try:
-                async with self._semaphore:
+            if attempt:  # a 429's Retry-After is waited out in acquire, by every request
+                await asyncio.sleep(backoff.delay(attempt - 1, self.rng.random))
+            async with self._semaphore:
+                try:
+                    window = await limiter.acquire()
+                except RateLimitBan as exc:
+                    raise RestBanned(f"GET {url}: {exc}") from None
+                finally:  # the limiter's totals: it counts every request's wait once
+                    stats.rest_limit_waits = limiter.waits
+                    stats.rest_limit_wait_s = limiter.waited
+                stats.rest_requests += 1
+                try:
                     timeout = aiohttp.ClientTimeout(total=cfg.rest_timeout)
                     async with self.session.get(url, params=params, timeout=timeout) as resp:
                         status = resp.status
                         body = await resp.read()
-                        header = resp.headers.get("Retry-After")
-            except asyncio.TimeoutError:
-                self.stats.http_retries["timeout"] += 1
-                last_problem = f"timed out after {cfg.rest_timeout} s"
-                continue
-            except aiohttp.ClientError as exc:
-                self.stats.http_retries["connection_error"] += 1
-                last_problem = f"{type(exc).__name__}: {exc}"
-                continue
-            if status in (418, 429):
-                self.stats.http_retries[f"status_{status}"] += 1
+                        try:
+                            limiter.record(window, status, resp.headers)
+                        except RateLimitBan as exc:
+                            raise RestBanned(f"GET {url}: {exc}") from None
+                        finally:
+                            stats.rest_weight_used = limiter.used
+                except asyncio.TimeoutError:
+                    stats.http_retries["timeout"] += 1
+                    last_problem = f"timed out after {cfg.rest_timeout} s"
+                    continue
+                except aiohttp.ClientError as exc:
+                    stats.http_retries["connection_error"] += 1
+                    last_problem = f"{type(exc).__name__}: {exc}"
+                    continue
+            if status == 429:
+                stats.http_retries["status_429"] += 1
                 last_problem = f"HTTP {status}"
-                try:
-                    retry_after = min(float(header), backoff.maximum) if header else None
-                except ValueError:
-                    retry_after = None
                 continue
             if status >= 500:
-                self.stats.http_retries["status_5xx"] += 1
+                stats.http_retries["status_5xx"] += 1
                 last_problem = f"HTTP {status}"
                 continue
             if status != 200:
@@ -148,7 +123,7 @@ class KlineRest:
             except msgspec.DecodeError:
                 data = None
             if data is None:
-                self.stats.http_retries["bad_response"] += 1
+                stats.http_retries["bad_response"] += 1
                 last_problem = f"not the expected JSON: {body[:100]!r}"
                 continue
             return data

@@ -157,6 +157,9 @@ class KlineStream:
         self.rng = rng
         self.subscribe = exchange.subscribe_messages(interval, symbols)
         self.keepalive = exchange.keepalive
+        #: set once a session is open and subscribed (its subscribe messages sent): the
+        #: symbols' klines flow from then on
+        self.connected = asyncio.Event()
 
     async def run(self) -> None:
         """Connects, reads, reconnects; returns only when cancelled."""
@@ -224,6 +227,7 @@ class KlineStream:
                     await ws.send_str(message)
             except (OSError, aiohttp.ClientError) as exc:
                 return "connection_lost", f"{type(exc).__name__}: {exc}", received
+            self.connected.set()
             while True:
                 msg = await ws.receive()
                 kind = msg.type

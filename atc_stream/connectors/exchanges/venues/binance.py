@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from atc_stream.connectors.exchanges.exchange import PageRequest, RestLimits
+from atc_stream.connectors.exchanges.exchange import PageRequest
 from atc_stream.connectors.exchanges.klines import (
     MAX_TIME_MS,
     Kline,
@@ -19,10 +19,14 @@ from atc_stream.connectors.exchanges.klines import (
     number,
     time_ms,
 )
+from atc_stream.connectors.exchanges.limits import WeightRules
 from atc_stream.connectors.exchanges.native import NativeExchange
 
 _INTERVALS = ("1m", "3m", "5m", "15m", "30m", "1h", "2h", "4h", "6h", "8h", "12h", "1d", "3d",
               "1w", "1M")  # fmt: skip
+
+#: Binance spot: REQUEST_WEIGHT 6,000 a minute per IP; ``GET /api/v3/klines`` weighs 2.
+BINANCE_SPOT = WeightRules(6000, 60.0, 2, "X-MBX-USED-WEIGHT-1M")
 
 
 class BinanceSpot(NativeExchange):
@@ -36,7 +40,7 @@ class BinanceSpot(NativeExchange):
     #: the symbol list of ``GET /api/v3/ticker/price`` (weight 4), lighter than exchangeInfo
     instruments_path = "/api/v3/ticker/price"
     page_limit = 1000
-    limits = RestLimits(6000, 60.0, 2, "X-MBX-USED-WEIGHT-1M")
+    limits = BINANCE_SPOT
     intervals = {i: i for i in ("1s", *_INTERVALS)}
     max_topics_per_connection = 1024
     symbol_pattern = re.compile(r"[A-Z0-9]+")
@@ -90,7 +94,7 @@ class BinanceUsdm(BinanceSpot):
     rest_url = "https://fapi.binance.com"
     klines_path = "/fapi/v1/klines"
     instruments_path = "/fapi/v1/ticker/price"
-    limits = RestLimits(2400, 60.0, 5, "X-MBX-USED-WEIGHT-1M")
+    limits = WeightRules(2400, 60.0, 5, "X-MBX-USED-WEIGHT-1M")
     intervals = {i: i for i in _INTERVALS}
     max_topics_per_connection = 200
     symbol_pattern = re.compile(r"[A-Z0-9]+(_[0-9]{6})?")  # delivery: BTCUSDT_250926

@@ -17,7 +17,6 @@ from atc_stream.connectors.exchanges.exchange import (
     Control,
     Keepalive,
     PageRequest,
-    RestLimits,
 )
 from atc_stream.connectors.exchanges.klines import (
     Kline,
@@ -26,6 +25,7 @@ from atc_stream.connectors.exchanges.klines import (
     time_ms,
     time_text_ms,
 )
+from atc_stream.connectors.exchanges.limits import WeightRules
 from atc_stream.connectors.exchanges.native import NativeExchange
 from atc_stream.core.intervals import next_open
 
@@ -48,7 +48,7 @@ class BybitSpot(NativeExchange):
     rest_url = "https://api.bybit.com"
     page_limit = 1000
     newest_first = True
-    limits = RestLimits(600, 5.0, 1, None)
+    limits = WeightRules(600, 5.0, 1, None)
     intervals = INTERVALS
     max_topics_per_connection = 200
     keepalive = Keepalive('{"op":"ping"}', 20.0)

@@ -13,8 +13,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from atc_stream.connectors.exchanges.config import LiveConfig, LiveStats
-from atc_stream.connectors.exchanges.exchange import Exchange, RestLimits
+from atc_stream.connectors.exchanges.exchange import Exchange
 from atc_stream.connectors.exchanges.klines import Kline, MessageParser, prices, time_ms
+from atc_stream.connectors.exchanges.limits import WeightLimiter, WeightRules
 from atc_stream.connectors.exchanges.rest import RestError
 from atc_stream.core.intervals import next_open, validate_interval
 
@@ -66,7 +67,7 @@ class CcxtExchange(Exchange):
         timeframes = described.get("timeframes") or {}
         self.intervals = {tf: tf for tf in timeframes if _our_interval(tf)}
         # ccxt spaces requests ``rateLimit`` ms apart: one request per that window
-        self.limits = RestLimits(1, float(described.get("rateLimit", 1000)) / 1000, 1, None)
+        self.limits = WeightRules(1, float(described.get("rateLimit", 1000)) / 1000, 1, None)
         self._client: Any = None
 
     def client(self) -> Any:
@@ -109,7 +110,9 @@ class CcxtExchange(Exchange):
         stats: LiveStats,
         clock_ms: Callable[[], int],
         rng: random.Random,
+        limiter: WeightLimiter | None = None,
     ) -> CcxtHistory:
+        # ccxt spaces its requests itself: ``limiter`` is not used
         return CcxtHistory(self.client(), config, interval, stats, clock_ms, rng)
 
     def connection(
@@ -234,8 +237,9 @@ class CcxtStream:
     its sockets), into the feed's queue: a symbol's bar is sent closed when its next bar
     opens, each update in between as in progress.
 
-    Counted like one connection: up once any watch returns, down (one ``disconnects``
-    entry) when a watch fails while up; a failed watch waits ``Backoff`` and watches again.
+    Counted like one connection: up once any watch returns (``connected`` is set then:
+    the symbols' candles flow), down (one ``disconnects`` entry) when a watch fails while
+    up; a failed watch waits ``Backoff`` and watches again.
     """
 
     def __init__(
@@ -259,6 +263,7 @@ class CcxtStream:
         self.rng = rng
         self.up = False
         self._ups = 0
+        self.connected = asyncio.Event()
 
     async def run(self) -> None:
         try:
@@ -275,6 +280,7 @@ class CcxtStream:
             self.stats.connects += 1
             self.stats.reconnects += self._ups > 1
             self.stats.open_connections += 1
+            self.connected.set()
 
     def _went_down(self, reason: str, detail: str) -> None:
         if self.up:

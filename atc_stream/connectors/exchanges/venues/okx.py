@@ -17,9 +17,9 @@ from atc_stream.connectors.exchanges.exchange import (
     Control,
     Keepalive,
     PageRequest,
-    RestLimits,
 )
 from atc_stream.connectors.exchanges.klines import Kline, MessageParser, prices, time_text_ms
+from atc_stream.connectors.exchanges.limits import WeightRules
 from atc_stream.connectors.exchanges.native import NativeExchange
 from atc_stream.core.intervals import approx_interval_ms, next_open
 
@@ -44,7 +44,7 @@ class Okx(NativeExchange):
     ws_url = "wss://ws.okx.com:8443"
     rest_url = "https://www.okx.com"
     newest_first = True
-    limits = RestLimits(20, 2.0, 1, None)
+    limits = WeightRules(20, 2.0, 1, None)
     intervals = INTERVALS
     max_topics_per_connection = 200
     #: OKX drops a connection that is quiet for 30 s
