@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Live benchmark (issue 9): time to live and kline → Redis latency of ``atc-stream live``.
+"""Live benchmark: time to live and kline → Redis latency of ``atc-stream live``.
 
 Run from the repository root (needs redis-server and the ``live``/``redis`` extras)::
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Start-up benchmark (issue 9): wall time of a new process, first run vs later runs.
+"""Start-up benchmark: wall time of a new process, first run vs later runs.
 
 Run from the repository root::
 
