@@ -659,16 +659,23 @@ class Engine:
 def _exercise_kernels(threads: int, tick: Callable[[], object]) -> None:
     """Every CPU kernel an engine calls, once, with the argument types of real calls
     (``kernels.prepare``'s exercise: ``kernels.prepare.CALLS_PER_EXERCISE`` calls)."""
+    from atc_stream.kernels.cpu import LANES, MIN_BLOCK
+
     engine = Engine(backend="cpu", capacity=2, threads=threads)
     times = np.arange(3, dtype=np.int64)
-    # five streams of one phase: a lane block (the strategy exercise's two run alone)
-    engine.warmup({name: (times, np.array([1.0, 2.0, 3.0])) for name in "ABCDE"})
+    # streams of one phase in two lane blocks (16 + 4): with one block, every call runs
+    # (and loads) only the serial block driver; the strategy exercise's two run alone
+    names = [f"S{i}" for i in range(LANES + MIN_BLOCK)]
+    engine.warmup({name: (times, np.array([1.0, 2.0, 3.0])) for name in names})
+    tick()
+    every = np.concatenate([engine.slots_of(name) for name in names])
+    engine.step_arrays(every, np.full(every.shape[0], 3), np.full(every.shape[0], 4.0))
     tick()
     # two streams per call: with one, every call runs (and loads) only the serial driver
-    both = np.concatenate([engine.slots_of("A"), engine.slots_of("B")])
-    engine.step_arrays(both, [3, 3], [4.0, 2.0])
+    both = np.concatenate([engine.slots_of(names[0]), engine.slots_of(names[1])])
+    engine.step_arrays(both, [4, 4], [4.0, 2.0])
     tick()
-    engine.preview_arrays(both, [4, 4], [5.0, 3.0])
+    engine.preview_arrays(both, [5, 5], [5.0, 3.0])
     tick()
     engine.stream_state(engine.streams[0])
     tick()

@@ -45,7 +45,7 @@ def _pool_threads() -> int:
 
 
 #: kernel calls one exercise makes (the progress bar's unit)
-CALLS_PER_EXERCISE = 7
+CALLS_PER_EXERCISE = 8
 
 
 def kernels_loaded() -> bool:
