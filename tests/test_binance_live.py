@@ -312,19 +312,27 @@ def test_the_garbage_collector_runs_between_bursts_not_within_them():
             refs.append(weakref.ref(node))
         return refs
 
+    async def main() -> None:
+        queue: asyncio.Queue = asyncio.Queue()
+        with _IdleCollector() as collector:
+            assert not gc.isenabled()
+            threshold = gc.get_threshold()[0]
+            refs = cycles(threshold + 10)
+            queue.put_nowait("kline")
+            assert await collector.get(queue) == "kline"  # within a burst: not yet
+            assert all(r() is not None for r in refs)
+            # the queue stays empty longer than ``quiet``: collected before the next item
+            asyncio.get_running_loop().call_later(4 * collector.quiet, queue.put_nowait, "next")
+            assert await collector.get(queue) == "next"
+            assert all(r() is None for r in refs)
+            refs = cycles(100 * threshold + 10)
+            queue.put_nowait("kline")
+            assert await collector.get(queue) == "kline"  # long overdue: collected anyway
+            assert all(r() is None for r in refs)
+        assert gc.isenabled()
+
     assert gc.isenabled()
-    with _IdleCollector() as collector:
-        assert not gc.isenabled()
-        threshold = gc.get_threshold()[0]
-        refs = cycles(threshold + 10)
-        collector.collect(idle=False)  # within a burst: not yet
-        assert all(r() is not None for r in refs)
-        collector.collect(idle=True)
-        assert all(r() is None for r in refs)
-        refs = cycles(100 * threshold + 10)
-        collector.collect(idle=False)  # long overdue: collected even within a burst
-        assert all(r() is None for r in refs)
-    assert gc.isenabled()
+    asyncio.run(main())
 
 
 def test_rest_faults_retried_paged_and_weight_limited():
