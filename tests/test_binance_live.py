@@ -50,6 +50,7 @@ from exchange_emulators import (  # noqa: E402
     collect,
     compile_kernels,
     fast_config,
+    fmt,
     make_bars,
     run_client,
     small_heap,
@@ -271,7 +272,7 @@ def test_parameter_sets_fan_out_and_a_kline_the_engine_refuses_is_refetched():
 
         def ws_message(symbol, i, close, closed):
             message = original(symbol, i, close, closed)
-            if symbol == "ETHUSDT" and i == 262 and closed:  # untradeable: high < low
+            if symbol == "ETHUSDT" and i == 275 and closed:  # untradeable: high < low
                 m = json.loads(message)
                 m["data"]["k"].update(h=fmt(close * 0.9), l=fmt(close * 1.1))
                 message = json.dumps(m)
@@ -280,7 +281,7 @@ def test_parameter_sets_fan_out_and_a_kline_the_engine_refuses_is_refetched():
         ex.ws_message = ws_message
         stats = run_client(client, max_bars=2 * (280 - start), max_seconds=60)
     assert stats.engine_rejections == Counter({"bad_ohlc": 1})  # once for its two streams
-    assert stats.backfilled_bars == 1  # ETHUSDT bar 262, from REST
+    assert stats.backfilled_bars == 1  # ETHUSDT bar 275, from REST
     rows: dict = {}
     for res in results:
         for key, t, signal in zip(res.keys, res.times.tolist(), res.signal, strict=True):

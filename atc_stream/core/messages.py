@@ -126,12 +126,6 @@ def encoded_records(result: StepResult) -> list[bytes]:
     return cached
 
 
-def record_json(row_json: bytes) -> bytes:
-    """The JSON of a :class:`SignalRecord` from its row's JSON: the same fields, then ``v``
-    (byte for byte what encoding the record gives)."""
-    return row_json[:-1] + _VERSION_FIELD
-
-
 def _structs(result: StepResult, base: type) -> list[Any]:
     if len(result) == 0:
         return []
