@@ -483,7 +483,7 @@ class KlineClient:
             st.warming = False
             for k in later[symbol]:
                 if st.last is None or k.open_time > st.last:
-                    self._pending.append(self._bar(k))
+                    self._pending.append(k)
                     st.last = k.open_time
                     self.stats.backfilled_bars += 1
             self._release(io, st)
