@@ -325,7 +325,7 @@ def test_records_reuse_the_rows_json_byte_for_byte(stepped):
     batch message written directly must be msgspec's encoding of it."""
     import msgspec
 
-    from atc_stream.connectors.redis.pubsub import SignalMessages, _BatchOut
+    from atc_stream.connectors.redis.channels import SignalMessages, _BatchOut
     from atc_stream.core.messages import (
         encoded_records,
         encoded_rows,
