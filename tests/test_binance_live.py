@@ -50,6 +50,7 @@ from exchange_emulators import (  # noqa: E402
     collect,
     compile_kernels,
     fast_config,
+    fmt,
     make_bars,
     run_client,
     small_heap,
@@ -245,6 +246,94 @@ def test_hostile_stream_inputs_counted_and_survived():
     assert stats.backfills == 1  # ETHUSDT bar 275, from REST
     assert not stats.engine_rejections
     assert_exact(collect(results), closes, start - 120, start - 1, 289)
+
+
+def test_parameter_sets_fan_out_and_a_kline_the_engine_refuses_is_refetched():
+    """Closed klines step as slot arrays: with two parameter sets each kline fans out to
+    both streams, and a kline the engine refuses (a paper-trading engine: high < low) is
+    mapped back to its symbol, whose missing bar then comes over REST."""
+    from short_params import SHORT, SHORT_UNCUT
+
+    from atc_stream import Strategy
+
+    closes = make_bars(["BTCUSDT", "ETHUSDT"], 280, seed=13)
+    start, history = 250, 60
+    with FakeExchange(closes, start) as ex:
+        engine = Engine(
+            [SHORT, SHORT_UNCUT], backend="cpu", interval=INTERVAL, outputs="all",
+            strategies=Strategy(max_hold=3),
+        )  # fmt: skip
+        results: list = []
+        client = KlineClient(
+            engine, ["BTCUSDT", "ETHUSDT"], fast_config(ex, history=history),
+            on_result=results.append, clock_ms=lambda: ex.now_ms, seed=4,
+        )  # fmt: skip
+        original = ex.ws_message
+
+        def ws_message(symbol, i, close, closed):
+            message = original(symbol, i, close, closed)
+            if symbol == "ETHUSDT" and i == 275 and closed:  # untradeable: high < low
+                m = json.loads(message)
+                m["data"]["k"].update(h=fmt(close * 0.9), l=fmt(close * 1.1))
+                message = json.dumps(m)
+            return message
+
+        ex.ws_message = ws_message
+        stats = run_client(client, max_bars=2 * (280 - start), max_seconds=60)
+    assert stats.engine_rejections == Counter({"bad_ohlc": 1})  # once for its two streams
+    assert stats.backfilled_bars == 1  # ETHUSDT bar 275, from REST
+    rows: dict = {}
+    for res in results:
+        for key, t, signal in zip(res.keys, res.times.tolist(), res.signal, strict=True):
+            assert (key.symbol, key.params_id, t) not in rows
+            rows[(key.symbol, key.params_id, t)] = signal
+    span = range(start - 1, 280)
+    assert len(rows) == 2 * 2 * len(span)
+    for symbol, series in closes.items():
+        for params_id, params in enumerate((SHORT, SHORT_UNCUT)):
+            want = compute(series[start - history :], params)["signal"]
+            got = [rows[(symbol, params_id, T0 + i * IMS)] for i in span]
+            assert np.array_equal(got, want[np.array(span) - (start - history)], True)
+
+
+def test_the_garbage_collector_runs_between_bursts_not_within_them():
+    import gc
+    import weakref
+
+    from atc_stream.connectors.exchanges.feed import _IdleCollector
+
+    class Node:
+        pass
+
+    def cycles(n: int) -> list:
+        refs = []
+        for _ in range(n):
+            node = Node()
+            node.self = node  # only the cyclic collector frees it
+            refs.append(weakref.ref(node))
+        return refs
+
+    async def main() -> None:
+        queue: asyncio.Queue = asyncio.Queue()
+        with _IdleCollector() as collector:
+            assert not gc.isenabled()
+            threshold = gc.get_threshold()[0]
+            refs = cycles(threshold + 10)
+            queue.put_nowait("kline")
+            assert await collector.get(queue) == "kline"  # within a burst: not yet
+            assert all(r() is not None for r in refs)
+            # the queue stays empty longer than ``quiet``: collected before the next item
+            asyncio.get_running_loop().call_later(4 * collector.quiet, queue.put_nowait, "next")
+            assert await collector.get(queue) == "next"
+            assert all(r() is None for r in refs)
+            refs = cycles(100 * threshold + 10)
+            queue.put_nowait("kline")
+            assert await collector.get(queue) == "kline"  # long overdue: collected anyway
+            assert all(r() is None for r in refs)
+        assert gc.isenabled()
+
+    assert gc.isenabled()
+    asyncio.run(main())
 
 
 def test_rest_faults_retried_paged_and_weight_limited():
@@ -468,6 +557,8 @@ def test_parser_fast_path_agrees_with_the_full_parser():
         good,
         ex.ws_message("ETHUSDT", 1, 6.25, False),
         good.replace('"s": "BTCUSDT"', '"s": "btcusdt"'),  # lower-case symbol: accepted
+        good.replace("btcusdt@kline_1m", "BTCUSDT@KLINE_1M"),  # stream name in capitals too
+        good.replace('"s": "BTCUSDT"', '"s": "ETHUSDT"', 1),  # the event's symbol disagrees
         good.replace('"c": "10.5"', '"c": 10.5'),  # a JSON number: full parser only
         good.replace('"c": "10.5"', '"c": "0"'),
         good.replace('"c": "10.5"', '"c": "nan"'),
@@ -486,7 +577,7 @@ def test_parser_fast_path_agrees_with_the_full_parser():
         full = parser._parse(raw)
         assert fast is None or fast == full, raw
         fast_hits += fast is not None
-    assert fast_hits == 3  # the three well-formed combined-stream klines
+    assert fast_hits == 4  # the four well-formed combined-stream klines
 
 
 def test_cli_live_streams_to_file(tmp_path):

@@ -320,19 +320,35 @@ def test_redis_events_channel_publishes_ready_rows_only_by_default(
 
 
 def test_records_reuse_the_rows_json_byte_for_byte(stepped):
-    """The publisher derives each record's JSON from the row JSON the file writer made
-    (encoded once per result); it must be exactly what encoding the record gives."""
+    """A result's records (Redis) and rows (JSONL) are encoded once, whichever is asked
+    first, the other cut from them: each must be exactly what encoding it gives. The
+    batch message written directly must be msgspec's encoding of it."""
     import msgspec
 
-    from atc_stream.core.messages import encoded_rows, record_json, records_from_result
+    from atc_stream.connectors.redis.channels import SignalMessages, _BatchOut
+    from atc_stream.core.messages import (
+        encoded_records,
+        encoded_rows,
+        records_from_result,
+        rows_from_result,
+    )
 
     _, results = stepped
     encoder = msgspec.json.Encoder()
     checked = 0
-    for r in results:
-        rows = encoded_rows(r)
-        assert encoded_rows(r) is rows  # built once per result
-        records = records_from_result(r)
-        assert [record_json(row) for row in rows] == [encoder.encode(x) for x in records]
-        checked += len(rows)
+    for k, r in enumerate(results):
+        want_records = [encoder.encode(x) for x in records_from_result(r)]
+        want_rows = [encoder.encode(x) for x in rows_from_result(r)]
+        r._encoded_rows = r._encoded_records = None
+        first, second = (encoded_rows, encoded_records)[:: 1 if k % 2 else -1]
+        assert first(r) is first(r)  # built once per result
+        assert second(r) is second(r)
+        assert encoded_rows(r) == want_rows and encoded_records(r) == want_records
+        body = SignalMessages()._batch_commands([(k + 1, r, want_records)])[0].split(b"\r\n")[-2]
+        raw = [msgspec.Raw(x) for x in want_records]
+        stamp = msgspec.json.decode(body)["published_at"]
+        assert body == encoder.encode(
+            _BatchOut(seq=k + 1, published_at=stamp, count=len(raw), records=raw)
+        )
+        checked += len(want_rows)
     assert checked > 0

@@ -96,21 +96,34 @@ _VERSION_FIELD = b',"v":%d}' % SCHEMA_VERSION
 def encoded_rows(result: StepResult) -> list[bytes]:
     """The JSON of every row's :data:`SignalRow`, encoded once per result.
 
-    A live step hands one result to the JSONL writer and the Redis publisher; both use
-    these bytes (the publisher through :func:`record_json`), so no row is built or
-    encoded twice on the latency path.
+    A live step hands one result to the Redis publisher and then the JSONL writer; the
+    publisher encodes the records (:func:`encoded_records`) and the rows are cut from
+    them, so no row is built or encoded twice.
     """
     cached = result._encoded_rows
     if cached is None:
-        cached = [_ROW_ENCODER.encode(row) for row in rows_from_result(result)]
+        records = result._encoded_records
+        if records is not None:
+            cut = -len(_VERSION_FIELD)
+            cached = [record[:cut] + b"}" for record in records]
+        else:
+            cached = [_ROW_ENCODER.encode(row) for row in rows_from_result(result)]
         result._encoded_rows = cached
     return cached
 
 
-def record_json(row_json: bytes) -> bytes:
-    """The JSON of a :class:`SignalRecord` from its row's JSON: the same fields, then ``v``
-    (byte for byte what encoding the record gives)."""
-    return row_json[:-1] + _VERSION_FIELD
+def encoded_records(result: StepResult) -> list[bytes]:
+    """The JSON of every row's :class:`SignalRecord`, encoded once per result (from the
+    rows' JSON when those were encoded first)."""
+    cached = result._encoded_records
+    if cached is None:
+        rows = result._encoded_rows
+        if rows is not None:
+            cached = [row[:-1] + _VERSION_FIELD for row in rows]
+        else:
+            cached = [_ROW_ENCODER.encode(record) for record in records_from_result(result)]
+        result._encoded_records = cached
+    return cached
 
 
 def _structs(result: StepResult, base: type) -> list[Any]:

@@ -108,6 +108,7 @@ class StepResult:
         self.strategy = strategy
         self._column_values: list[list[Any]] | None = None
         self._encoded_rows: list[bytes] | None = None  # JSON rows (messages.encoded_rows)
+        self._encoded_records: list[bytes] | None = None  # (messages.encoded_records)
 
     def __len__(self) -> int:
         return self.slots.shape[0]
@@ -260,15 +261,36 @@ class StepResult:
         """
         if self._column_values is not None:
             return self._column_values
-        columns = self.columns()
-        lists = []
-        for name, values in columns.items():
-            if schema.COLUMN_TYPES[name] == "float":
-                missing = np.isnan(values)
-                if missing.any():  # rare once streams are warm: skip the boxing otherwise
-                    values = values.astype(object)
-                    values[missing] = None
-            lists.append(values.tolist())
+        # the values of :meth:`columns`, without building its arrays: on the latency path
+        # of a live step (a family group's six columns come from one ``tolist``)
+        keys_by_slot = self._keys_by_slot
+        keys = [keys_by_slot[s] for s in self.slots.tolist()]
+        n = len(keys)
+        fields = self.fields
+        values: dict[str, list[Any]] = {
+            "symbol": np.array([k.symbol for k in keys], dtype=object).reshape(n).tolist(),
+            "interval": np.array([k.interval for k in keys], dtype=object).reshape(n).tolist(),
+            "params_id": np.array([k.params_id for k in keys], np.int64).reshape(n).tolist(),
+            "time": np.asarray(self.times, np.int64).tolist(),
+            "close": _float_values(np.asarray(self.closes, np.float64)),
+            "provisional": np.full(n, self.provisional).tolist(),
+            "bar_index": fields["bar_index"].tolist(),
+        }
+        for group in self.groups:
+            if group == "events":
+                values["ready"] = (fields["bar_index"] >= self.ready_from).tolist()
+                values["long"] = fields["long"].tolist()
+                values["short"] = fields["short"].tolist()
+            elif group in ("layers", "equities"):
+                block, names = fields[group], schema.OUTPUT_GROUPS[group]
+                if np.isnan(block).any():
+                    family = [_float_values(block[:, j]) for j in range(len(names))]
+                else:
+                    family = block.T.tolist()
+                values.update(zip(names, family, strict=True))
+            else:
+                values[group] = _float_values(fields[group])
+        lists = [values[name] for name in self.column_names]
         self._column_values = lists
         return lists
 
@@ -299,3 +321,12 @@ class StepResult:
             for f in arrow_schema
         ]
         return pa.Table.from_arrays(arrays, schema=arrow_schema)
+
+
+def _float_values(values: np.ndarray) -> list[Any]:
+    """``values`` as Python floats, NaN as None."""
+    missing = np.isnan(values)
+    if missing.any():  # rare once streams are warm: skip the boxing otherwise
+        values = values.astype(object)
+        values[missing] = None
+    return values.tolist()

@@ -15,9 +15,8 @@ import msgspec
 from atc_stream.connectors.redis.resp import CRLF, bulk
 from atc_stream.core.messages import (
     SignalRecord,
-    encoded_rows,
+    encoded_records,
     position_records_from_result,
-    record_json,
     record_type,
     records_from_result,
     trade_records_from_result,
@@ -26,6 +25,10 @@ from atc_stream.core.results import StepResult, StreamKey
 from atc_stream.core.schema import SCHEMA_VERSION, columns_for, resolve_outputs
 
 ENCODINGS = ("json", "msgpack")
+
+
+#: a ``_BatchOut``'s JSON as msgspec writes it (seq, published_at, count, records)
+_BATCH_JSON = b'{"v":%d,"seq":%%d,"published_at":%%d,"count":%%d,"records":[%%s]}' % SCHEMA_VERSION
 
 
 class SignalBatch(msgspec.Struct, kw_only=True):
@@ -183,14 +186,17 @@ class SignalMessages:
             return []
         commands = []
         for seq, _result, records in encoded:
-            message = self._encoder.encode(
-                _BatchOut(
-                    seq=seq,
-                    published_at=time.time_ns(),
-                    count=len(records),
-                    records=[msgspec.Raw(d) for d in records],
+            if self.encoding == "json":  # _BatchOut's JSON, written directly
+                message = _BATCH_JSON % (seq, time.time_ns(), len(records), b",".join(records))
+            else:
+                message = self._encoder.encode(
+                    _BatchOut(
+                        seq=seq,
+                        published_at=time.time_ns(),
+                        count=len(records),
+                        records=[msgspec.Raw(d) for d in records],
+                    )
                 )
-            )
             head = b"$%d\r\n" % len(message)
             commands.append(b"".join((_PUBLISH, self._batch_bulk, head, message, CRLF)))
         return commands
@@ -315,8 +321,8 @@ class SignalMessages:
         return field
 
     def _encoded_records(self, result: StepResult) -> list[bytes]:
-        """Every row's record, encoded; JSON reuses the rows the file writer encoded."""
+        """Every row's record, encoded (JSON: once per result, shared with the JSONL writer)."""
         if self.encoding == "json":
-            return [record_json(row) for row in encoded_rows(result)]
+            return encoded_records(result)
         encode = self._encoder.encode
         return [encode(record) for record in records_from_result(result)]

@@ -103,9 +103,12 @@ class BinanceUsdm(BinanceSpot):
 
 _KLINE_FIELDS = ("t", "T", "s", "i", "o", "c", "h", "l", "v", "x")
 _INF = math.inf
+#: ``_new_tuple(Kline, fields)`` is ``Kline(*fields)`` without the NamedTuple's
+#: Python-level ``__new__`` (half the cost, on every kline)
+_new_tuple = tuple.__new__
 
 
-class _TypedKline(msgspec.Struct):
+class _TypedKline(msgspec.Struct, gc=False):
     """The ``k`` object as the exchange sends it (prices as strings); for the fast path."""
 
     t: int
@@ -120,13 +123,13 @@ class _TypedKline(msgspec.Struct):
     x: bool
 
 
-class _TypedEvent(msgspec.Struct):
+class _TypedEvent(msgspec.Struct, gc=False):
     e: str
     k: _TypedKline
     s: str | None = None
 
 
-class _TypedCombined(msgspec.Struct):
+class _TypedCombined(msgspec.Struct, gc=False):
     """A combined-stream message (``{"stream": ..., "data": {...}}``)."""
 
     stream: str
@@ -138,6 +141,13 @@ class BinanceParser(MessageParser):
 
     def __init__(self, symbols: Iterable[str], interval: str, rejections: Counter) -> None:
         super().__init__({s.upper() for s in symbols}, interval, rejections)
+        #: each symbol's stream name, for the fast path (symbols whose case changes
+        #: again when changed twice take the full path)
+        self._streams = {}
+        for s in self.symbols:
+            stream = f"{s.lower()}@kline_{interval.lower()}"
+            if s.upper() == s and stream.lower() == stream:
+                self._streams[s] = stream
         self._decoder = msgspec.json.Decoder()
         self._typed_decoder = msgspec.json.Decoder(_TypedCombined)
 
@@ -157,13 +167,20 @@ class BinanceParser(MessageParser):
             msg = self._typed_decoder.decode(raw)
         except (msgspec.DecodeError, UnicodeDecodeError):
             return None
-        data, k = msg.data, msg.data.k
-        symbol = k.s.upper()
-        if data.e != "kline" or k.i != self.interval or symbol not in self.symbols:
+        data = msg.data
+        k = data.k
+        symbol = k.s
+        stream = self._streams.get(symbol)
+        if stream is None:  # not a subscribed symbol as the exchange writes them
+            symbol = symbol.upper()
+            stream = self._streams.get(symbol)
+            if stream is None:
+                return None
+        if data.e != "kline" or k.i != self.interval:
             return None
-        if data.s is not None and data.s.upper() != symbol:
+        if data.s is not None and data.s != symbol and data.s.upper() != symbol:
             return None
-        if msg.stream.lower() != f"{symbol.lower()}@kline_{k.i.lower()}":
+        if msg.stream != stream and msg.stream.lower() != stream:
             return None
         if not 0 <= k.t <= k.T < MAX_TIME_MS:
             return None
@@ -175,7 +192,7 @@ class BinanceParser(MessageParser):
             return None
         if not (v < _INF and c < _INF and o < _INF and h < _INF and lo < _INF):
             return None
-        return Kline(symbol, k.t, k.T, o, h, lo, c, v, k.x)
+        return _new_tuple(Kline, (symbol, k.t, k.T, o, h, lo, c, v, k.x))
 
     def _parse(self, raw: str | bytes) -> Kline | None:
         try:
