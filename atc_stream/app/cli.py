@@ -543,12 +543,25 @@ def sweep(
     time_unit: Annotated[
         TimeUnit, typer.Option("--time-unit", help="Unit of integer times (auto: by column).")
     ] = TimeUnit.auto,
+    ray: Annotated[
+        bool,
+        typer.Option(
+            "--ray",
+            help="Run the blocks as Ray tasks (the ray extra): a local Ray instance, or "
+            "the cluster of --ray-address; trades.parquet becomes a Parquet dataset.",
+        ),
+    ] = False,
+    ray_address: Annotated[
+        str | None,
+        typer.Option("--ray-address", help="With --ray: HOST:PORT, ray://HOST:PORT or auto."),
+    ] = None,
 ) -> None:
     from atc_stream.app.jobs.sweep import run_sweep
 
     _run_job(
         run_sweep, data=data, grid=grid, outdir=outdir, train_until=train_until, top=top,
         rank_by=rank_by, backend=backend, progress=progress, time_unit=time_unit.value,
+        ray=ray, ray_address=ray_address,
     )  # fmt: skip
 
 
