@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from atc_stream.app.console import OptionError, RunError, err
+from atc_stream.app.extras import require
 from atc_stream.app.grid import Grid, GridError, load_grid
 from atc_stream.app.jobs.sweep_ray import sweep_on_ray
 from atc_stream.app.ranking import (
@@ -54,6 +55,8 @@ def run_sweep(
     (``ray_address``, or a local one), trades written as a Parquet dataset."""
     if ray_address is not None and not ray:
         raise OptionError("--ray-address needs --ray", "--ray-address")
+    if ray:
+        require("ray", "atc-stream sweep --ray")
     if rank_by not in RANK_METRICS:
         raise OptionError(f"{rank_by!r} is not one of {', '.join(RANK_METRICS)}", "--rank-by")
     split = _split_time(train_until, time_unit)
