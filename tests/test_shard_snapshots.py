@@ -72,8 +72,8 @@ def test_each_shard_snapshot_equals_replaying_its_symbols_alone(capsys, tmp_path
         alone_dir = tmp_path / f"alone{shard}"
         alone_dir.mkdir()
         write_csv(alone_dir / "part.csv", {s: closes[s] for s in mine})
-        code, err = replay(capsys, alone_dir, alone_dir / "part.csv",
-                           "--shard-snapshots", "1", "--snapshot-to", str(alone_dir / "snap"))  # fmt: skip
+        alone_options = ["--shard-snapshots", "1", "--snapshot-to", str(alone_dir / "snap")]
+        code, err = replay(capsys, alone_dir, alone_dir / "part.csv", *alone_options)
         assert code == 0, err
         alone = Engine.restore(latest(alone_dir / "snap", 0), backend="cpu", outputs="all")
         assert alone.streams == restored.streams

@@ -22,7 +22,7 @@ from atc_stream.app.ranking import KEYS
 from atc_stream.app.sweep_blocks import sweep_block, symbol_groups
 from atc_stream.core.errors import first_line
 from atc_stream.io.ohlc import OhlcTable
-from atc_stream.kernels.threads import set_default_threads
+from atc_stream.kernels.threads import numba_config, set_default_threads
 
 #: Seconds a ``--ray-address`` has to accept a TCP connection before the run gives up
 #: (``ray.init`` itself retries an unreachable address for minutes).
@@ -69,10 +69,13 @@ def run_block(
     first_ids: tuple[int, int],
 ) -> tuple[pa.Table, list[pa.Table]]:  # fmt: skip
     """The Ray task: ``sweep_block`` on the CPUs Ray gave it, ids made the grid's."""
+    import numba
     import ray
 
     cpus = int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1) or 1)
-    set_default_threads(max(1, cpus))
+    cpus = max(1, min(cpus, numba_config().NUMBA_NUM_THREADS))
+    set_default_threads(cpus)  # the ATC kernels
+    numba.set_num_threads(cpus)  # the backtest kernel's prange
     trades, metrics = sweep_block(table, params, strategies, split, backend)
     return _shift_ids(trades, first_ids), [_shift_ids(m, first_ids) for m in metrics]
 
