@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from parts_helpers import canonical, play
+from redis_fixtures import redis_server, redis_url  # noqa: F401
 
 from atc_stream import Engine
 from atc_stream.app.cli import main
@@ -98,3 +99,23 @@ def test_shard_options_are_checked_before_any_work(capsys, tmp_path, extra, says
     code, err = replay(capsys, tmp_path, tmp_path / "all.csv", *extra)
     assert code == 2 and says in err
     assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.redis
+def test_shard_snapshots_in_redis_under_each_namespace(capsys, tmp_path, redis_url):  # noqa: F811
+    closes = walks(SYMBOLS, 40)
+    write_csv(tmp_path / "all.csv", closes)
+    code, err = replay(capsys, tmp_path, tmp_path / "all.csv",
+                       "--shard-snapshots", "2", "--snapshot-to", redis_url)  # fmt: skip
+    assert code == 0, err
+    local = tmp_path / "local"
+    code, err = replay(capsys, tmp_path, tmp_path / "all.csv",
+                       "--shard-snapshots", "2", "--snapshot-to", str(local))  # fmt: skip
+    assert code == 0, err
+    for shard in range(2):
+        in_redis = Engine.restore(latest(redis_url, shard), backend="cpu")
+        on_disk = Engine.restore(latest(local, shard), backend="cpu")
+        assert in_redis.streams == on_disk.streams
+        assert in_redis.symbols == sorted(s for s in SYMBOLS if shard_of(s, 2) == shard)
+        for key in in_redis.streams:
+            assert in_redis.stream_state(key) == on_disk.stream_state(key)

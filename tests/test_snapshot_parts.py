@@ -99,6 +99,8 @@ def test_unknown_symbol_is_named():
     eng = make_engine("cpu", False, ["A"], walks(1, ["A"], 5), 5)
     with pytest.raises(ValueError, match="NOPE"):
         eng.export_streams(["A", "NOPE"])
+    with pytest.raises(ValueError, match="not the one str"):
+        eng.export_streams("A")
 
 
 def test_import_conflicts_are_named():

@@ -86,6 +86,8 @@ def export_streams(
     engine: Any, symbols: Iterable[str], source_offsets: Mapping[str, Any] | None = None
 ) -> bytes:
     """``engine.export_streams``: a snapshot of the streams of ``symbols`` only."""
+    if isinstance(symbols, str):
+        raise ValueError(f"symbols must be a list of symbols, not the one str {symbols!r}")
     wanted = list(symbols)
     unknown = [s for s in wanted if not isinstance(s, str) or s not in engine.symbol_slots]
     if unknown:
