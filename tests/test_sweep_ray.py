@@ -125,3 +125,25 @@ def test_a_plain_sweep_does_not_import_ray(tmp_path, files):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "no ray" in done.stdout
+
+
+@pytest.mark.ray
+def test_ray_sweep_reads_a_dataset_directory(local_ray, files, tmp_path, capsys):
+    """DATA as a dataset: a directory of Parquet and CSV parts, symbols spread over them."""
+    from pyarrow import csv
+
+    data, grid = files
+    table = pq.read_table(data)
+    parts = tmp_path / "dataset"
+    parts.mkdir()
+    half = table.num_rows // 2
+    pq.write_table(table.slice(0, half), parts / "part-0.parquet")
+    csv.write_csv(table.slice(half), parts / "part-1.csv")
+    sweep(data, grid, tmp_path / "one")
+    sweep(parts, grid, tmp_path / "ray", ray=True)
+    capsys.readouterr()
+    one = pq.read_table(tmp_path / "one" / "trades.parquet")
+    assert pq.read_table(tmp_path / "ray" / "trades.parquet").equals(one)
+    for name in TABLES:
+        mine = pq.read_table(tmp_path / "ray" / f"{name}.parquet")
+        assert mine.equals(pq.read_table(tmp_path / "one" / f"{name}.parquet")), name
