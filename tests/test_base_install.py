@@ -52,6 +52,7 @@ NEEDS_AN_EXTRA = {
     "run-stream": (f"run-stream --redis {REDIS} --input-stream bars", "redis", "redis"),
     "plot": ("plot {bars} -o {tmp}/chart.png", "matplotlib", "plot"),
     "cuda": ("demo --backend cuda --bars 100 -o {tmp}/d.jsonl", "numba_cuda", "cuda12"),
+    "sweep-ray": ("sweep {bars} --grid {tmp}/grid.toml --ray", "ray", "ray"),
 }
 
 

@@ -30,8 +30,10 @@ from atc_stream.app.options import (
     RedisPrefixOption,
     ResumableIntervalOption,
     ResumeOption,
+    ShardSnapshotsOption,
     SnapshotDirOption,
     SnapshotEveryOption,
+    SnapshotToOption,
     StrategyOption,
     TradesOption,
     WarmupOption,
@@ -195,10 +197,13 @@ def replay(
     strategy: StrategyOption = None,
     trades: TradesOption = None,
     positions: PositionsOption = None,
+    shard_snapshots: ShardSnapshotsOption = None,
+    snapshot_to: SnapshotToOption = None,
 ) -> None:
     """Feed bars (or ticks aggregated to bars) through the engine; one signal row per
     (stream, bar). With --strategy, paper trading on bars with open/high/low/close (the
-    file's columns, or each interval's ticks)."""
+    file's columns, or each interval's ticks). With --shard-snapshots N --snapshot-to
+    TARGET, a backfill: one snapshot per shard at the end, where live shards start."""
     from atc_stream.app.jobs.replay import run_replay
 
     _run_job(
@@ -211,6 +216,7 @@ def replay(
         interval=interval, redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
         snapshot_every=snapshot_every, resume=resume, events_before_ready=events_before_ready,
         strategies=strategy or [], trades=trades, positions=positions,
+        shard_snapshots=shard_snapshots, snapshot_to=snapshot_to,
     )  # fmt: skip
 
 
@@ -543,12 +549,25 @@ def sweep(
     time_unit: Annotated[
         TimeUnit, typer.Option("--time-unit", help="Unit of integer times (auto: by column).")
     ] = TimeUnit.auto,
+    ray: Annotated[
+        bool,
+        typer.Option(
+            "--ray",
+            help="Run the blocks as Ray tasks (the ray extra): a local Ray instance, or "
+            "the cluster of --ray-address; trades.parquet becomes a Parquet dataset.",
+        ),
+    ] = False,
+    ray_address: Annotated[
+        str | None,
+        typer.Option("--ray-address", help="With --ray: HOST:PORT, ray://HOST:PORT or auto."),
+    ] = None,
 ) -> None:
     from atc_stream.app.jobs.sweep import run_sweep
 
     _run_job(
         run_sweep, data=data, grid=grid, outdir=outdir, train_until=train_until, top=top,
         rank_by=rank_by, backend=backend, progress=progress, time_unit=time_unit.value,
+        ray=ray, ray_address=ray_address,
     )  # fmt: skip
 
 

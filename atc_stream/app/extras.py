@@ -17,6 +17,7 @@ EXTRAS: dict[str, tuple[tuple[str, ...], str]] = {
     "metrics": (("prometheus_client",), "pip install 'atc-stream[metrics]'"),
     "plot": (("matplotlib", "pandas"), "pip install 'atc-stream[plot]'"),
     "pandas": (("pandas",), "pip install 'atc-stream[pandas]'"),
+    "ray": (("ray",), "pip install 'atc-stream[ray]'"),
     "cuda": (("numba_cuda",), CUDA_INSTALL_HINT),
 }
 

@@ -66,6 +66,20 @@ SnapshotDirOption = Annotated[
         help="Keep snapshots in this directory (else in Redis when --redis is given).",
     ),
 ]
+ShardSnapshotsOption = Annotated[
+    int | None,
+    typer.Option(
+        "--shard-snapshots",
+        help="After the run, save one snapshot per shard (of N, by symbol) in --snapshot-to.",
+    ),
+]
+SnapshotToOption = Annotated[
+    str | None,
+    typer.Option(
+        "--snapshot-to",
+        help="With --shard-snapshots: a directory or redis:// URL; namespace shard-K each.",
+    ),
+]
 SnapshotEveryOption = Annotated[
     int | None,
     typer.Option(

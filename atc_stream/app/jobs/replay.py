@@ -18,6 +18,7 @@ from atc_stream.app.console import OptionError, RunError, err, log_warnings, par
 from atc_stream.app.defaults import INTERVAL
 from atc_stream.app.durability import Durability, check_backend, play_durably
 from atc_stream.app.paper import PaperOptions, check_paper_options, paper_lines
+from atc_stream.app.shard_snapshots import check_shard_options, write_shard_snapshots
 from atc_stream.connectors.replay.player import TableBars
 from atc_stream.connectors.replay.stream import BarFileSource
 from atc_stream.connectors.replay.ticks import aggregate_ticks
@@ -60,11 +61,14 @@ def run_replay(
     strategies: Sequence[str] = (),
     trades: Path | None = None,
     positions: Path | None = None,
+    shard_snapshots: int | None = None,
+    snapshot_to: str | None = None,
 ) -> int:
     """Replay ``bars`` or ``ticks`` into ``output`` with the snapshots asked for; the exit
-    status."""
+    status. ``shard_snapshots`` (with ``snapshot_to``): then one snapshot per shard."""
     if (bars is None) == (ticks is None):  # before any snapshot store is opened
         raise OptionError(ONE_INPUT)
+    check_shard_options(shard_snapshots, snapshot_to)
     check_backend(backend)
     param_sets = param_sets_option(params)
     paper = check_paper_options(strategies, trades=trades, positions=positions)
@@ -72,12 +76,17 @@ def run_replay(
         redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
         snapshot_every=snapshot_every, resume=resume, events_before_ready=events_before_ready,
     )  # fmt: skip
-    replay(
+    engine, _ = replay(
         bars=bars, ticks=ticks, columns=columns, tick_columns=tick_columns, empty=empty,
         symbol=symbol, time_unit=time_unit, strict=strict, params=param_sets, output=output,
         warmup=warmup, speed=speed, progress=progress, backend=backend, interval=interval,
         durability=durability, paper=paper,
     )  # fmt: skip
+    played = bars if bars is not None else ticks
+    if shard_snapshots is not None and snapshot_to is not None and played is not None:
+        source = str(played.resolve())
+        for line in write_shard_snapshots(engine, shard_snapshots, snapshot_to, source):
+            err(f"atc-stream: {line}")
     return 0
 
 

@@ -13,22 +13,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from atc_stream.app.console import OptionError, RunError, err
+from atc_stream.app.extras import require
 from atc_stream.app.grid import Grid, GridError, load_grid
+from atc_stream.app.jobs.sweep_ray import sweep_on_ray
 from atc_stream.app.ranking import (
-    KEYS,
-    METRICS,
     RANK_METRICS,
     SET_KEYS,
-    Curves,
     aggregate,
     format_table,
-    period_metrics,
     rank,
     side_by_side,
-    trade_periods,
 )
+from atc_stream.app.sweep_blocks import sweep_block, symbol_groups
 from atc_stream.core.timetext import text_to_ms
-from atc_stream.engine.backtest import backtest
 from atc_stream.io.ohlc import OhlcTable, read_ohlc
 from atc_stream.io.readers import InputError
 
@@ -50,9 +47,16 @@ def run_sweep(
     progress: bool,
     time_unit: str = "auto",
     chunk_streams: int = CHUNK_STREAMS,
+    ray: bool = False,
+    ray_address: str | None = None,
 ) -> int:
     """Backtest the grid over the bars of ``data``, write OUTDIR's tables, print the top
-    sets on stdout; the exit status."""
+    sets on stdout; the exit status. ``ray``: the blocks run as tasks of a Ray cluster
+    (``ray_address``, or a local one), trades written as a Parquet dataset."""
+    if ray_address is not None and not ray:
+        raise OptionError("--ray-address needs --ray", "--ray-address")
+    if ray:
+        require("ray", "atc-stream sweep --ray")
     if rank_by not in RANK_METRICS:
         raise OptionError(f"{rank_by!r} is not one of {', '.join(RANK_METRICS)}", "--rank-by")
     split = _split_time(train_until, time_unit)
@@ -74,9 +78,18 @@ def run_sweep(
             f"{int(bars.times.min())}..{int(bars.times.max())} ms)", "--train-until",
         )  # fmt: skip
     started = time.perf_counter()
-    trades, metrics = _sweep(bars, sets, split, backend, progress, chunk_streams)
+    trades: pa.Table | None = None
+    if ray:
+        n_trades, metrics = _sweep_on_ray(
+            bars, sets, split, backend, progress, chunk_streams, ray_address, outdir
+        )
+    else:
+        trades, metrics = _sweep(bars, sets, split, backend, progress, chunk_streams)
+        n_trades = trades.num_rows
     elapsed = time.perf_counter() - started
     periods = ("train", "test") if split is not None else ("all",)
+    # one chunk: Arrow's sums follow the chunks, and the ranking must not depend on them
+    metrics = metrics.combine_chunks()
     per_period = {
         p: aggregate(metrics.filter(pa.compute.equal(metrics.column("period"), p))) for p in periods
     }
@@ -92,7 +105,7 @@ def run_sweep(
     err(
         f"atc-stream: swept {len(bars.symbol_names)} symbols x {len(sets.params)} parameter "
         f"sets x {len(sets.strategies)} strategies = {streams} streams, {len(bars)} bars, "
-        f"{trades.num_rows} trades in {elapsed:.2f} s; wrote {outdir}/"
+        f"{n_trades} trades in {elapsed:.2f} s; wrote {outdir}/"
     )
     return 0
 
@@ -113,55 +126,20 @@ def _sweep(
     bars: OhlcTable, sets: Grid, split: int | None, backend: str, progress: bool, chunk: int
 ) -> tuple[pa.Table, pa.Table]:
     """Trades and metrics (``period`` column) of every stream, symbols run in chunks."""
-    names = np.array(bars.symbol_names, dtype=object)
-    per_call = max(1, chunk // sets.sets)
-    groups = [names[i : i + per_call] for i in range(0, len(names), per_call)]
-    bar = _progress(len(names) * sets.sets, progress)
+    bar = _progress(len(bars.symbol_names) * sets.sets, progress)
     trades, metrics = [], []
     try:
-        for group in groups:
+        for group in symbol_groups(bars, sets, chunk):
             part = bars.take(np.isin(bars.symbols, group))
-            result = _backtest(part, sets, backend)
-            chunk_trades = result.trades_arrow()
-            chunk_metrics = result.metrics_arrow()
-            if split is None:
-                metrics.append(_tag(chunk_metrics.select([*KEYS, *METRICS]), "all"))
-            else:
-                curves = _curves(result.equity_arrow(), chunk_metrics)
-                for period in ("train", "test"):
-                    metrics.append(period_metrics(curves, chunk_trades, split, period))
-                chunk_trades = chunk_trades.append_column(
-                    "period", trade_periods(chunk_trades, split)
-                )
-            trades.append(chunk_trades)
+            block_trades, block_metrics = sweep_block(
+                part.to_arrow(), sets.params, sets.strategies, split, backend
+            )
+            trades.append(block_trades)
+            metrics += block_metrics
             bar.update(len(group) * sets.sets)
     finally:
         bar.close()
     return pa.concat_tables(trades), pa.concat_tables(metrics)
-
-
-def _backtest(bars: OhlcTable, sets: Grid, backend: str):
-    """``atc_stream.backtest`` of one chunk of symbols."""
-    return backtest(bars.to_arrow(), sets.params, sets.strategies, backend=backend)
-
-
-def _curves(equity: pa.Table, metrics: pa.Table) -> Curves:
-    """The per-bar equity frame as ``Curves`` in the order of ``metrics``' streams."""
-    keys = metrics.select(list(KEYS))
-    equity = equity.sort_by([(k, "ascending") for k in (*KEYS, "time")])
-    keys = keys.sort_by([(k, "ascending") for k in KEYS])
-    counts = equity.group_by(list(KEYS)).aggregate([("time", "count")])
-    counts = counts.sort_by([(k, "ascending") for k in KEYS])
-    starts = np.r_[0, np.cumsum(counts.column("time_count").to_numpy())].astype(np.int64)
-    return Curves(
-        counts.select(list(KEYS)), starts,
-        pa.compute.cast(equity.column("time"), pa.int64()).to_numpy(),
-        equity.column("equity").to_numpy(), equity.column("side").to_numpy() != 0,
-    )  # fmt: skip
-
-
-def _tag(table: pa.Table, period: str) -> pa.Table:
-    return table.append_column("period", pa.array([period] * table.num_rows, pa.string()))
 
 
 def _with_varied(ranking: pa.Table, sets: Grid) -> pa.Table:
@@ -176,11 +154,34 @@ def _with_varied(ranking: pa.Table, sets: Grid) -> pa.Table:
     return ranking
 
 
-def _write(outdir: Path, sets: Grid, trades: pa.Table, metrics: pa.Table, ranking) -> None:
+def _sweep_on_ray(
+    bars: OhlcTable, sets: Grid, split: int | None, backend: str, progress: bool, chunk: int,
+    address: str | None, outdir: Path,
+) -> tuple[int, pa.Table]:  # fmt: skip
+    """``sweep_on_ray`` with OUTDIR/trades.parquet made an empty dataset directory first."""
+    trades_dir = outdir / "trades.parquet"
+    try:
+        outdir.mkdir(parents=True, exist_ok=True)
+        if trades_dir.is_file():  # a one-process sweep's table, replaced like any output
+            trades_dir.unlink()
+        trades_dir.mkdir(exist_ok=True)
+        for old in trades_dir.glob("part-*.parquet"):
+            old.unlink()
+    except OSError as exc:
+        raise RunError(f"cannot write {outdir}: {exc}") from None
+    bar = _progress(len(bars.symbol_names) * sets.sets, progress)
+    try:
+        return sweep_on_ray(bars, sets, split, backend, chunk, address, trades_dir, bar.update)
+    finally:
+        bar.close()
+
+
+def _write(outdir: Path, sets: Grid, trades: pa.Table | None, metrics: pa.Table, ranking) -> None:
     try:
         outdir.mkdir(parents=True, exist_ok=True)
         pq.write_table(metrics, outdir / "metrics.parquet")
-        pq.write_table(trades, outdir / "trades.parquet")
+        if trades is not None:  # else written block by block (``--ray``)
+            pq.write_table(trades, outdir / "trades.parquet")
         pq.write_table(sets.params_table(), outdir / "params.parquet")
         pq.write_table(sets.strategies_table(), outdir / "strategies.parquet")
         pq.write_table(ranking, outdir / "ranking.parquet")

@@ -1,0 +1,185 @@
+"""``sweep --ray``: the blocks of a sweep run as Ray tasks, trades written as a Parquet
+dataset as blocks finish, metrics gathered in block order so that the result is the
+one-process sweep's, row for row (docs/design/resharding-and-sweeps.md)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from atc_stream.app.console import RunError
+from atc_stream.app.extras import require
+from atc_stream.app.grid import Grid
+from atc_stream.app.ranking import KEYS
+from atc_stream.app.sweep_blocks import sweep_block, symbol_groups
+from atc_stream.core.errors import first_line
+from atc_stream.io.ohlc import OhlcTable
+from atc_stream.kernels.threads import numba_config, set_default_threads
+
+#: Seconds a ``--ray-address`` has to accept a TCP connection before the run gives up
+#: (``ray.init`` itself retries an unreachable address for minutes).
+CONNECT_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Block:
+    """One Ray task: a chunk of symbols with a slice of the parameter sets and strategies."""
+
+    index: int
+    group: int  #: the symbol chunk (``symbol_groups``) it belongs to
+    params: slice
+    strategies: slice
+    streams: int
+
+
+def plan_blocks(bars: OhlcTable, sets: Grid, chunk: int) -> tuple[list[np.ndarray], list[Block]]:
+    """The symbol chunks of the one-process sweep, and the blocks that run them: a chunk
+    is one block, unless one symbol alone has more than ``chunk`` streams; then its
+    parameter sets (and strategies, if they alone exceed ``chunk``) are cut in slices."""
+    groups = symbol_groups(bars, sets, chunk)
+    n_par, n_str = len(sets.params), len(sets.strategies)
+    per_str = min(n_str, max(1, chunk))
+    per_par = max(1, chunk // per_str)
+    blocks: list[Block] = []
+    for g, group in enumerate(groups):
+        if len(group) * sets.sets <= chunk:
+            cuts = [(slice(0, n_par), slice(0, n_str))]
+        else:
+            cuts = [
+                (slice(p, min(p + per_par, n_par)), slice(s, min(s + per_str, n_str)))
+                for p in range(0, n_par, per_par)
+                for s in range(0, n_str, per_str)
+            ]
+        for par, strat in cuts:
+            streams = len(group) * (par.stop - par.start) * (strat.stop - strat.start)
+            blocks.append(Block(len(blocks), g, par, strat, streams))
+    return groups, blocks
+
+
+def run_block(
+    table: pa.Table, params: list, strategies: list, split: int | None, backend: str,
+    first_ids: tuple[int, int],
+) -> tuple[pa.Table, list[pa.Table]]:  # fmt: skip
+    """The Ray task: ``sweep_block`` on the CPUs Ray gave it, ids made the grid's."""
+    import numba
+    import ray
+
+    cpus = int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1) or 1)
+    cpus = max(1, min(cpus, numba_config().NUMBA_NUM_THREADS))
+    set_default_threads(cpus)  # the ATC kernels
+    numba.set_num_threads(cpus)  # the backtest kernel's prange
+    trades, metrics = sweep_block(table, params, strategies, split, backend)
+    return _shift_ids(trades, first_ids), [_shift_ids(m, first_ids) for m in metrics]
+
+
+def _shift_ids(table: pa.Table, first_ids: tuple[int, int]) -> pa.Table:
+    for name, first in zip(("params_id", "strategy_id"), first_ids, strict=True):
+        if first:
+            i = table.schema.get_field_index(name)
+            column = pa.compute.add(table.column(name), pa.scalar(first, table.schema[i].type))
+            table = table.set_column(i, name, column)
+    return table
+
+
+def check_address(address: str | None) -> None:
+    """``RunError`` (one line) unless ``address`` is one ``ray.init`` can use at once:
+    None or ``auto``/``local``, or a ``[ray://]host:port`` that accepts a connection."""
+    if address is None or address in ("auto", "local"):
+        return
+    hostport = address.removeprefix("ray://")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise RunError(f"--ray-address {address!r} is not HOST:PORT, ray://HOST:PORT or auto")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise RunError(
+            f"cannot reach the Ray cluster at {address}: {first_line(exc) or type(exc).__name__}"
+        ) from None
+
+
+def connect(address: str | None) -> bool:
+    """Ray initialised for this run (a local instance without ``address``); whether this
+    call started it (then the run shuts it down)."""
+    require("ray", "atc-stream sweep --ray")
+    check_address(address)
+    import ray
+
+    if ray.is_initialized():
+        return False
+    try:
+        ray.init(
+            address=address, include_dashboard=False, logging_level=logging.ERROR,
+            log_to_driver=False,
+        )  # fmt: skip
+    except Exception as exc:  # ray raises many types for a cluster it cannot join
+        where = f" at {address}" if address else ""
+        raise RunError(f"cannot start or join the Ray cluster{where}: {first_line(exc)}") from None
+    return True
+
+
+def sweep_on_ray(
+    bars: OhlcTable, sets: Grid, split: int | None, backend: str, chunk: int,
+    address: str | None, trades_dir: Path, progress: Callable[[int], Any],
+) -> tuple[int, pa.Table]:  # fmt: skip
+    """Run every block on Ray; each block's trades go to ``trades_dir`` as
+    ``part-NNNNN.parquet`` (block order, so the dataset reads in the one-process order).
+    The number of trades and the metrics (the one-process sweep's table)."""
+    started = connect(address)
+    import ray
+
+    try:
+        gpus = float(ray.cluster_resources().get("GPU", 0))
+        if backend == "cuda" and not gpus:
+            raise RunError("--backend cuda: the Ray cluster has no GPUs")
+        task_backend, num_gpus = ("cuda", 1) if gpus and backend in ("auto", "cuda") else ("cpu", 0)
+        groups, blocks = plan_blocks(bars, sets, chunk)
+        remote = ray.remote(run_block).options(num_cpus=1, num_gpus=num_gpus)
+        tables = [ray.put(bars.take(np.isin(bars.symbols, g)).to_arrow()) for g in groups]
+        pending = {
+            remote.remote(
+                tables[b.group], sets.params[b.params], sets.strategies[b.strategies], split,
+                task_backend, (b.params.start, b.strategies.start),
+            ): b
+            for b in blocks
+        }  # fmt: skip
+        metrics: dict[int, list[pa.Table]] = {}
+        n_trades = 0
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            block = pending.pop(done[0])
+            trades, metrics[block.index] = ray.get(done[0])
+            pq.write_table(trades, trades_dir / f"part-{block.index:05d}.parquet")
+            n_trades += trades.num_rows
+            progress(block.streams)
+    except ray.exceptions.RayError as exc:
+        raise RunError(f"a sweep task failed on Ray: {first_line(exc)}") from None
+    finally:
+        if started:
+            ray.shutdown()
+    return n_trades, _gathered(blocks, metrics)
+
+
+def _gathered(blocks: list[Block], metrics: dict[int, list[pa.Table]]) -> pa.Table:
+    """The metrics in the one-process order: chunk by chunk, period by period; the
+    blocks of one chunk in stream order (symbol, parameter set, strategy)."""
+    out: list[pa.Table] = []
+    by_group: dict[int, list[Block]] = {}
+    for b in blocks:
+        by_group.setdefault(b.group, []).append(b)
+    for group in sorted(by_group):
+        parts = [metrics[b.index] for b in by_group[group]]
+        for period in range(len(parts[0])):
+            tables = pa.concat_tables([p[period] for p in parts])
+            if len(parts) > 1:  # Arrow's sort is stable
+                tables = tables.sort_by([(k, "ascending") for k in KEYS])
+            out.append(tables)
+    return pa.concat_tables(out)
