@@ -300,7 +300,7 @@ def test_the_garbage_collector_runs_between_bursts_not_within_them():
     import gc
     import weakref
 
-    from atc_stream.connectors.exchanges.feed import _IdleCollector
+    from atc_stream.connectors.exchanges.idle_gc import IdleCollector
 
     class Node:
         pass
@@ -315,7 +315,7 @@ def test_the_garbage_collector_runs_between_bursts_not_within_them():
 
     async def main() -> None:
         queue: asyncio.Queue = asyncio.Queue()
-        with _IdleCollector() as collector:
+        with IdleCollector() as collector:
             assert not gc.isenabled()
             threshold = gc.get_threshold()[0]
             refs = cycles(threshold + 10)

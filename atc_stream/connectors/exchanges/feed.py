@@ -16,6 +16,7 @@ import numpy as np
 
 from atc_stream.connectors.exchanges.config import LiveConfig, LiveStats
 from atc_stream.connectors.exchanges.exchange import Exchange, KlineConnection, KlineHistory
+from atc_stream.connectors.exchanges.idle_gc import IdleCollector
 from atc_stream.connectors.exchanges.klines import Kline, same_grid
 from atc_stream.connectors.exchanges.limits import WeightLimiter
 from atc_stream.connectors.exchanges.rest import RestBanned
@@ -74,60 +75,6 @@ class _RunIO(NamedTuple):
     #: websocket klines, fetched histories and finished backfills, in the order the
     #: engine takes them
     queue: StampedQueue
-
-
-class _IdleCollector:
-    """Moves the cyclic garbage collector out of the bursts of klines: automatic
-    collection is off while the feed runs, and the collection CPython would have run by
-    then (the oldest generation past its threshold) runs once the consumer has had
-    nothing to apply for ``quiet`` seconds. A burst of 200 klines otherwise triggers a
-    collection of 0.1-0.4 ms on most bars, between its first kline and its signals;
-    right after a burst it would compete for the CPU with the signals' delivery."""
-
-    quiet = 0.05
-
-    def __enter__(self) -> _IdleCollector:
-        self._was_enabled = gc.isenabled()
-        gc.disable()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._was_enabled:
-            gc.enable()
-
-    def due(self, overdue: bool = False) -> bool:
-        """Whether a collection is due (``overdue``: long overdue, for a backlog that
-        never lets the consumer go quiet)."""
-        if not self._was_enabled:
-            return False
-        count, threshold = gc.get_count()[0], gc.get_threshold()[0]
-        return 0 < threshold < count and (not overdue or count > 100 * threshold)
-
-    def collect(self) -> None:
-        counts, thresholds = gc.get_count(), gc.get_threshold()
-        for generation in (2, 1, 0):
-            if generation == 0 or counts[generation] > thresholds[generation]:
-                gc.collect(generation)
-                return
-
-    async def get(self, queue: asyncio.Queue[Any]) -> Any:
-        """The next item of ``queue``; a due collection runs while it waits, once the
-        queue has been empty for ``quiet`` seconds."""
-        if not queue.empty() or not self.due():
-            if self.due(overdue=True):
-                self.collect()
-            return await queue.get()
-        # a timer, not wait_for: a cancelled wait_for that got its item swallows the
-        # cancellation (Python < 3.12), and the consumer would never end
-        timer = asyncio.get_running_loop().call_later(self.quiet, self._collect_if_empty, queue)
-        try:
-            return await queue.get()
-        finally:
-            timer.cancel()
-
-    def _collect_if_empty(self, queue: asyncio.Queue[Any]) -> None:
-        if queue.empty():
-            self.collect()
 
 
 class KlineClient:
@@ -509,11 +456,11 @@ class KlineClient:
     # -- the engine side: one consumer applies everything in order -------------------------------
 
     async def _consume(self, io: _RunIO, stop: asyncio.Event, max_bars: int | None) -> None:
-        with _IdleCollector() as collector:
+        with IdleCollector() as collector:
             await self._consume_items(io, stop, max_bars, collector)
 
     async def _consume_items(
-        self, io: _RunIO, stop: asyncio.Event, max_bars: int | None, collector: _IdleCollector
+        self, io: _RunIO, stop: asyncio.Event, max_bars: int | None, collector: IdleCollector
     ) -> None:
         queue = self._queue = io.queue
         max_batch = self.config.max_batch
