@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from atc_stream.app.cluster_cli import cluster_app
 from atc_stream.app.config_file import load_config_file
 from atc_stream.app.console import PROGRAM, OptionError, RunError, err, error
 from atc_stream.app.defaults import INTERVAL, REDIS_PREFIX
@@ -608,6 +609,8 @@ def plot(
         title=title,
     )  # fmt: skip
 
+
+app.add_typer(cluster_app, name="cluster")
 
 #: When the command ``main`` runs started (ms since the epoch): ``live`` publishes every
 #: bar closing after it. None outside ``main`` (the commands run inside another program).

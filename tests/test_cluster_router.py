@@ -1,0 +1,158 @@
+"""Routing bars to shard streams, a shard's engine without Ray, and the cluster command's
+refusals (real redis-server; no Ray cluster is started here)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from cluster_helpers import bar_list, check_outputs, fields, reference
+from redis_fixtures import private_redis, redis_server, redis_url  # noqa: F401
+
+from atc_stream.connectors.cluster.registry import heartbeat_key, recorded_shards
+from atc_stream.connectors.cluster.router import Router, StreamRouter
+from atc_stream.connectors.cluster.shard import ShardConfig, ShardWorker, shard_store
+from atc_stream.connectors.retry import Backoff
+from atc_stream.core.shards import bars_stream, shard_of
+from atc_stream.state.snapshot import SnapshotWarning
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(300)]
+
+FAST = Backoff(initial=0.02, maximum=0.2)
+
+
+@pytest.fixture
+def client(redis_url):  # noqa: F811
+    import redis
+
+    c = redis.Redis.from_url(redis_url)
+    yield c
+    c.close()
+
+
+def shard_contents(client, shards: int) -> dict[int, list[tuple[str, int]]]:
+    out = {}
+    for shard in range(shards):
+        entries = client.xrange(bars_stream("atc", shard))
+        out[shard] = [(f[b"symbol"].decode(), int(f[b"time"])) for _, f in entries]
+    return out
+
+
+def test_router_writes_each_bar_to_its_shard_stream_in_order(client):
+    bars = bar_list(6, 20)
+    router = Router(client, 3, batch=7)
+    for bar in bars:
+        router.send(fields(bar))
+    router.send({"time": 1, "close": "1"})  # no symbol: counted, dropped
+    router.flush()
+    assert router.routed == len(bars) and router.unroutable == 1
+    got = shard_contents(client, 3)
+    for shard in range(3):
+        assert got[shard] == [(s, t) for s, t, _ in bars if shard_of(s, 3) == shard]
+
+
+def test_router_waits_out_a_redis_outage_and_loses_nothing(private_redis):  # noqa: F811
+    bars = bar_list(4, 30)
+    router = Router(private_redis.url, 2, batch=10, backoff=FAST)
+    for bar in bars[:40]:
+        router.send(fields(bar))
+    private_redis.stop()
+    for bar in bars[40:]:  # queued; the flushes at each 10th fail and are retried
+        router.pending.append(
+            (shard_of(bar[0], 2), [k for kv in fields(bar).items() for k in (kv[0], str(kv[1]))])
+        )
+    assert router.flush(timeout=0.5) == 0 and router.connection_errors >= 1
+    assert len(router.pending) == len(bars) - 40
+    private_redis.start()
+    assert router.flush(timeout=60) == len(bars) - 40
+    got = shard_contents(private_redis.client(), 2)
+    # the restarted server is empty: everything queued since the outage was written
+    assert sorted(got[0] + got[1]) == sorted((s, t) for s, t, _ in bars[40:])
+
+
+def test_stream_router_moves_each_entry_once_through_outages(private_redis):  # noqa: F811
+    import redis
+
+    bars = bar_list(5, 40)
+    c = redis.Redis.from_url(private_redis.url)
+    for bar in bars[:100]:
+        c.xadd("in", fields(bar))
+    c.xadd("in", {"close": "1"})  # unroutable: acknowledged and counted
+    router = StreamRouter(private_redis.url, "in", 3, batch_size=9, backoff=FAST)
+    router.prepare()
+    router.run(stop_when_idle=0.3)
+    # a second router process (same consumer) finds nothing left to move
+    again = StreamRouter(private_redis.url, "in", 3, batch_size=9, backoff=FAST)
+    again.run(stop_when_idle=0.3)
+    assert again.stats.entries == 0
+    got = shard_contents(c, 3)
+    assert sorted(got[0] + got[1] + got[2]) == sorted((s, t) for s, t, _ in bars[:100])
+    assert router.stats.unroutable == 1 and router.stats.routed == 100
+    assert c.xpending("in", "atc-router")["pending"] == 0
+
+
+def test_shard_worker_falls_back_to_the_previous_snapshot_with_a_warning(client, redis_url):  # noqa: F811
+    every = bar_list(6, 80)
+    bars = every[: 6 * 60]
+    mine = [b for b in bars if shard_of(b[0], 2) == 1]
+    for bar in mine:
+        client.xadd(bars_stream("atc", 1), fields(bar))
+    config = ShardConfig(redis_url, 1, output_stream="out", batch_size=25, snapshot_every=25,
+                         backend="cpu")  # fmt: skip
+    first = ShardWorker(config).run(stop_when_idle=0.3)
+    assert first["restored_from"] is None and first["bars"] == len(mine)
+    store = shard_store(redis_url, 1)
+    newest = store.list()[-1]
+    client.set(store.blob_key(newest), b"damaged")
+    more = every[len(bars) :]
+    for bar in more:
+        if shard_of(bar[0], 2) == 1:
+            client.xadd(bars_stream("atc", 1), fields(bar))
+    with pytest.warns(SnapshotWarning, match="damaged"):
+        second = ShardWorker(config).run(stop_when_idle=0.3)
+    assert second["restored_from"] is not None and second["restored_from"] < newest
+    assert second["starts"] == 2 and second["warnings"]
+    expected = reference([b for b in every if shard_of(b[0], 2) == 1])
+    check_outputs(client, "out", expected)
+    beat = client.hgetall(heartbeat_key("atc", 1))
+    assert b"damaged" in beat[b"warning"] and int(beat[b"streams"]) == len({b[0] for b in mine})
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "atc_stream", *args], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+
+
+def test_a_second_start_with_another_shard_count_is_refused(client, redis_url):  # noqa: F811
+    client.hset("atc:cluster", "shards", 2)
+    done = cli("cluster", "--shards", "3", "--redis", redis_url, "--ray-address", "127.0.0.1:1")
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "has 2 shards, not 3" in lines[0] and "reshard" in lines[0]
+    assert recorded_shards(client, "atc") == 2
+
+
+def test_an_unreachable_ray_address_is_one_line_and_exit_2(redis_url):  # noqa: F811
+    pytest.importorskip("ray")
+    done = cli("cluster", "--shards", "2", "--redis", redis_url, "--ray-address", "127.0.0.1:1")
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot reach the Ray cluster at '127.0.0.1:1'" in lines[0]
+
+
+def test_single_machine_paths_do_not_import_ray(tmp_path):
+    csv = tmp_path / "bars.csv"
+    csv.write_text("symbol,time,close\nA,1,1.0\nA,2,2.0\n")
+    out = tmp_path / "o.jsonl"
+    code = (
+        "import sys, atc_stream\n"
+        "from atc_stream.app.cli import main\n"
+        "try:\n"
+        f"    main(['replay', {str(csv)!r}, '--backend', 'cpu', '-o', {str(out)!r}])\n"
+        "except SystemExit as exc:\n"
+        "    assert not exc.code, exc.code\n"
+        "assert 'ray' not in sys.modules, 'ray imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
