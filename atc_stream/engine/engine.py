@@ -6,6 +6,7 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from types import MappingProxyType
 from typing import Any
 
@@ -23,7 +24,8 @@ from atc_stream.core.results import (
 from atc_stream.core.strategy import Strategy
 from atc_stream.engine import paper, snapshots, warmups
 from atc_stream.engine.backends import make_backend
-from atc_stream.engine.backtest import as_strategy_list, backtest
+from atc_stream.engine.backtest import as_strategy_list
+from atc_stream.engine.exercise import exercise_kernels
 from atc_stream.engine.parsing import (
     Columns,
     Reject,
@@ -110,9 +112,9 @@ class Engine:
         self.cuda_graph = cuda_graph
         self.backend: Backend = make_backend(backend, self.store, self.threads, cuda_graph)
 
-    @staticmethod
+    @classmethod
     def compile(
-        report: Callable[[str], None] | None = None, *, progress: bool = False
+        cls, report: Callable[[str], None] | None = None, *, progress: bool = False
     ) -> PrepareReport:
         """Compile (first run) or load from the on-disk cache every CPU kernel now.
 
@@ -121,7 +123,7 @@ class Engine:
         ``progress`` shows the phase as a progress bar. Returns a
         ``kernels.prepare.PrepareReport``.
         """
-        return prepare_kernels(_exercise_kernels, report, progress=progress)
+        return prepare_kernels(partial(exercise_kernels, cls), report, progress=progress)
 
     def move_to(self, backend: str) -> None:
         """Move the live state to another backend ("cpu", "cuda" or "auto"); results are unchanged.
@@ -626,6 +628,22 @@ class Engine:
 
         return encode_snapshot(self.capture_snapshot(source_offsets, copy=False), compression)
 
+    def export_streams(
+        self, symbols: Iterable[str], source_offsets: Mapping[str, Any] | None = None
+    ) -> bytes:
+        """A snapshot blob (``restore`` reads it, on any backend) of every stream (each
+        parameter set and strategy) of ``symbols`` only; ``ValueError`` naming an unknown
+        symbol. It records ``source_offsets`` over the engine's own and no rejection
+        counts (docs/design/resharding-and-sweeps.md)."""
+        return snapshots.export_streams(self, symbols, source_offsets)
+
+    def import_streams(self, blob) -> list[StreamKey]:
+        """Add the streams of another snapshot (state copied bit for bit, so each goes on
+        exactly where it stood); their keys. ``ValueError`` naming the conflict when its
+        parameter table, interval or strategies differ or it holds a stream already here;
+        ``SnapshotError`` if it does not verify. ``source_offsets`` stay this engine's."""
+        return snapshots.import_streams(self, blob)
+
     @classmethod
     def restore(
         cls,
@@ -654,45 +672,3 @@ class Engine:
         )  # fmt: skip
         snapshots.load_state(eng, snap, backend)
         return eng
-
-
-def _exercise_kernels(threads: int, tick: Callable[[], object]) -> None:
-    """Every CPU kernel an engine calls, once, with the argument types of real calls
-    (``kernels.prepare``'s exercise: ``kernels.prepare.CALLS_PER_EXERCISE`` calls)."""
-    from atc_stream.kernels.cpu import LANES, MIN_BLOCK
-
-    engine = Engine(backend="cpu", capacity=2, threads=threads)
-    times = np.arange(3, dtype=np.int64)
-    # streams of one phase in two lane blocks (16 + 4): with one block, every call runs
-    # (and loads) only the serial block driver; the strategy exercise's two run alone
-    names = [f"S{i}" for i in range(LANES + MIN_BLOCK)]
-    engine.warmup({name: (times, np.array([1.0, 2.0, 3.0])) for name in names})
-    tick()
-    every = np.concatenate([engine.slots_of(name) for name in names])
-    engine.step_arrays(every, np.full(every.shape[0], 3), np.full(every.shape[0], 4.0))
-    tick()
-    # two streams per call: with one, every call runs (and loads) only the serial driver
-    both = np.concatenate([engine.slots_of(names[0]), engine.slots_of(names[1])])
-    engine.step_arrays(both, [4, 4], [4.0, 2.0])
-    tick()
-    engine.preview_arrays(both, [5, 5], [5.0, 3.0])
-    tick()
-    engine.stream_state(engine.streams[0])
-    tick()
-    _exercise_strategy_kernels(threads, tick)
-
-
-def _exercise_strategy_kernels(threads: int, tick: Callable[[], object]) -> None:
-    """The strategy kernels of paper trading (warmup, step) and of ``backtest``."""
-    trader = Engine(backend="cpu", capacity=2, threads=threads, strategies=Strategy())
-    times = np.arange(3, dtype=np.int64)
-    prices = np.array([1.0, 2.0, 3.0])
-    trader.warmup({s: (times, prices, prices, prices, prices) for s in ("A", "B")})
-    tick()
-    both = np.concatenate([trader.slots_of("A"), trader.slots_of("B")])
-    four = np.array([4.0, 4.0])
-    trader.step_arrays(both, [3, 3], four, opens=four, highs=four, lows=four)
-    tick()
-    table = {"symbol": np.array(["A", "A", "A"]), "time": times}
-    backtest(table | {k: prices for k in ("open", "high", "low", "close")}, backend="cpu")
-    tick()

@@ -1,15 +1,29 @@
 """An engine's state to and from a snapshot (format: ``state/snapshot.py``): the arrays
-captured for a blob, and a decoded snapshot's state loaded into a fresh engine."""
+captured for a blob, a decoded snapshot's state loaded into a fresh engine, and the
+streams of some symbols exported from or imported into a running engine."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
+from atc_stream.core.results import StreamKey
 from atc_stream.engine.backends import make_backend
-from atc_stream.state.snapshot import CapturedState, Snapshot, capture_state, normalize_offsets
+from atc_stream.state.snapshot import (
+    CapturedState,
+    Snapshot,
+    capture_state,
+    decode_snapshot,
+    encode_snapshot,
+    normalize_offsets,
+)
+from atc_stream.state.snapshot_parts import (
+    captured_from_snapshot,
+    check_compatible,
+    select_streams,
+)
 
 
 def capture(engine: Any, source_offsets: Mapping[str, Any] | None, copy: bool) -> CapturedState:
@@ -66,3 +80,44 @@ def load_state(eng: Any, snap: Snapshot, backend: str) -> None:
     eng.rejections.update(h.rejections)
     eng.source_offsets = h.source_offsets
     eng.backend.push_state()
+
+
+def export_streams(
+    engine: Any, symbols: Iterable[str], source_offsets: Mapping[str, Any] | None = None
+) -> bytes:
+    """``engine.export_streams``: a snapshot of the streams of ``symbols`` only."""
+    wanted = list(symbols)
+    unknown = [s for s in wanted if not isinstance(s, str) or s not in engine.symbol_slots]
+    if unknown:
+        raise ValueError(f"unknown symbol(s) {unknown[:5]}: the engine has no stream of them")
+    offsets = {**engine.source_offsets, **normalize_offsets(source_offsets)}
+    whole = capture(engine, None, copy=False)
+    whole.source_offsets = offsets
+    chosen = set(wanted)
+    part = select_streams(whole, lambda key: key.symbol in chosen)
+    part.rejections = {}
+    return encode_snapshot(part)
+
+
+def import_streams(engine: Any, blob: Any) -> list[StreamKey]:
+    """``engine.import_streams``: the streams of ``blob`` added to ``engine``, each in a
+    fresh slot with its state copied bit for bit."""
+    snap = blob if isinstance(blob, Snapshot) else decode_snapshot(blob)
+    incoming = captured_from_snapshot(snap)
+    mine = capture(engine, None, copy=False)
+    check_compatible(mine, incoming)
+    store = engine.store
+    n_strategies = len(store.strategies)
+    added = []
+    for key, slot in incoming.registry:
+        new = store.allocate(key.params_id)
+        for name in ("ring", "values", "counters"):
+            getattr(store, name)[new] = incoming.arrays[name][slot]
+        if n_strategies:
+            src = slice(slot * n_strategies, (slot + 1) * n_strategies)
+            for name in ("strategy_values", "strategy_counters", "strategy_entry_times"):
+                getattr(store, name)[store.strategy_rows(new)] = incoming.arrays[name][src]
+        engine.register_slot(key, new)
+        added.append(key)
+    engine.backend.push_state()
+    return added
