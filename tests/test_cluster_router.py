@@ -156,3 +156,43 @@ def test_single_machine_paths_do_not_import_ray(tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
+
+
+def run_shards(redis_url: str, shards: int) -> None:  # noqa: F811
+    """Each shard's engine until idle, one after the other (what the actors do at once)."""
+    for shard in range(shards):
+        config = ShardConfig(redis_url, shard, output_stream="out", batch_size=30,
+                             snapshot_every=40, backend="cpu")  # fmt: skip
+        ShardWorker(config).run(stop_when_idle=0.3)
+
+
+def test_reshard_2_3_2_between_runs_gives_the_single_process_outputs(client, redis_url):  # noqa: F811
+    every = bar_list(7, 45)
+    thirds = [every[: 7 * 15], every[7 * 15 : 7 * 30], every[7 * 30 :]]
+    client.hset("atc:cluster", "shards", 2)
+    for part, shards in zip(thirds, (2, 3, 2), strict=True):
+        if recorded_shards(client, "atc") != shards:
+            done = cli("cluster", "reshard", "--to", str(shards), "--redis", redis_url)
+            assert done.returncode == 0, done.stderr
+            assert recorded_shards(client, "atc") == shards
+        router = Router(client, shards)
+        for bar in part:
+            router.send(fields(bar))
+        router.flush()
+        run_shards(redis_url, shards)
+    check_outputs(client, "out", reference(every))
+
+
+def test_reshard_refuses_undrained_streams_and_a_missing_cluster(client, redis_url):  # noqa: F811
+    done = cli("cluster", "reshard", "--to", "3", "--redis", redis_url)
+    assert done.returncode == 2 and "no cluster under prefix 'atc'" in done.stderr
+    client.hset("atc:cluster", "shards", 2)
+    router = Router(client, 2)
+    for bar in bar_list(4, 5):
+        router.send(fields(bar))
+    router.flush()
+    done = cli("cluster", "reshard", "--to", "3", "--redis", redis_url)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "drain them first" in lines[0]
+    assert recorded_shards(client, "atc") == 2

@@ -138,3 +138,17 @@ def route(
         redis_prefix=redis_prefix, group=group, consumer=consumer, batch_size=batch_size,
         stop_when_idle=stop_when_idle,
     )  # fmt: skip
+
+
+@cluster_app.command("reshard")
+def reshard(
+    to: Annotated[int, typer.Option("--to", min=1, help="The new shard count.")],
+    redis: ClusterRedisOption = None,
+    redis_prefix: RedisPrefixOption = REDIS_PREFIX,
+) -> None:
+    """With the cluster stopped and its shard streams drained: split and merge the shard
+    snapshots by symbol into --to shards and record the new count (route new bars with
+    the new count afterwards)."""
+    from atc_stream.app.jobs.cluster import reshard as run
+
+    _run(run, redis=_need_redis(redis), to=to, redis_prefix=redis_prefix)

@@ -214,3 +214,20 @@ def route(
     for line in stats.lines():
         err("  " + line)
     return 0
+
+
+def reshard(*, redis: str, to: int, redis_prefix: str) -> int:
+    """Reshard the stopped cluster to ``to`` shards."""
+    from atc_stream.connectors.cluster.reshard import ReshardRefused
+    from atc_stream.connectors.cluster.reshard import reshard as run
+
+    client = _client(redis)
+    try:
+        report = run(client, redis, redis_prefix, to)
+    except ReshardRefused as exc:
+        raise RunError(str(exc)) from None
+    err(
+        f"atc-stream: resharded {report.before} -> {report.after} shards ({report.snapshots} "
+        f"shard snapshots split; streams per shard {report.streams})"
+    )
+    return 0

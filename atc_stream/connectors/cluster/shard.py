@@ -93,6 +93,7 @@ class ShardWorker:
         self.restored_from: str | None = None
         self.warnings: list[str] = []
         self._stop = threading.Event()
+        self.state = "starting"  #: then "running", and "stopped" once ``run`` returns
         self.node = node or socket.gethostname()
         self.starts = record_start(self.client, config.prefix, config.shard, self._fields())
 
@@ -154,12 +155,14 @@ class ShardWorker:
         beats = threading.Thread(target=self._beat_loop, name="atc-shard-beat", daemon=True)
         try:
             runner.prepare(resume=True)
+            self.state = "running"
             beats.start()
             if self._stop.is_set():
                 runner.stop()
             stats = runner.run(stop_when_idle=stop_when_idle)
             snapshotter.close()
         finally:
+            self.state = "stopped"
             self._stop.set()
             if beats.is_alive():
                 beats.join()
@@ -183,14 +186,17 @@ class ShardWorker:
             "pid": os.getpid(),
             "node": self.node,
             "warning": self.warnings[-1] if self.warnings else None,
+            "state": self.state,
         }
 
     def _beat_loop(self) -> None:
-        while not self._stop.wait(self.config.beat_seconds):
+        while True:
             try:
                 beat(self.client, self.config.prefix, self.config.shard, self._fields())
             except redis.RedisError as exc:  # Redis away: the runner waits it out too
                 log.debug("heartbeat of shard %d not written: %s", self.config.shard, exc)
+            if self._stop.wait(self.config.beat_seconds):
+                return
 
 
 __all__ = ["ShardConfig", "ShardWorker", "heartbeat_key", "shard_store"]
