@@ -95,6 +95,7 @@ def run_cluster(
     from atc_stream.app.defaults import INTERVAL, SNAPSHOT_EVERY
     from atc_stream.connectors.cluster.shard import ShardConfig
 
+    require("ray", "atc-stream cluster")
     log_warnings()
     check_backend(backend)
     param_sets = param_sets_option(params)
