@@ -196,3 +196,19 @@ def test_reshard_refuses_undrained_streams_and_a_missing_cluster(client, redis_u
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "drain them first" in lines[0]
     assert recorded_shards(client, "atc") == 2
+
+
+def test_replay_route_shards_writes_a_files_bars_to_the_shard_streams(client, redis_url, tmp_path):  # noqa: F811
+    bars = bar_list(5, 20)
+    csv = tmp_path / "bars.csv"
+    csv.write_text("symbol,time,close\n" + "".join(f"{s},{t},{c!r}\n" for s, t, c in bars))
+    done = cli("replay", str(csv), "--route-shards", "3", "--redis", redis_url, "--no-progress")
+    assert done.returncode == 0, done.stderr
+    got = shard_contents(client, 3)
+    for shard in range(3):
+        assert got[shard] == [(s, t) for s, t, _ in bars if shard_of(s, 3) == shard]
+    closes = {(f[b"symbol"].decode(), int(f[b"time"])): float(f[b"close"])
+              for _, f in client.xrange(bars_stream("atc", 0))}  # fmt: skip
+    assert all(closes[(s, t)] == c for s, t, c in bars if shard_of(s, 3) == 0)
+    again = cli("replay", str(csv), "--route-shards", "2", "--redis", redis_url)
+    assert again.returncode == 2 and "has 3 shards, not 2" in again.stderr

@@ -196,6 +196,15 @@ def replay(
     strategy: StrategyOption = None,
     trades: TradesOption = None,
     positions: PositionsOption = None,
+    route_shards: Annotated[
+        int | None,
+        typer.Option(
+            "--route-shards",
+            min=1,
+            help="Write the bars to the N shard streams of "
+            "a cluster at --redis (atc-stream cluster) instead of running the engine.",
+        ),
+    ] = None,  # fmt: skip
 ) -> None:
     """Feed bars (or ticks aggregated to bars) through the engine; one signal row per
     (stream, bar). With --strategy, paper trading on bars with open/high/low/close (the
@@ -212,6 +221,7 @@ def replay(
         interval=interval, redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
         snapshot_every=snapshot_every, resume=resume, events_before_ready=events_before_ready,
         strategies=strategy or [], trades=trades, positions=positions,
+        route_shards=route_shards,
     )  # fmt: skip
 
 

@@ -92,10 +92,11 @@ def run_cluster(
 ) -> int:
     """Run one shard actor per shard until SIGINT/SIGTERM or every shard is idle for
     ``stop_when_idle`` seconds; the exit status."""
+    require("ray", "atc-stream cluster")
+    require("redis", "atc-stream cluster")
     from atc_stream.app.defaults import INTERVAL, SNAPSHOT_EVERY
     from atc_stream.connectors.cluster.shard import ShardConfig
 
-    require("ray", "atc-stream cluster")
     log_warnings()
     check_backend(backend)
     param_sets = param_sets_option(params)
@@ -157,6 +158,7 @@ def run_cluster(
 
 def cluster_status(*, redis: str, redis_prefix: str, group: str) -> int:
     """Print the shard count and one line per shard."""
+    require("redis", "atc-stream cluster status")
     from atc_stream.connectors.cluster.registry import shard_status
 
     client = _client(redis)
@@ -179,6 +181,7 @@ def route(
     stop_when_idle: float | None,
 ) -> int:
     """Move every entry of ``input_stream`` to its shard's stream, exactly once."""
+    require("redis", "atc-stream cluster route")
     import redis as redis_lib
 
     from atc_stream.connectors.cluster.router import StreamRouter
@@ -219,6 +222,7 @@ def route(
 
 def reshard(*, redis: str, to: int, redis_prefix: str) -> int:
     """Reshard the stopped cluster to ``to`` shards."""
+    require("redis", "atc-stream cluster reshard")
     from atc_stream.connectors.cluster.reshard import ReshardRefused
     from atc_stream.connectors.cluster.reshard import reshard as run
 
@@ -231,4 +235,25 @@ def reshard(*, redis: str, to: int, redis_prefix: str) -> int:
         f"atc-stream: resharded {report.before} -> {report.after} shards ({report.snapshots} "
         f"shard snapshots split; streams per shard {report.streams})"
     )
+    return 0
+
+
+def route_bars(source, *, redis: str, redis_prefix: str, shards: int) -> int:
+    """Every bar of ``source`` (a ``BarFileSource``, in time order) to its shard's stream
+    (``replay --route-shards``); the cluster's recorded shard count must match."""
+    require("redis", "replay --route-shards")
+    from atc_stream.connectors.cluster.router import Router
+
+    client = _client(redis)
+    _shard_count(client, redis_prefix, shards)
+    router = Router(client, shards, prefix=redis_prefix, batch=1000)
+    names = source.symbol_names
+    for block in source.blocks(exclude_warm=False):
+        for code, time, close in zip(
+            block.codes.tolist(), block.times.tolist(), block.closes.tolist(), strict=True
+        ):
+            router.send({"symbol": names[code], "time": time, "close": repr(close)})
+    router.flush()
+    err(f"atc-stream: routed {router.routed} bars to {shards} shard streams "
+        f"({router.connection_errors} Redis errors waited out)")  # fmt: skip
     return 0

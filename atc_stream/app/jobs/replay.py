@@ -60,11 +60,15 @@ def run_replay(
     strategies: Sequence[str] = (),
     trades: Path | None = None,
     positions: Path | None = None,
+    route_shards: int | None = None,
 ) -> int:
-    """Replay ``bars`` or ``ticks`` into ``output`` with the snapshots asked for; the exit
-    status."""
+    """Replay ``bars`` or ``ticks`` into ``output`` with the snapshots asked for (or, with
+    ``route_shards``, the bars to a cluster's shard streams); the exit status."""
     if (bars is None) == (ticks is None):  # before any snapshot store is opened
         raise OptionError(ONE_INPUT)
+    if route_shards is not None:
+        return _route(bars, redis, redis_prefix, route_shards, columns, symbol, time_unit,
+                      strict)  # fmt: skip
     check_backend(backend)
     param_sets = param_sets_option(params)
     paper = check_paper_options(strategies, trades=trades, positions=positions)
@@ -291,3 +295,26 @@ def tick_bars(
     )
     table = bars.to_bar_table()
     return TableBars(table, ohlc=bars.time_major_ohlc()) if ohlc else table
+
+
+def _route(
+    bars: Path | None,
+    redis: str | None,
+    redis_prefix: str,
+    shards: int,
+    columns: dict[str, str],
+    symbol: str | None,
+    time_unit: str,
+    strict: bool,
+) -> int:
+    """``replay --route-shards N``: every bar of the file to its shard's stream."""
+    from atc_stream.app.jobs.cluster import route_bars
+
+    if bars is None or redis is None:
+        raise RunError("--route-shards needs a bar file BARS and --redis URL")
+    columns = {name: columns[name] for name in ("symbol", "time", "close")}
+    source, _ = bar_source(
+        bars, columns=columns, symbol=symbol, time_unit=time_unit, interval=None,
+        strict=strict, resume=False, warmup=0,
+    )  # fmt: skip
+    return route_bars(source, redis=redis, redis_prefix=redis_prefix, shards=shards)
