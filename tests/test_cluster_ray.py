@@ -193,3 +193,28 @@ def test_a_lost_node_moves_its_shard_and_loses_nothing(ray_cluster, client, redi
             proc.kill()
         ray_cluster.add_node(num_cpus=1)
     check_outputs(client, "out", reference(bars))
+
+
+def test_reshard_2_3_2_between_cluster_runs_gives_the_single_process_outputs(
+    ray_cluster,
+    client,
+    redis_url,  # noqa: F811
+):
+    every = bar_list(7, 36)
+    thirds = [every[: 7 * 12], every[7 * 12 : 7 * 24], every[7 * 24 :]]
+    written = 0
+    for part, shards in zip(thirds, (2, 3, 2), strict=True):
+        if written:
+            done = subprocess.run(
+                [sys.executable, "-m", "atc_stream", "cluster", "reshard", "--to", str(shards),
+                 "--redis", redis_url], env=ENV, capture_output=True, text=True, timeout=WAIT_S,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+        proc = start(redis_url, ray_cluster.address, shards)
+        router = Router(redis_url, shards)
+        for bar in part:
+            router.send(fields(bar))
+        router.flush()
+        written += len(part)
+        stop(proc, client, written)
+    check_outputs(client, "out", reference(every))
