@@ -133,12 +133,14 @@ def test_a_second_start_with_another_shard_count_is_refused(client, redis_url): 
     assert recorded_shards(client, "atc") == 2
 
 
-def test_an_unreachable_ray_address_is_one_line_and_exit_2(redis_url):  # noqa: F811
+def test_an_unreachable_or_unknown_ray_address_is_one_line_and_exit_2(redis_url):  # noqa: F811
     pytest.importorskip("ray")
-    done = cli("cluster", "--shards", "2", "--redis", redis_url, "--ray-address", "127.0.0.1:1")
-    assert done.returncode == 2, done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "cannot reach the Ray cluster at '127.0.0.1:1'" in lines[0]
+    port = redis_url.rsplit(":", 1)[1].split("/")[0]
+    for address in ("127.0.0.1:1", f"127.0.0.1:{port}", "nowhere.invalid:6379"):
+        done = cli("cluster", "--shards", "2", "--redis", redis_url, "--ray-address", address)
+        assert done.returncode == 2, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"cannot reach the Ray cluster at {address!r}" in lines[0]
 
 
 def test_single_machine_paths_do_not_import_ray(tmp_path):
