@@ -136,6 +136,8 @@ def test_shard_worker_falls_back_to_the_previous_snapshot_with_a_warning(client,
     check_outputs(client, "out", expected)
     beat = client.hgetall(heartbeat_key("atc", 1))
     assert b"damaged" in beat[b"warning"] and int(beat[b"streams"]) == len({b[0] for b in mine})
+    assert int(beat[b"last_bar_time"]) == max(t for s, t, _ in every if shard_of(s, 2) == 1)
+    assert beat[b"state"] == b"stopped"
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
