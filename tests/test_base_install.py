@@ -51,6 +51,7 @@ NEEDS_AN_EXTRA = {
     "subscribe": (f"subscribe --redis {REDIS} --count 1", "redis", "redis"),
     "run-stream": (f"run-stream --redis {REDIS} --input-stream bars", "redis", "redis"),
     "plot": ("plot {bars} -o {tmp}/chart.png", "matplotlib", "plot"),
+    "cluster": (f"cluster --shards 2 --redis {REDIS}", "ray", "ray"),
     "cuda": ("demo --backend cuda --bars 100 -o {tmp}/d.jsonl", "numba_cuda", "cuda12"),
     "sweep-ray": ("sweep {bars} --grid {tmp}/grid.toml --ray", "ray", "ray"),
 }

@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from atc_stream.app.cluster_cli import cluster_app
 from atc_stream.app.config_file import load_config_file
 from atc_stream.app.console import PROGRAM, OptionError, RunError, err, error
 from atc_stream.app.defaults import INTERVAL, REDIS_PREFIX
@@ -199,6 +200,15 @@ def replay(
     positions: PositionsOption = None,
     shard_snapshots: ShardSnapshotsOption = None,
     snapshot_to: SnapshotToOption = None,
+    route_shards: Annotated[
+        int | None,
+        typer.Option(
+            "--route-shards",
+            min=1,
+            help="Write the bars to the N shard streams of "
+            "a cluster at --redis (atc-stream cluster) instead of running the engine.",
+        ),
+    ] = None,  # fmt: skip
 ) -> None:
     """Feed bars (or ticks aggregated to bars) through the engine; one signal row per
     (stream, bar). With --strategy, paper trading on bars with open/high/low/close (the
@@ -217,6 +227,7 @@ def replay(
         snapshot_every=snapshot_every, resume=resume, events_before_ready=events_before_ready,
         strategies=strategy or [], trades=trades, positions=positions,
         shard_snapshots=shard_snapshots, snapshot_to=snapshot_to,
+        route_shards=route_shards,
     )  # fmt: skip
 
 
@@ -627,6 +638,8 @@ def plot(
         title=title,
     )  # fmt: skip
 
+
+app.add_typer(cluster_app, name="cluster")
 
 #: When the command ``main`` runs started (ms since the epoch): ``live`` publishes every
 #: bar closing after it. None outside ``main`` (the commands run inside another program).

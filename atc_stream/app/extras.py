@@ -14,10 +14,10 @@ EXTRAS: dict[str, tuple[tuple[str, ...], str]] = {
     "live": (("aiohttp",), "pip install 'atc-stream[live]'"),
     "ccxt": (("ccxt", "aiohttp"), "pip install 'atc-stream[ccxt]'"),
     "redis": (("redis",), "pip install 'atc-stream[redis]'"),
+    "ray": (("ray",), "pip install 'atc-stream[ray]'"),
     "metrics": (("prometheus_client",), "pip install 'atc-stream[metrics]'"),
     "plot": (("matplotlib", "pandas"), "pip install 'atc-stream[plot]'"),
     "pandas": (("pandas",), "pip install 'atc-stream[pandas]'"),
-    "ray": (("ray",), "pip install 'atc-stream[ray]'"),
     "cuda": (("numba_cuda",), CUDA_INSTALL_HINT),
 }
 

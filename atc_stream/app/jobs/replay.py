@@ -63,12 +63,19 @@ def run_replay(
     positions: Path | None = None,
     shard_snapshots: int | None = None,
     snapshot_to: str | None = None,
+    route_shards: int | None = None,
 ) -> int:
     """Replay ``bars`` or ``ticks`` into ``output`` with the snapshots asked for; the exit
-    status. ``shard_snapshots`` (with ``snapshot_to``): then one snapshot per shard."""
+    status. ``shard_snapshots`` (with ``snapshot_to``): then one snapshot per shard;
+    ``route_shards``: the bars go to a cluster's shard streams instead of the engine."""
     if (bars is None) == (ticks is None):  # before any snapshot store is opened
         raise OptionError(ONE_INPUT)
     check_shard_options(shard_snapshots, snapshot_to)
+    if route_shards is not None:
+        if shard_snapshots is not None:
+            raise OptionError("--route-shards runs no engine: it cannot take --shard-snapshots")
+        return _route(bars, redis, redis_prefix, route_shards, columns, symbol, time_unit,
+                      strict)  # fmt: skip
     check_backend(backend)
     param_sets = param_sets_option(params)
     paper = check_paper_options(strategies, trades=trades, positions=positions)
@@ -300,3 +307,26 @@ def tick_bars(
     )
     table = bars.to_bar_table()
     return TableBars(table, ohlc=bars.time_major_ohlc()) if ohlc else table
+
+
+def _route(
+    bars: Path | None,
+    redis: str | None,
+    redis_prefix: str,
+    shards: int,
+    columns: dict[str, str],
+    symbol: str | None,
+    time_unit: str,
+    strict: bool,
+) -> int:
+    """``replay --route-shards N``: every bar of the file to its shard's stream."""
+    from atc_stream.app.jobs.cluster import route_bars
+
+    if bars is None or redis is None:
+        raise RunError("--route-shards needs a bar file BARS and --redis URL")
+    columns = {name: columns[name] for name in ("symbol", "time", "close")}
+    source, _ = bar_source(
+        bars, columns=columns, symbol=symbol, time_unit=time_unit, interval=None,
+        strict=strict, resume=False, warmup=0,
+    )  # fmt: skip
+    return route_bars(source, redis=redis, redis_prefix=redis_prefix, shards=shards)

@@ -118,6 +118,15 @@ class RedisSnapshotStore:
         )
         return self._str(result)
 
+    def save_queued(self, pipe: Any, blob: bytes) -> None:
+        """Queue ``save(blob)`` on a transaction ``pipe`` of this store's client, so that
+        several stores (the shards of a reshard) change in one ``MULTI``/``EXEC``."""
+        self._save(
+            keys=[self.seq_key, self.index_key, self.latest_key],
+            args=[check_blob(blob), self.keep, self.blob_key_prefix],
+            client=pipe,
+        )
+
     def list(self) -> list[str]:
         """Snapshot ids, oldest first."""
         return [self._str(i) for i in self.client.zrange(self.index_key, 0, -1)]

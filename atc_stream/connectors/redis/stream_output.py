@@ -23,12 +23,17 @@ from atc_stream.core.results import StepResult
 #: Largest number of IDs one XACK call in the Lua script acknowledges.
 _ACK_CHUNK = 512
 
-# KEYS: signal, trade and position output streams, input stream.
-# ARGV: maxlen, group, the entry counts of the three output streams (n1, n2, n3), then
-# n1 + n2 + n3 x (src, key, time, data) in that order, then the input IDs to ack.
-_OUTPUT_SCRIPT = b"""
+# KEYS: signal, trade and position output streams, input stream[, mark key].
+# ARGV: maxlen, group, the entry counts of the three output streams (n1, n2, n3)[, the
+# batch's mark], then n1 + n2 + n3 x (src, key, time, data) in that order, then the input
+# IDs to ack. With a mark key, a batch that writes signals sets it.
+_OUTPUT_SCRIPT_TEMPLATE = """
 local maxlen = ARGV[1]
 local i = 6
+if %s == 1 then
+  if tonumber(ARGV[3]) > 0 then redis.call('SET', KEYS[5], ARGV[6]) end
+  i = 7
+end
 for s = 1, 3 do
   for r = 1, tonumber(ARGV[2 + s]) do
     redis.call('XADD', KEYS[s], 'MAXLEN', '~', maxlen, '*',
@@ -43,7 +48,9 @@ while i <= #ARGV do
   i = last + 1
 end
 return acked
-""" % (_ACK_CHUNK,)
+"""
+_OUTPUT_SCRIPT = (_OUTPUT_SCRIPT_TEMPLATE % (0, _ACK_CHUNK)).encode()
+_OUTPUT_SCRIPT_MARKED = (_OUTPUT_SCRIPT_TEMPLATE % (1, _ACK_CHUNK)).encode()
 
 
 def parse_id(value: bytes | str) -> tuple[int, int]:
@@ -71,10 +78,22 @@ class OutputStreams:
     >>> outputs = OutputStreams("signals", "bars", "atc", maxlen=1_000_000)
     >>> command, counts = outputs.command(result, srcs, ids)   # one EVAL, all or nothing
     >>> outputs.last_src(client)                              # the output mark
+
+    ``mark_key``: where the output mark is kept when several inputs share the output
+    streams (one per shard of a cluster): the script sets it to the batch's last ``src``
+    with the entries, and ``last_src`` reads it. None: the signal stream's last ``src``.
     """
 
-    def __init__(self, output_stream: str, input_stream: str, group: str, maxlen: int) -> None:
+    def __init__(
+        self,
+        output_stream: str,
+        input_stream: str,
+        group: str,
+        maxlen: int,
+        mark_key: str | None = None,
+    ) -> None:
         self.signals, self.trades, self.positions = output_keys(output_stream)
+        self.mark_key = mark_key
         self.input_stream = input_stream
         self.group = group
         self.maxlen = maxlen
@@ -106,9 +125,14 @@ class OutputStreams:
             ):
                 positions += (src, position.key, position.time, encode(position))
         counts = (len(signals) // 4, len(trades) // 4, len(positions) // 4)
+        keys: list[Any] = [self.signals, self.trades, self.positions, self.input_stream]
+        script, mark = _OUTPUT_SCRIPT, []
+        if self.mark_key is not None:
+            script = _OUTPUT_SCRIPT_MARKED
+            keys.append(self.mark_key)
+            mark = [max(srcs, key=parse_id) if len(srcs) else b"0-0"]
         args = [
-            b"EVAL", _OUTPUT_SCRIPT, b"4", self.signals, self.trades, self.positions,
-            self.input_stream, self.maxlen, self.group, *counts,
+            b"EVAL", script, len(keys), *keys, self.maxlen, self.group, *counts, *mark,
             *signals, *trades, *positions, *ids,
         ]  # fmt: skip
         return pack_command(args), counts
@@ -118,6 +142,9 @@ class OutputStreams:
 
         The script writes a batch's three kinds of entries together, so the signal
         stream's mark says which batches the trade and position streams hold too."""
+        if self.mark_key is not None:
+            mark = client.get(self.mark_key)
+            return None if mark is None else parse_id(mark)
         last = client.xrevrange(self.signals, "+", "-", count=1)
         fields = last[0][1] if last else None
         src = fields.get(b"src") if fields else None

@@ -177,7 +177,8 @@ class RedisStreamRunner:
     in the same script (``stream_output.OutputStreams``).
     ``time_unit`` is the unit of integer entry times (None: taken as they are, epoch ms
     by convention; ``auto``: by magnitude; see ``parse_bar_time``). Redis outages are
-    waited out on the ``backoff`` schedule.
+    waited out on the ``backoff`` schedule. ``output_mark_key``: a key of the output mark
+    of its own, for an output stream that other runners write too (``OutputStreams``).
     """
 
     def __init__(
@@ -197,6 +198,7 @@ class RedisStreamRunner:
         publisher: Any = None,
         time_unit: str | None = None,
         backoff: Backoff = DEFAULT_BACKOFF,
+        output_mark_key: str | None = None,
     ) -> None:
         if time_unit is not None and time_unit not in TIME_UNITS:
             raise ValueError(f"time_unit must be None, auto, s, ms, us or ns, got {time_unit!r}")
@@ -236,7 +238,9 @@ class RedisStreamRunner:
         self.output = (
             None
             if output_stream is None
-            else OutputStreams(output_stream, input_stream, group, output_maxlen)
+            else OutputStreams(
+                output_stream, input_stream, group, output_maxlen, mark_key=output_mark_key
+            )
         )
         self.batch_size = batch_size
         self.block_ms = block_ms

@@ -1,0 +1,154 @@
+"""The ``atc-stream cluster`` command group: run the shard actors, ``status``, ``route``
+and ``reshard`` (jobs in ``app.jobs.cluster``; docs/design/cluster.md)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from atc_stream.app.console import OptionError, RunError, error
+from atc_stream.app.defaults import REDIS_PREFIX
+from atc_stream.app.options import (
+    BackendOption,
+    ParamsOption,
+    RedisPrefixOption,
+    ResumableIntervalOption,
+    SnapshotEveryOption,
+)
+
+cluster_app = typer.Typer(
+    add_completion=False,
+    help="Shards on a Ray cluster: one exactly-once engine per shard stream.",
+)
+
+ClusterRedisOption = Annotated[
+    str | None, typer.Option("--redis", help="Redis URL holding the shard streams.")
+]
+GroupOption = Annotated[str, typer.Option("--group", help="Consumer group of the shard streams.")]
+StopWhenIdleOption = Annotated[
+    float | None, typer.Option("--stop-when-idle", help="Exit after SECONDS without new entries.")
+]
+
+
+def _run(job, **options) -> None:
+    """Run a job: a refused run is one line and exit 2, a refused option a usage error."""
+    try:
+        status = job(**options)
+    except OptionError as exc:
+        raise typer.BadParameter(str(exc), param_hint=exc.param_hint) from None
+    except RunError as exc:
+        error(str(exc))
+        raise typer.Exit(2) from None
+    if status:
+        raise typer.Exit(status)
+
+
+def _need_redis(redis: str | None) -> str:
+    if redis is None:
+        raise typer.BadParameter("--redis URL is required", param_hint="--redis")
+    return redis
+
+
+@cluster_app.callback(invoke_without_command=True)
+def cluster(
+    ctx: typer.Context,
+    shards: Annotated[
+        int | None, typer.Option("--shards", min=1, help="Number of shards (one actor each).")
+    ] = None,
+    redis: ClusterRedisOption = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray-address",
+            help="Ray head (HOST:PORT, ray://..., auto); default: a local Ray for the run.",
+        ),
+    ] = None,
+    output_stream: Annotated[
+        str | None,
+        typer.Option("--output-stream", help="Stream that receives one entry per (stream, bar)."),
+    ] = None,
+    output_maxlen: Annotated[
+        int, typer.Option(help="Approximate MAXLEN of the output stream.", min=1)
+    ] = 1_000_000,
+    group: GroupOption = "atc",
+    batch_size: Annotated[int, typer.Option(help="Entries read per batch.", min=1)] = 1000,
+    snapshot_every: SnapshotEveryOption = None,
+    publish: Annotated[
+        bool, typer.Option("--publish/--no-publish", help="Also publish signals over pub/sub.")
+    ] = False,
+    redis_prefix: RedisPrefixOption = REDIS_PREFIX,
+    params: ParamsOption = None,
+    backend: BackendOption = "auto",
+    interval: ResumableIntervalOption = None,
+    stop_when_idle: StopWhenIdleOption = None,
+) -> None:
+    """Run one shard actor per shard (restarted by Ray after any crash), each applying its
+    shard stream exactly once (`atc-stream cluster --shards N --redis URL`)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if shards is None:
+        raise typer.BadParameter(
+            "--shards N is required to start the cluster", param_hint="--shards"
+        )
+    from atc_stream.app.jobs.cluster import run_cluster
+
+    _run(
+        run_cluster, shards=shards, redis=_need_redis(redis), ray_address=ray_address,
+        redis_prefix=redis_prefix, output_stream=output_stream, output_maxlen=output_maxlen,
+        group=group, batch_size=batch_size, snapshot_every=snapshot_every, publish=publish,
+        backend=backend, interval=interval, params=params, stop_when_idle=stop_when_idle,
+    )  # fmt: skip
+
+
+@cluster_app.command("status")
+def status(
+    redis: ClusterRedisOption = None,
+    redis_prefix: RedisPrefixOption = REDIS_PREFIX,
+    group: GroupOption = "atc",
+) -> None:
+    """Per shard: streams, last bar time, consumer lag, restarts, backend, heartbeat age."""
+    from atc_stream.app.jobs.cluster import cluster_status
+
+    _run(cluster_status, redis=_need_redis(redis), redis_prefix=redis_prefix, group=group)
+
+
+@cluster_app.command("route")
+def route(
+    input_stream: Annotated[
+        str, typer.Option("--input-stream", help="Stream of bars to route (consumer group).")
+    ],
+    redis: ClusterRedisOption = None,
+    shards: Annotated[
+        int | None, typer.Option("--shards", min=1, help="Shard count (default: the recorded one).")
+    ] = None,
+    redis_prefix: RedisPrefixOption = REDIS_PREFIX,
+    group: Annotated[str, typer.Option("--group", help="Consumer group on the input.")] = (
+        "atc-router"
+    ),
+    consumer: Annotated[str, typer.Option("--consumer", help="Consumer name.")] = "router-1",
+    batch_size: Annotated[int, typer.Option(help="Entries moved per script.", min=1)] = 500,
+    stop_when_idle: StopWhenIdleOption = None,
+) -> None:
+    """Move each entry of --input-stream to its shard's stream, exactly once."""
+    from atc_stream.app.jobs.cluster import route as run
+
+    _run(
+        run, redis=_need_redis(redis), input_stream=input_stream, shards=shards,
+        redis_prefix=redis_prefix, group=group, consumer=consumer, batch_size=batch_size,
+        stop_when_idle=stop_when_idle,
+    )  # fmt: skip
+
+
+@cluster_app.command("reshard")
+def reshard(
+    to: Annotated[int, typer.Option("--to", min=1, help="The new shard count.")],
+    redis: ClusterRedisOption = None,
+    redis_prefix: RedisPrefixOption = REDIS_PREFIX,
+) -> None:
+    """With the cluster stopped and its shard streams drained: split and merge the shard
+    snapshots by symbol into --to shards and record the new count (route new bars with
+    the new count afterwards)."""
+    from atc_stream.app.jobs.cluster import reshard as run
+
+    _run(run, redis=_need_redis(redis), to=to, redis_prefix=redis_prefix)

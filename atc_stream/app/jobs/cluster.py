@@ -1,0 +1,277 @@
+"""The ``cluster`` jobs: start one shard actor per shard on Ray, show the shards' status,
+route an input stream to the shard streams, reshard (docs/design/cluster.md)."""
+
+from __future__ import annotations
+
+import signal
+import socket
+from pathlib import Path
+from typing import Any
+
+from atc_stream.app.console import RunError, err, log_warnings, param_sets_option
+from atc_stream.app.durability import check_backend
+from atc_stream.app.extras import require
+
+
+def _client(redis_url: str):
+    require("redis", "atc-stream cluster")
+    import redis
+
+    client = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5)
+    try:
+        client.ping()
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise RunError(f"cannot reach Redis at {redis_url}: {exc}") from None
+    return client
+
+
+def _shard_count(client, prefix: str, shards: int | None) -> int:
+    """``shards`` checked against (or recorded as) the cluster's count in Redis."""
+    from atc_stream.connectors.cluster.registry import (
+        ShardCountMismatch,
+        claim_shards,
+        recorded_shards,
+    )
+
+    if shards is None:
+        have = recorded_shards(client, prefix)
+        if have is None:
+            raise RunError(f"no cluster under prefix {prefix!r} in Redis: give --shards N")
+        return have
+    try:
+        return claim_shards(client, prefix, shards)
+    except ShardCountMismatch as exc:
+        raise RunError(str(exc)) from None
+
+
+def connect_ray(address: str | None, shards: int) -> None:
+    """Connect to the Ray cluster at ``address`` (None: start a local one); one
+    ``RunError`` line when it cannot be reached."""
+    require("ray", "atc-stream cluster")
+    import ray
+
+    if address not in (None, "auto", "local"):
+        why = _not_grpc(address)
+        if why is not None:
+            raise RunError(
+                f"cannot reach the Ray cluster at {address!r} ({why}): give the head's "
+                "address (`ray start --head` prints it), or leave out --ray-address for a "
+                "local one"
+            )
+    options: dict[str, Any] = {"logging_level": "WARNING"}
+    if address in (None, "local"):
+        # a local cluster: one logical CPU per shard at least, so every actor is placed
+        import os
+
+        options.update(num_cpus=max(os.cpu_count() or 1, shards), include_dashboard=False)
+    try:
+        ray.init(address=address, **options)
+    except Exception as exc:  # Ray raises several kinds; the first line says what failed
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise RunError(f"cannot connect to Ray at {address!r}: {first}") from None
+
+
+#: An HTTP/2 client preface and an empty SETTINGS frame: a gRPC server (Ray's GCS) answers
+#: with a SETTINGS frame of its own.
+_HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
+def _not_grpc(address: str, timeout: float = 3.0) -> str | None:
+    """Why ``address`` (``host:port``, ``ray://host:port``) is no gRPC server such as Ray's
+    head; None when it is one. Ray itself would retry a wrong address for minutes."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout) as sock:
+            sock.sendall(_HTTP2_HELLO)
+            reply = sock.recv(9)
+    except (OSError, ValueError) as exc:
+        return str(exc) or type(exc).__name__
+    if len(reply) < 4 or reply[3] != 4:  # the 4th byte of a frame header is its type
+        return "it does not answer like a Ray head (no gRPC)"
+    return None
+
+
+def run_cluster(
+    *,
+    shards: int,
+    redis: str,
+    ray_address: str | None,
+    redis_prefix: str,
+    output_stream: str | None,
+    output_maxlen: int,
+    group: str,
+    batch_size: int,
+    snapshot_every: int | None,
+    publish: bool,
+    backend: str,
+    interval: str | None,
+    params: Path | None,
+    stop_when_idle: float | None,
+) -> int:
+    """Run one shard actor per shard until SIGINT/SIGTERM or every shard is idle for
+    ``stop_when_idle`` seconds; the exit status."""
+    require("ray", "atc-stream cluster")
+    require("redis", "atc-stream cluster")
+    from atc_stream.app.defaults import INTERVAL, SNAPSHOT_EVERY
+    from atc_stream.connectors.cluster.shard import ShardConfig
+
+    log_warnings()
+    check_backend(backend)
+    param_sets = param_sets_option(params)
+    client = _client(redis)
+    _shard_count(client, redis_prefix, shards)
+    connect_ray(ray_address, shards)
+    import ray
+
+    from atc_stream.connectors.cluster.actors import gpus_available, start_shard_actors
+
+    num_gpus = 1.0 if backend in ("auto", "cuda") and gpus_available() else 0.0
+    configs = [
+        ShardConfig(
+            redis=redis,
+            shard=shard,
+            prefix=redis_prefix,
+            output_stream=output_stream,
+            output_maxlen=output_maxlen,
+            group=group,
+            batch_size=batch_size,
+            snapshot_every=snapshot_every or SNAPSHOT_EVERY,
+            publish=publish,
+            backend=backend if num_gpus or backend != "auto" else "cpu",
+            interval=interval or INTERVAL,
+            params=[p.to_dict() for p in param_sets or []],
+        )  # fmt: skip
+        for shard in range(shards)
+    ]
+    actors = start_shard_actors(configs, num_gpus=num_gpus)
+    runs = [actor.run.remote(stop_when_idle) for actor in actors]
+    where = "GPU" if num_gpus else "CPU"
+    err(f"atc-stream: cluster of {shards} shards on Ray ({where} actors), prefix {redis_prefix!r}")
+
+    def stop(signum, frame) -> None:
+        err(f"atc-stream: {signal.Signals(signum).name}: stopping the shards")
+        for actor in actors:
+            actor.stop.remote()
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        pending = list(runs)
+        while pending:
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+        summaries = ray.get(runs)
+    except ray.exceptions.RayError as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+        err(f"atc-stream: a shard failed: {first}")
+        return 1
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    err("atc-stream: cluster done")
+    for s in summaries:
+        err(f"  shard {s['shard']}: {s['bars']} bars, {s['rows_out']} rows out "
+            f"(+{s['suppressed']} suppressed replays), {s['starts'] - 1} restarts, "
+            f"offset {s['offset']}, {s['backend']} backend")  # fmt: skip
+    return 0
+
+
+def cluster_status(*, redis: str, redis_prefix: str, group: str) -> int:
+    """Print the shard count and one line per shard."""
+    require("redis", "atc-stream cluster status")
+    from atc_stream.connectors.cluster.registry import shard_status
+
+    client = _client(redis)
+    shards = _shard_count(client, redis_prefix, None)
+    print(f"cluster {redis_prefix!r}: {shards} shards")
+    for shard in range(shards):
+        print(shard_status(client, redis_prefix, shard, group).line())
+    return 0
+
+
+def route(
+    *,
+    redis: str,
+    input_stream: str,
+    shards: int | None,
+    redis_prefix: str,
+    group: str,
+    consumer: str,
+    batch_size: int,
+    stop_when_idle: float | None,
+) -> int:
+    """Move every entry of ``input_stream`` to its shard's stream, exactly once."""
+    require("redis", "atc-stream cluster route")
+    import redis as redis_lib
+
+    from atc_stream.connectors.cluster.router import StreamRouter
+
+    log_warnings()
+    client = _client(redis)
+    count = _shard_count(client, redis_prefix, shards)
+    try:
+        router = StreamRouter(
+            redis, input_stream, count, prefix=redis_prefix, group=group, consumer=consumer,
+            batch_size=batch_size,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise RunError(str(exc)) from None
+    previous = {
+        sig: signal.signal(sig, lambda signum, frame: router.stop())
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        router.prepare()
+        err(f"atc-stream: routing {input_stream} to {count} shard streams")
+        stats = router.run(stop_when_idle=stop_when_idle)
+    except redis_lib.ResponseError as exc:
+        if "CROSSSLOT" in str(exc):
+            raise RunError(
+                "cluster route needs the input and shard streams in one script: a "
+                "standalone Redis, not a Redis Cluster (docs/design/cluster.md)"
+            ) from None
+        raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    err("atc-stream: route done")
+    for line in stats.lines():
+        err("  " + line)
+    return 0
+
+
+def reshard(*, redis: str, to: int, redis_prefix: str) -> int:
+    """Reshard the stopped cluster to ``to`` shards."""
+    require("redis", "atc-stream cluster reshard")
+    from atc_stream.connectors.cluster.reshard import ReshardRefused
+    from atc_stream.connectors.cluster.reshard import reshard as run
+
+    client = _client(redis)
+    try:
+        report = run(client, redis, redis_prefix, to)
+    except ReshardRefused as exc:
+        raise RunError(str(exc)) from None
+    err(
+        f"atc-stream: resharded {report.before} -> {report.after} shards ({report.snapshots} "
+        f"shard snapshots split; streams per shard {report.streams})"
+    )
+    return 0
+
+
+def route_bars(source, *, redis: str, redis_prefix: str, shards: int) -> int:
+    """Every bar of ``source`` (a ``BarFileSource``, in time order) to its shard's stream
+    (``replay --route-shards``); the cluster's recorded shard count must match."""
+    require("redis", "replay --route-shards")
+    from atc_stream.connectors.cluster.router import Router
+
+    client = _client(redis)
+    _shard_count(client, redis_prefix, shards)
+    router = Router(client, shards, prefix=redis_prefix, batch=1000)
+    names = source.symbol_names
+    for block in source.blocks(exclude_warm=False):
+        for code, time, close in zip(
+            block.codes.tolist(), block.times.tolist(), block.closes.tolist(), strict=True
+        ):
+            router.send({"symbol": names[code], "time": time, "close": repr(close)})
+    router.flush()
+    err(f"atc-stream: routed {router.routed} bars to {shards} shard streams "
+        f"({router.connection_errors} Redis errors waited out)")  # fmt: skip
+    return 0
