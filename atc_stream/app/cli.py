@@ -327,6 +327,9 @@ def live(
     strategy: StrategyOption = None,
     trades: TradesOption = None,
     positions: PositionsOption = None,
+    route_shards: Annotated[int | None, typer.Option("--route-shards", min=1, help="Also "
+        "write every closed bar the engine applies (the history too) to the N shard "
+        "streams of a cluster at --redis (atc-stream cluster).")] = None,
     metrics_port: Annotated[int, typer.Option(min=0, max=65535, help="Serve /metrics, "
         "/healthz and /readyz on this port (0: off; needs the metrics extra).")] = 0,
     metrics_host: Annotated[str, typer.Option(help="Address of --metrics-port.")] = "127.0.0.1",
@@ -355,7 +358,7 @@ def live(
         status_every=status_every, params=params, backend=backend, redis=redis,
         redis_prefix=redis_prefix, snapshot_dir=snapshot_dir, snapshot_every=snapshot_every,
         resume=resume, events_before_ready=events_before_ready, strategies=strategy or [],
-        trades=trades, positions=positions,
+        trades=trades, positions=positions, route_shards=route_shards,
         metrics_port=metrics_port, metrics_host=metrics_host, logs=use_log_format(log_format),
     )  # fmt: skip
 

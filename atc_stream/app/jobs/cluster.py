@@ -275,3 +275,24 @@ def route_bars(source, *, redis: str, redis_prefix: str, shards: int) -> int:
     err(f"atc-stream: routed {router.routed} bars to {shards} shard streams "
         f"({router.connection_errors} Redis errors waited out)")  # fmt: skip
     return 0
+
+
+def kline_router(redis: str, redis_prefix: str, shards: int):
+    """A ``RouterThread`` to the cluster's shard streams (``live --route-shards``), and the
+    ``on_bars`` of the live feed that hands it each applied closed kline; the cluster's
+    recorded shard count must match."""
+    require("redis", "live --route-shards")
+    from atc_stream.connectors.cluster.router import Router, RouterThread
+
+    client = _client(redis)
+    _shard_count(client, redis_prefix, shards)
+    routing = RouterThread(Router(client, shards, prefix=redis_prefix))
+
+    def on_bars(klines) -> None:
+        routing.put([
+            {"symbol": k.symbol, "time": k.open_time, "open": repr(k.open),
+             "high": repr(k.high), "low": repr(k.low), "close": repr(k.close)}
+            for k in klines
+        ])  # fmt: skip
+
+    return routing, on_bars

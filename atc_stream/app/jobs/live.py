@@ -71,11 +71,13 @@ def run_live(
     metrics_port: int = 0,
     metrics_host: str = "127.0.0.1",
     started_ms: int | None = None,
+    route_shards: int | None = None,
 ) -> int:
     """Run the live feed until ``max_seconds``/``max_bars``/SIGINT/SIGTERM; the exit status
     (1 when the feed failed: REST unusable or banned, no symbol known). Every bar closing
     after ``started_ms`` (default: when the feed starts) is stepped and written.
-    ``metrics_port`` (0: off) serves the operations endpoints on ``metrics_host``."""
+    ``metrics_port`` (0: off) serves the operations endpoints on ``metrics_host``.
+    ``route_shards``: every applied closed bar also goes to a cluster's shard streams."""
     if exchange.startswith("ccxt:"):  # its extra brings the live one: name the whole of it
         require("ccxt", f"--exchange {exchange}")
     require("live", "atc-stream live")
@@ -115,6 +117,8 @@ def run_live(
     except ValueError as exc:
         raise OptionError(str(exc), param_hint="--symbols") from None
     output_format(output)
+    if route_shards is not None and redis is None:
+        raise OptionError("--route-shards needs --redis URL (the cluster's Redis)")
     paper = check_paper_options(strategies, trades=trades, positions=positions)
     _check_symbols(venue, config, interval, names)
     durability = Durability(
@@ -140,6 +144,11 @@ def run_live(
         # e.g. warmed up by `replay`, now going live: allowed
         err(f"atc-stream: note: the snapshot holds no live output position (taken by "
             f"another command); {output} gets the rows from the snapshot on")  # fmt: skip
+    routing, on_bars = None, None
+    if route_shards is not None and redis is not None:
+        from atc_stream.app.jobs.cluster import kline_router
+
+        routing, on_bars = kline_router(redis, redis_prefix, route_shards)
     with durability.open_output(engine, output, LIVE_SOURCE) as signals:
         sink = signals
         if paper is not None:
@@ -166,6 +175,7 @@ def run_live(
                 on_preview=sink.write if previews else None,
                 snapshotter=durability.snapshotter, source_offsets=offsets,
                 publisher=publisher, exchange=venue, live_from_ms=started_ms,
+                on_bars=on_bars,
             )  # fmt: skip
         except ValueError as exc:
             raise OptionError(str(exc), param_hint="--symbols") from None
@@ -183,6 +193,8 @@ def run_live(
         finally:
             if paper is not None:
                 sink.close()
+            if routing is not None:
+                _close_routing(routing, routing.router.shards)
     if stderr_is_terminal() and status_every > 0:
         err("")
     err("atc-stream: live done" + (f" (failed: {failed})" if failed else ""),
@@ -190,6 +202,18 @@ def run_live(
     for line in stats.lines() + (paper_lines(engine) if paper is not None else []):
         err("  " + line)
     return 1 if failed is not None else 0
+
+
+def _close_routing(routing, shards: int) -> None:
+    """Write the bars still queued for the shard streams (within 30 s) and say how many
+    went; one error line when some could not be written."""
+    left = routing.close(timeout=30.0)
+    router = routing.router
+    err(f"atc-stream: routed {router.routed} bars to {shards} shard streams "
+        f"({router.connection_errors} Redis errors waited out)")  # fmt: skip
+    if left:
+        err(f"atc-stream: {left} bars were not written to the shard streams (Redis "
+            f"unreachable at the end)", level="error")  # fmt: skip
 
 
 def _check_symbols(exchange, config, interval: str, symbols: list[str]) -> None:

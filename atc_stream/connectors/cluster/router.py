@@ -4,6 +4,8 @@ mover of one input stream's entries (``StreamRouter``, ``atc-stream cluster rout
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -145,6 +147,53 @@ class Router:
             log.warning("router: redis unreachable (%s); %d bars wait, retrying in %.2f s",
                         exc, len(self.pending), delay)  # fmt: skip
         self.sleep(delay)
+
+
+class RouterThread:
+    """A ``Router`` fed from a thread of its own, so that a producer's event loop never
+    waits on Redis: ``put`` queues bars and returns at once; the thread sends them in
+    order and waits out Redis outages (the bars wait in memory meanwhile).
+
+    >>> routing = RouterThread(Router("redis://127.0.0.1:6379/0", shards=4))
+    >>> routing.put([{"symbol": "BTC", "time": 1700000000000, "close": "37000.5"}])
+    >>> left = routing.close(timeout=10.0)   # bars not written by then (0: all written)
+    """
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self._queue: queue.SimpleQueue[list[Mapping[str, Any]] | None] = queue.SimpleQueue()
+        self._queued = 0  # bars put and not yet handed to the router
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="atc-router", daemon=True)
+        self._thread.start()
+
+    def put(self, bars: list[Mapping[str, Any]]) -> None:
+        """Queue ``bars`` (in order) for their shards."""
+        if bars:
+            with self._lock:
+                self._queued += len(bars)
+            self._queue.put(bars)
+
+    def close(self, timeout: float) -> int:
+        """Write what is queued (within ``timeout`` seconds) and stop; the number of bars
+        left unwritten."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+        with self._lock:
+            return self._queued + len(self.router.pending)
+
+    def _run(self) -> None:
+        while True:
+            bars = self._queue.get()
+            if bars is None:
+                self.router.flush()
+                return
+            for fields in bars:
+                self.router.send(fields)
+            with self._lock:
+                self._queued -= len(bars)
+            if self._queue.empty():
+                self.router.flush()
 
 
 @dataclass

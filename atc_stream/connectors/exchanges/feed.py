@@ -17,6 +17,7 @@ import numpy as np
 from atc_stream.connectors.exchanges.config import LiveConfig, LiveStats
 from atc_stream.connectors.exchanges.exchange import Exchange, KlineConnection, KlineHistory
 from atc_stream.connectors.exchanges.idle_gc import IdleCollector
+from atc_stream.connectors.exchanges.kline_steps import KlineStepper
 from atc_stream.connectors.exchanges.klines import Kline, same_grid
 from atc_stream.connectors.exchanges.limits import WeightLimiter
 from atc_stream.connectors.exchanges.rest import RestBanned
@@ -31,7 +32,6 @@ from atc_stream.core.intervals import (
 )
 from atc_stream.core.results import StepResult
 from atc_stream.engine.engine import Engine
-from atc_stream.engine.parsing import fan_out
 
 log = logging.getLogger("atc_stream.binance")
 
@@ -96,8 +96,9 @@ class KlineClient:
     ``exchange`` (an ``exchange.Exchange``, default Binance spot) says how to talk to
     the venue; the config's URLs default to the exchange's. ``rest_limiter`` spends
     its REST weight budget (default: the exchange's ``limits``, or
-    ``config.rest_weight_budget``). ``clock_ms`` (ms since the epoch) and ``seed``
-    (jitter) are for tests.
+    ``config.rest_weight_budget``). ``on_bars(klines)`` gets the closed klines the
+    engine applied, warmup included, each symbol's in time order. ``clock_ms`` (ms since
+    the epoch) and ``seed`` (jitter) are for tests.
     """
 
     def __init__(
@@ -116,6 +117,7 @@ class KlineClient:
         seed: int | None = None,
         live_from_ms: int | None = None,
         rest_limiter: WeightLimiter | None = None,
+        on_bars: Callable[[list[Kline]], Any] | None = None,
     ) -> None:
         exchange = exchange or BinanceSpot()
         self.exchange = exchange
@@ -144,6 +146,7 @@ class KlineClient:
         )  # fmt: skip
         self.on_result = on_result
         self.on_preview = on_preview
+        self.on_bars = on_bars  #: the closed bars applied (warmup included), in order
         self.snapshotter = snapshotter
         self.source_offsets = source_offsets
 
@@ -157,10 +160,7 @@ class KlineClient:
         self.stats.connections = len(self.chunks)
         for s in names:
             self.engine.add_symbol(s)
-        #: each symbol's slots (one per parameter set): closed klines step as arrays
-        self._slots = {s: engine.slots_of(s).tolist() for s in names}
-        single = all(len(slots) == 1 for slots in self._slots.values())
-        self._single_slot = {s: slots[0] for s, slots in self._slots.items()} if single else None
+        self._stepper = KlineStepper(engine, names, self._ohlc)
         self._state = {s: _SymbolState(last=t) for s, t in self._engine_lasts(names).items()}
         self._engine_rejections_at_start = Counter(engine.rejections)
         self._pending: list[Kline] = []  # closed klines for the next step, in order
@@ -410,14 +410,15 @@ class KlineClient:
         held websocket klines (those REST brought too are dropped)."""
         history = self.config.history
         histories = [h for item in done for h in item.histories]
-        series, later = {}, {}
+        series, later, warm = {}, {}, {}
         for symbol, klines in histories:
             closed = [k for k in klines if k.closed]
             cut = 0
             while cut < len(closed) and self._closes_by(closed[cut], self._live_from):
                 cut += 1
             if cut:
-                series[symbol] = self._series(closed[max(0, cut - history) : cut])
+                warm[symbol] = closed[max(0, cut - history) : cut]
+                series[symbol] = self._series(warm[symbol])
             later[symbol] = closed[cut:]
         if series:
             result = self.engine.warmup(series)
@@ -425,6 +426,8 @@ class KlineClient:
             for symbol, last in self._engine_lasts(series).items():
                 self._state[symbol].last = last
             self._emit(result)
+            if self.on_bars is not None:
+                self.on_bars([k for klines in warm.values() for k in klines])
         for symbol, _ in histories:
             st = self._state[symbol]
             st.warming = False
@@ -640,34 +643,15 @@ class KlineClient:
         if preview is not None:
             self._dispatch(io, preview, released=True)
 
-    def _step(self, klines: list[Kline]) -> tuple[StepResult, int]:
-        """One ``Engine.step_arrays`` of closed ``klines`` (rejections index ``klines``),
-        and the newest open time among them. The slots of every symbol are known, so the
-        engine's per-item parsing of ``(symbol, time, close)`` tuples is left out."""
-        symbols, times, _, opens, highs, lows, closes, _, _ = zip(*klines, strict=True)
-        single = self._single_slot
-        if single is not None:  # one parameter set: one slot a kline
-            slots = np.array([single[s] for s in symbols], np.int64)
-            origin = None
-        else:
-            slots, origin = fan_out([self._slots[s] for s in symbols])
-        prices = (closes, opens, highs, lows) if self._ohlc else (closes,)
-        columns = [np.array(times, np.int64), *(np.array(p, np.float64) for p in prices)]
-        if origin is not None:
-            columns = [c[origin] for c in columns]
-        ohlc = {}
-        if self._ohlc:
-            ohlc = {"opens": columns[2], "highs": columns[3], "lows": columns[4]}
-        result = self.engine.step_arrays(slots, columns[0], columns[1], origin, **ohlc)
-        return result, max(times)
-
     def _flush(self) -> None:
         if self._pending:
             klines, self._pending = self._pending, []
             started = time.perf_counter()
-            result, newest = self._step(klines)
+            result, newest = self._stepper.step(klines)
             self.stats.step_seconds.observe(time.perf_counter() - started)
             rejected = {r.index for r in result.rejected}
+            if self.on_bars is not None:
+                self.on_bars([k for i, k in enumerate(klines) if i not in rejected])
             applied = len(klines) - len(rejected)
             self.stats.bars += applied
             if rejected:  # resync with what the engine holds: a later kline refetches them

@@ -1,0 +1,44 @@
+"""Closed klines as one ``Engine.step_arrays`` call, each symbol's slots looked up once."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from atc_stream.connectors.exchanges.klines import Kline
+from atc_stream.core.results import StepResult
+from atc_stream.engine.engine import Engine
+from atc_stream.engine.parsing import fan_out
+
+
+class KlineStepper:
+    """Steps ``engine`` with closed klines of ``symbols`` as slot, time and price arrays:
+    the engine's per-item parsing of ``(symbol, time, close)`` tuples is left out.
+    ``ohlc``: the engine trades strategies, so open, high and low go with the close."""
+
+    def __init__(self, engine: Engine, symbols: Sequence[str], ohlc: bool) -> None:
+        self.engine = engine
+        self.ohlc = ohlc
+        self._slots = {s: engine.slots_of(s).tolist() for s in symbols}
+        single = all(len(slots) == 1 for slots in self._slots.values())
+        self._single_slot = {s: slots[0] for s, slots in self._slots.items()} if single else None
+
+    def step(self, klines: list[Kline]) -> tuple[StepResult, int]:
+        """One step of ``klines`` (rejections index ``klines``) and their newest open time."""
+        symbols, times, _, opens, highs, lows, closes, _, _ = zip(*klines, strict=True)
+        single = self._single_slot
+        if single is not None:  # one parameter set: one slot a kline
+            slots = np.array([single[s] for s in symbols], np.int64)
+            origin = None
+        else:
+            slots, origin = fan_out([self._slots[s] for s in symbols])
+        prices = (closes, opens, highs, lows) if self.ohlc else (closes,)
+        columns = [np.array(times, np.int64), *(np.array(p, np.float64) for p in prices)]
+        if origin is not None:
+            columns = [c[origin] for c in columns]
+        ohlc = {}
+        if self.ohlc:
+            ohlc = {"opens": columns[2], "highs": columns[3], "lows": columns[4]}
+        result = self.engine.step_arrays(slots, columns[0], columns[1], origin, **ohlc)
+        return result, max(times)
