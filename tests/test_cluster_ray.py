@@ -163,6 +163,7 @@ def test_shard_actors_sigkilled_ten_times_lose_and_repeat_nothing(ray_cluster, c
     lines = status.stdout.splitlines()
     assert lines[0] == "cluster 'atc': 2 shards" and len(lines) == 3
     assert f"restarts {starts[0] - 1}" in lines[1] and "lag 0" in lines[1]
+    assert "stopped" in lines[1] and "backend cpu" in lines[2]
 
 
 def test_a_lost_node_moves_its_shard_and_loses_nothing(ray_cluster, client, redis_url):  # noqa: F811

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 import pytest
 from cluster_helpers import bar_list, check_outputs, fields, reference
@@ -71,24 +72,42 @@ def test_router_waits_out_a_redis_outage_and_loses_nothing(private_redis):  # no
     assert sorted(got[0] + got[1]) == sorted((s, t) for s, t, _ in bars[40:])
 
 
-def test_stream_router_moves_each_entry_once_through_outages(private_redis):  # noqa: F811
+def test_stream_router_moves_each_entry_once_through_dropped_connections(private_redis):  # noqa: F811
     import redis
 
-    bars = bar_list(5, 40)
+    bars = bar_list(5, 400)
     c = redis.Redis.from_url(private_redis.url)
-    for bar in bars[:100]:
-        c.xadd("in", fields(bar))
-    c.xadd("in", {"close": "1"})  # unroutable: acknowledged and counted
-    router = StreamRouter(private_redis.url, "in", 3, batch_size=9, backoff=FAST)
+    pipe = c.pipeline(transaction=False)
+    for bar in bars:
+        pipe.xadd("in", fields(bar))
+    pipe.xadd("in", {"close": "1"})  # unroutable: acknowledged and counted
+    pipe.execute()
+    router = StreamRouter(private_redis.url, "in", 3, batch_size=3, backoff=FAST)
     router.prepare()
-    router.run(stop_when_idle=0.3)
+    done = threading.Event()
+
+    def drop_connections() -> None:  # the router's connections die mid-batch, replies lost
+        for _ in range(15):
+            if done.wait(0.02):
+                return
+            c.client_kill_filter(_type="normal", skipme=True)
+
+    killer = threading.Thread(target=drop_connections)
+    killer.start()
+    router.run(stop_when_idle=0.5)
+    done.set()
+    killer.join()
+    assert router.stats.connection_errors >= 1
     # a second router process (same consumer) finds nothing left to move
     again = StreamRouter(private_redis.url, "in", 3, batch_size=9, backoff=FAST)
     again.run(stop_when_idle=0.3)
     assert again.stats.entries == 0
     got = shard_contents(c, 3)
-    assert sorted(got[0] + got[1] + got[2]) == sorted((s, t) for s, t, _ in bars[:100])
-    assert router.stats.unroutable == 1 and router.stats.routed == 100
+    assert sorted(got[0] + got[1] + got[2]) == sorted((s, t) for s, t, _ in bars)
+    for shard in range(3):  # in order, once each
+        assert got[shard] == [(s, t) for s, t, _ in bars if shard_of(s, 3) == shard]
+    # a batch whose reply was lost is moved but not counted
+    assert router.stats.unroutable <= 1 and len(bars) - 3 * 15 <= router.stats.routed <= len(bars)
     assert c.xpending("in", "atc-router")["pending"] == 0
 
 
@@ -117,6 +136,8 @@ def test_shard_worker_falls_back_to_the_previous_snapshot_with_a_warning(client,
     check_outputs(client, "out", expected)
     beat = client.hgetall(heartbeat_key("atc", 1))
     assert b"damaged" in beat[b"warning"] and int(beat[b"streams"]) == len({b[0] for b in mine})
+    assert int(beat[b"last_bar_time"]) == max(t for s, t, _ in every if shard_of(s, 2) == 1)
+    assert beat[b"state"] == b"stopped"
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -133,12 +154,14 @@ def test_a_second_start_with_another_shard_count_is_refused(client, redis_url): 
     assert recorded_shards(client, "atc") == 2
 
 
-def test_an_unreachable_ray_address_is_one_line_and_exit_2(redis_url):  # noqa: F811
+def test_an_unreachable_or_unknown_ray_address_is_one_line_and_exit_2(redis_url):  # noqa: F811
     pytest.importorskip("ray")
-    done = cli("cluster", "--shards", "2", "--redis", redis_url, "--ray-address", "127.0.0.1:1")
-    assert done.returncode == 2, done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "cannot reach the Ray cluster at '127.0.0.1:1'" in lines[0]
+    port = redis_url.rsplit(":", 1)[1].split("/")[0]
+    for address in ("127.0.0.1:1", f"127.0.0.1:{port}", "nowhere.invalid:6379"):
+        done = cli("cluster", "--shards", "2", "--redis", redis_url, "--ray-address", address)
+        assert done.returncode == 2, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"cannot reach the Ray cluster at {address!r}" in lines[0]
 
 
 def test_single_machine_paths_do_not_import_ray(tmp_path):

@@ -51,15 +51,13 @@ def connect_ray(address: str | None, shards: int) -> None:
     import ray
 
     if address not in (None, "auto", "local"):
-        host, _, port = address.removeprefix("ray://").rpartition(":")
-        try:
-            socket.create_connection((host or "127.0.0.1", int(port)), timeout=3.0).close()
-        except (OSError, ValueError) as exc:
+        why = _not_grpc(address)
+        if why is not None:
             raise RunError(
-                f"cannot reach the Ray cluster at {address!r} ({exc}): give the head's "
+                f"cannot reach the Ray cluster at {address!r} ({why}): give the head's "
                 "address (`ray start --head` prints it), or leave out --ray-address for a "
                 "local one"
-            ) from None
+            )
     options: dict[str, Any] = {"logging_level": "WARNING"}
     if address in (None, "local"):
         # a local cluster: one logical CPU per shard at least, so every actor is placed
@@ -71,6 +69,26 @@ def connect_ray(address: str | None, shards: int) -> None:
     except Exception as exc:  # Ray raises several kinds; the first line says what failed
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise RunError(f"cannot connect to Ray at {address!r}: {first}") from None
+
+
+#: An HTTP/2 client preface and an empty SETTINGS frame: a gRPC server (Ray's GCS) answers
+#: with a SETTINGS frame of its own.
+_HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
+def _not_grpc(address: str, timeout: float = 3.0) -> str | None:
+    """Why ``address`` (``host:port``, ``ray://host:port``) is no gRPC server such as Ray's
+    head; None when it is one. Ray itself would retry a wrong address for minutes."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout) as sock:
+            sock.sendall(_HTTP2_HELLO)
+            reply = sock.recv(9)
+    except (OSError, ValueError) as exc:
+        return str(exc) or type(exc).__name__
+    if len(reply) < 4 or reply[3] != 4:  # the 4th byte of a frame header is its type
+        return "it does not answer like a Ray head (no gRPC)"
+    return None
 
 
 def run_cluster(

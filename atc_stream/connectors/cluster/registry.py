@@ -85,6 +85,7 @@ class ShardStatus:
     backend: str
     node: str
     heartbeat_age_s: float | None
+    state: str = ""  #: starting, running or stopped (as its actor last said)
 
     def line(self) -> str:
         def text(value: Any) -> str:
@@ -94,8 +95,8 @@ class ShardStatus:
         return (
             f"shard {self.shard:<3} streams {text(self.streams):<6} last bar "
             f"{text(self.last_bar_time):<14} lag {text(self.lag):<6} restarts "
-            f"{self.restarts:<3} backend {self.backend or '-':<5} heartbeat {age} "
-            f"node {self.node[:12] or '-'}"
+            f"{self.restarts:<3} backend {self.backend or '-':<5} {self.state or '-':<8} "
+            f"heartbeat {age} node {self.node[:12] or '-'}"
         )
 
 
@@ -139,6 +140,7 @@ def shard_status(
         backend=raw.get("backend", ""),
         node=raw.get("node", ""),
         heartbeat_age_s=None if beat_ms is None else max(now_ms - beat_ms, 0) / 1000,
+        state=raw.get("state", ""),
     )
 
 

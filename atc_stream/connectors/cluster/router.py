@@ -151,7 +151,8 @@ class Router:
 class RouteStats:
     """What a ``StreamRouter`` run did."""
 
-    entries: int = 0  #: input entries read
+    #: counts of confirmed scripts (a batch moved with its reply lost is not counted)
+    entries: int = 0  #: input entries read and moved
     routed: int = 0  #: entries added to a shard stream
     unroutable: int = 0  #: entries without a usable symbol (acknowledged, dropped)
     connection_errors: int = 0

@@ -152,6 +152,8 @@ class ShardWorker:
             snapshotter=snapshotter, publisher=publisher,
             output_mark_key=mark_key(config.prefix, config.shard),
         )  # fmt: skip
+        known = [t for s in engine.symbols for t in engine.last_bar_times(s) if t is not None]
+        runner.last_bar_time = max(known) if known else None  # the status after a restart
         beats = threading.Thread(target=self._beat_loop, name="atc-shard-beat", daemon=True)
         try:
             runner.prepare(resume=True)
