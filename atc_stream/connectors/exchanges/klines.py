@@ -6,8 +6,10 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
+
+import msgspec
 
 from atc_stream.core.intervals import interval_ms, is_calendar, on_grid
 
@@ -102,13 +104,15 @@ class MessageParser:
 
     ``parse(raw)`` returns a ``Kline``, a list of them (Bybit and OKX messages may hold
     several), a control result of ``exchange.py`` (a pong, a failed subscription) or
-    None: nothing to apply (a rejected message is counted before)."""
+    None: nothing to apply (a rejected message is counted before). An adapter writes
+    ``_parse``, its wire format, with the checks below; ``parse`` guards it."""
 
     def __init__(self, symbols: Iterable[str], interval: str, rejections: Counter) -> None:
         self.symbols = set(symbols)
         self.interval = interval
         self.rejections = rejections
         self._logged: set[str] = set()
+        self._decoder = msgspec.json.Decoder()
 
     def reject(self, reason: str, detail: Any) -> None:
         """Counts ``detail`` as rejected for ``reason``; logs the first of each reason."""
@@ -124,7 +128,88 @@ class MessageParser:
 
     def parse(self, raw: str | bytes) -> Any:
         """What ``raw`` holds (see the class); never raises."""
+        try:
+            return self._parse(raw)
+        except Exception as exc:  # never let one message take the connection down
+            self.failed(exc)
+            return None
+
+    def _parse(self, raw: str | bytes) -> Any:
+        """What ``raw`` holds, in the adapter's wire format; may raise."""
         raise NotImplementedError
+
+    def failed(self, exc: Exception) -> None:
+        """Counts a message whose parsing raised ``exc`` as ``not_a_kline``."""
+        self.reject("not_a_kline", f"{type(exc).__name__}: {exc}")
+
+    def decode_object(self, raw: str | bytes) -> Any:
+        """``raw`` decoded as a JSON object (a dict); None (counted) for bad JSON or
+        another value."""
+        try:
+            msg = self._decoder.decode(raw)
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            self.reject("malformed_json", raw)
+            return None
+        if not isinstance(msg, dict):
+            self.reject("not_a_kline", raw)
+            return None
+        return msg
+
+    def typed(self, raw: str | bytes, *checks: tuple[Any, type | tuple[type, ...]]) -> bool:
+        """Whether each ``(value, type)`` holds; else counts ``missing_field`` when a value
+        is None (absent or null), ``bad_type`` otherwise."""
+        if all(isinstance(value, kind) for value, kind in checks):
+            return True
+        missing = any(value is None for value, _ in checks)
+        self.reject("missing_field" if missing else "bad_type", raw)
+        return False
+
+    def has_fields(self, raw: str | bytes, obj: dict[str, Any], names: Iterable[str]) -> bool:
+        """Whether ``obj`` holds every key of ``names``; else counts ``missing_field``."""
+        if all(name in obj for name in names):
+            return True
+        self.reject("missing_field", raw)
+        return False
+
+    def subscribed(self, raw: str | bytes, symbol: str, interval_matches: bool) -> bool:
+        """Whether ``symbol`` is subscribed and the interval matches; else counts
+        ``unsubscribed_symbol`` or ``wrong_interval``, in that order."""
+        if symbol not in self.symbols:
+            self.reject("unsubscribed_symbol", raw)
+            return False
+        if not interval_matches:
+            self.reject("wrong_interval", raw)
+            return False
+        return True
+
+    def accepted(self, raw: str | bytes, kline: Kline | str) -> Kline | None:
+        """``kline``, or None when it is a rejection reason (counted)."""
+        if isinstance(kline, str):
+            self.reject(kline, raw)
+            return None
+        return kline
+
+
+def checked_kline(
+    symbol: str,
+    times: tuple[int | None, int | None],
+    values: Sequence[Any],
+    closed: bool,
+    agrees: bool = True,
+) -> Kline | str:
+    """A kline from its (open, close) times as parsed (None: bad) and its raw (open, high,
+    low, close, volume), or the rejection reason: ``bad_time``, ``inconsistent_message``
+    (it closes before it opens, or not ``agrees``), ``bad_number``, ``non_positive_price``."""
+    t, close_time = times
+    if t is None or close_time is None:
+        return "bad_time"
+    if close_time < t or not agrees:
+        return "inconsistent_message"
+    checked = prices(*values)
+    if isinstance(checked, str):
+        return checked
+    o, h, lo, c, v = checked
+    return Kline(symbol, t, close_time, o, h, lo, c, v, closed)
 
 
 def same_grid(last: int, open_time: int, interval: str) -> bool:

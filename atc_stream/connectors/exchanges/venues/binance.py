@@ -16,7 +16,7 @@ from atc_stream.connectors.exchanges.klines import (
     MAX_TIME_MS,
     Kline,
     MessageParser,
-    number,
+    checked_kline,
     time_ms,
 )
 from atc_stream.connectors.exchanges.limits import WeightRules
@@ -148,7 +148,6 @@ class BinanceParser(MessageParser):
             stream = f"{s.lower()}@kline_{interval.lower()}"
             if s.upper() == s and stream.lower() == stream:
                 self._streams[s] = stream
-        self._decoder = msgspec.json.Decoder()
         self._typed_decoder = msgspec.json.Decoder(_TypedCombined)
 
     def parse(self, raw: str | bytes) -> Kline | None:
@@ -156,7 +155,7 @@ class BinanceParser(MessageParser):
         try:
             return self._parse_usual(raw) or self._parse(raw)
         except Exception as exc:  # never let one message take the connection down
-            self.reject("not_a_kline", f"{type(exc).__name__}: {exc}")
+            self.failed(exc)
             return None
 
     def _parse_usual(self, raw: str | bytes) -> Kline | None:
@@ -195,22 +194,13 @@ class BinanceParser(MessageParser):
         return _new_tuple(Kline, (symbol, k.t, k.T, o, h, lo, c, v, k.x))
 
     def _parse(self, raw: str | bytes) -> Kline | None:
-        try:
-            msg = self._decoder.decode(raw)
-        except (msgspec.DecodeError, UnicodeDecodeError):
-            self.reject("malformed_json", raw)
-            return None
-        if not isinstance(msg, dict):
-            self.reject("not_a_kline", raw)
+        msg = self.decode_object(raw)
+        if msg is None:
             return None
         stream = None
         if "stream" in msg or "data" in msg:  # combined-stream envelope
             stream, data = msg.get("stream"), msg.get("data")
-            if stream is None or data is None:
-                self.reject("missing_field", raw)
-                return None
-            if not isinstance(stream, str) or not isinstance(data, dict):
-                self.reject("bad_type", raw)
+            if not self.typed(raw, (stream, str), (data, dict)):
                 return None
         else:  # a raw-stream event (``/ws/<stream>``)
             data = msg
@@ -222,21 +212,11 @@ class BinanceParser(MessageParser):
             self.reject("not_a_kline", raw)
             return None
         k = data.get("k")
-        if k is None:
-            self.reject("missing_field", raw)
+        if not self.typed(raw, (k, dict)) or not self.has_fields(raw, k, _KLINE_FIELDS):
             return None
-        if not isinstance(k, dict):
-            self.reject("bad_type", raw)
-            return None
-        for name in _KLINE_FIELDS:
-            if name not in k:
-                self.reject("missing_field", raw)
-                return None
         symbol, interval, closed = k["s"], k["i"], k["x"]
-        if not isinstance(symbol, str) or not isinstance(interval, str):
-            self.reject("bad_type", raw)
-            return None
-        if not isinstance(closed, bool):
+        if not (isinstance(symbol, str) and isinstance(interval, str)
+                and isinstance(closed, bool)):  # fmt: skip
             self.reject("bad_type", raw)
             return None
         symbol = symbol.upper()
@@ -244,30 +224,14 @@ class BinanceParser(MessageParser):
         if not isinstance(outer, str) or outer.upper() != symbol:
             self.reject("inconsistent_message", raw)
             return None
-        if symbol not in self.symbols:
-            self.reject("unsubscribed_symbol", raw)
-            return None
-        if interval != self.interval:
-            self.reject("wrong_interval", raw)
+        if not self.subscribed(raw, symbol, interval == self.interval):
             return None
         if stream is not None and stream.lower() != f"{symbol.lower()}@kline_{interval.lower()}":
             self.reject("inconsistent_message", raw)
             return None
-        t, tc = time_ms(k["t"]), time_ms(k["T"])
-        if t is None or tc is None:
-            self.reject("bad_time", raw)
-            return None
-        if tc < t:
-            self.reject("inconsistent_message", raw)
-            return None
-        o, h, lo, c, v = (number(k[name]) for name in ("o", "h", "l", "c", "v"))
-        if o is None or h is None or lo is None or c is None or v is None or v < 0:
-            self.reject("bad_number", raw)
-            return None
-        if c <= 0 or o <= 0 or h <= 0 or lo <= 0:
-            self.reject("non_positive_price", raw)
-            return None
-        return Kline(symbol, t, tc, o, h, lo, c, v, closed)
+        values = (k["o"], k["h"], k["l"], k["c"], k["v"])
+        kline = checked_kline(symbol, (time_ms(k["t"]), time_ms(k["T"])), values, closed)
+        return self.accepted(raw, kline)
 
 
 def parse_rest_row(row: Any, symbol: str, now_ms: int) -> Kline | None:
@@ -275,11 +239,5 @@ def parse_rest_row(row: Any, symbol: str, now_ms: int) -> Kline | None:
     if not isinstance(row, (list, tuple)) or len(row) < 7:
         return None
     t, tc = time_ms(row[0]), time_ms(row[6])
-    if t is None or tc is None or tc < t:
-        return None
-    o, h, lo, c, v = (number(x) for x in row[1:6])
-    if o is None or h is None or lo is None or c is None or v is None or v < 0:
-        return None
-    if c <= 0 or o <= 0 or h <= 0 or lo <= 0:
-        return None
-    return Kline(symbol, t, tc, o, h, lo, c, v, tc < now_ms)
+    kline = checked_kline(symbol, (t, tc), row[1:6], tc is not None and tc < now_ms)
+    return None if isinstance(kline, str) else kline

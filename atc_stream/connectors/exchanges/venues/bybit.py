@@ -10,8 +10,6 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import msgspec
-
 from atc_stream.connectors.exchanges.exchange import (
     PONG,
     Control,
@@ -21,6 +19,7 @@ from atc_stream.connectors.exchanges.exchange import (
 from atc_stream.connectors.exchanges.klines import (
     Kline,
     MessageParser,
+    checked_kline,
     prices,
     time_ms,
     time_text_ms,
@@ -137,47 +136,23 @@ class BybitParser(MessageParser):
     ) -> None:
         super().__init__(symbols, interval, rejections)
         self.name = name  #: Bybit's name of the interval
-        self._decoder = msgspec.json.Decoder()
-
-    def parse(self, raw: str | bytes) -> Kline | list[Kline] | Control | None:
-        try:
-            return self._parse(raw)
-        except Exception as exc:  # never let one message take the connection down
-            self.reject("not_a_kline", f"{type(exc).__name__}: {exc}")
-            return None
 
     def _parse(self, raw: str | bytes) -> Kline | list[Kline] | Control | None:
-        try:
-            msg = self._decoder.decode(raw)
-        except (msgspec.DecodeError, UnicodeDecodeError):
-            self.reject("malformed_json", raw)
-            return None
-        if not isinstance(msg, dict):
-            self.reject("not_a_kline", raw)
+        msg = self.decode_object(raw)
+        if msg is None:
             return None
         topic = msg.get("topic")
         if topic is None:
             return self._control(msg, raw)
-        if not isinstance(topic, str):
-            self.reject("bad_type", raw)
+        if not self.typed(raw, (topic, str)):
             return None
         parts = topic.split(".")
         if len(parts) != 3 or parts[0] != "kline":
             self.reject("not_a_kline", raw)
             return None
         _, name, symbol = parts
-        if symbol not in self.symbols:
-            self.reject("unsubscribed_symbol", raw)
-            return None
-        if name != self.name:
-            self.reject("wrong_interval", raw)
-            return None
         data = msg.get("data")
-        if data is None:
-            self.reject("missing_field", raw)
-            return None
-        if not isinstance(data, list):
-            self.reject("bad_type", raw)
+        if not self.subscribed(raw, symbol, name == self.name) or not self.typed(raw, (data, list)):
             return None
         out = [k for k in (self._kline(item, symbol, raw) for item in data) if k is not None]
         return out[0] if len(out) == 1 else out or None
@@ -186,26 +161,15 @@ class BybitParser(MessageParser):
         if not isinstance(k, dict):
             self.reject("bad_type", raw)
             return None
-        for field in _FIELDS:
-            if field not in k:
-                self.reject("missing_field", raw)
-                return None
+        if not self.has_fields(raw, k, _FIELDS):
+            return None
         if not isinstance(k["confirm"], bool) or not isinstance(k["interval"], str):
             self.reject("bad_type", raw)
             return None
-        t, close_time = time_ms(k["start"]), time_ms(k["end"])
-        if t is None or close_time is None:
-            self.reject("bad_time", raw)
-            return None
-        if k["interval"] != self.name or close_time < t:
-            self.reject("inconsistent_message", raw)
-            return None
-        values = prices(k["open"], k["high"], k["low"], k["close"], k["volume"])
-        if isinstance(values, str):
-            self.reject(values, raw)
-            return None
-        o, h, lo, c, v = values
-        return Kline(symbol, t, close_time, o, h, lo, c, v, k["confirm"])
+        times = (time_ms(k["start"]), time_ms(k["end"]))
+        values = (k["open"], k["high"], k["low"], k["close"], k["volume"])
+        agrees = k["interval"] == self.name
+        return self.accepted(raw, checked_kline(symbol, times, values, k["confirm"], agrees))
 
     def _control(self, msg: dict[str, Any], raw: str | bytes) -> Control | None:
         op = msg.get("op")

@@ -10,8 +10,6 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import msgspec
-
 from atc_stream.connectors.exchanges.exchange import (
     PONG,
     Control,
@@ -145,25 +143,12 @@ class OkxParser(MessageParser):
     ) -> None:
         super().__init__(symbols, interval, rejections)
         self.channel = "candle" + bar
-        self._decoder = msgspec.json.Decoder()
-
-    def parse(self, raw: str | bytes) -> Kline | list[Kline] | Control | None:
-        if raw == "pong" or raw == b"pong":
-            return PONG
-        try:
-            return self._parse(raw)
-        except Exception as exc:  # never let one message take the connection down
-            self.reject("not_a_kline", f"{type(exc).__name__}: {exc}")
-            return None
 
     def _parse(self, raw: str | bytes) -> Kline | list[Kline] | Control | None:
-        try:
-            msg = self._decoder.decode(raw)
-        except (msgspec.DecodeError, UnicodeDecodeError):
-            self.reject("malformed_json", raw)
-            return None
-        if not isinstance(msg, dict):
-            self.reject("not_a_kline", raw)
+        if raw == "pong" or raw == b"pong":
+            return PONG
+        msg = self.decode_object(raw)
+        if msg is None:
             return None
         event = msg.get("event")
         if event is not None:
@@ -171,31 +156,19 @@ class OkxParser(MessageParser):
                 return Control("subscribe_failed", f"{msg.get('code')}: {msg.get('msg')}")
             return None  # subscribe confirmations, connection counts, notices
         arg, data = msg.get("arg"), msg.get("data")
-        if arg is None or data is None:
-            self.reject("missing_field" if arg is not None or data is not None else "not_a_kline",
-                        raw)  # fmt: skip
+        if arg is None and data is None:
+            self.reject("not_a_kline", raw)
             return None
-        if not isinstance(arg, dict) or not isinstance(data, list):
-            self.reject("bad_type", raw)
+        if not self.typed(raw, (arg, dict), (data, list)):
             return None
         channel, symbol = arg.get("channel"), arg.get("instId")
-        if not isinstance(channel, str) or not isinstance(symbol, str):
-            self.reject("missing_field" if channel is None or symbol is None else "bad_type", raw)
+        if not self.typed(raw, (channel, str), (symbol, str)):
             return None
         if not channel.startswith("candle"):
             self.reject("not_a_kline", raw)
             return None
-        if symbol not in self.symbols:
-            self.reject("unsubscribed_symbol", raw)
+        if not self.subscribed(raw, symbol, channel == self.channel):
             return None
-        if channel != self.channel:
-            self.reject("wrong_interval", raw)
-            return None
-        out = []
-        for row in data:
-            kline = candle(row, symbol, self.interval)
-            if isinstance(kline, str):
-                self.reject(kline, raw)
-            else:
-                out.append(kline)
+        klines = (self.accepted(raw, candle(row, symbol, self.interval)) for row in data)
+        out = [k for k in klines if k is not None]
         return out[0] if len(out) == 1 else out or None
