@@ -261,36 +261,10 @@ class StepResult:
         """
         if self._column_values is not None:
             return self._column_values
-        # the values of :meth:`columns`, without building its arrays: on the latency path
-        # of a live step (a family group's six columns come from one ``tolist``)
-        keys_by_slot = self._keys_by_slot
-        keys = [keys_by_slot[s] for s in self.slots.tolist()]
-        n = len(keys)
-        fields = self.fields
-        values: dict[str, list[Any]] = {
-            "symbol": np.array([k.symbol for k in keys], dtype=object).reshape(n).tolist(),
-            "interval": np.array([k.interval for k in keys], dtype=object).reshape(n).tolist(),
-            "params_id": np.array([k.params_id for k in keys], np.int64).reshape(n).tolist(),
-            "time": np.asarray(self.times, np.int64).tolist(),
-            "close": _float_values(np.asarray(self.closes, np.float64)),
-            "provisional": np.full(n, self.provisional).tolist(),
-            "bar_index": fields["bar_index"].tolist(),
-        }
-        for group in self.groups:
-            if group == "events":
-                values["ready"] = (fields["bar_index"] >= self.ready_from).tolist()
-                values["long"] = fields["long"].tolist()
-                values["short"] = fields["short"].tolist()
-            elif group in ("layers", "equities"):
-                block, names = fields[group], schema.OUTPUT_GROUPS[group]
-                if np.isnan(block).any():
-                    family = [_float_values(block[:, j]) for j in range(len(names))]
-                else:
-                    family = block.T.tolist()
-                values.update(zip(names, family, strict=True))
-            else:
-                values[group] = _float_values(fields[group])
-        lists = [values[name] for name in self.column_names]
+        lists = [
+            _float_values(values) if schema.COLUMN_TYPES[name] == "float" else values.tolist()
+            for name, values in self.columns().items()
+        ]
         self._column_values = lists
         return lists
 
