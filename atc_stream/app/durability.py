@@ -55,9 +55,9 @@ def open_snapshot_store(
     if re.match(r"(redis|rediss|unix)://", text):
         require("redis", "a Redis snapshot store")
         # imported here: redis is an optional extra, and the base install must run
-        from atc_stream.connectors.redis.snapshots import RedisSnapshotStore
+        from atc_stream.connectors.redis.snapshots import RedisSnapshotStore, namespace_prefix
 
-        return RedisSnapshotStore(text, prefix=f"atc-stream:{namespace}", keep=keep)
+        return RedisSnapshotStore(text, prefix=namespace_prefix(namespace), keep=keep)
     prefix = "snapshot" if namespace == "default" else f"snapshot-{namespace}"
     return DirectorySnapshotStore(text, keep=keep, prefix=prefix)
 

@@ -53,11 +53,6 @@ def claim_shards(client: redis.Redis, prefix: str, shards: int) -> int:
     return shards
 
 
-def set_shards(client: redis.Redis, prefix: str, shards: int) -> None:
-    """Record a new shard count (after resharding)."""
-    client.hset(cluster_key(prefix), mapping={"shards": check_shards(shards)})
-
-
 def record_start(client: redis.Redis, prefix: str, shard: int, fields: dict[str, Any]) -> int:
     """A shard actor starts: count it (``starts``) and record ``fields``; the count."""
     key = heartbeat_key(prefix, shard)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import redis
 
 from atc_stream.connectors.cluster.registry import (
+    cluster_key,
     heartbeat_key,
     last_entry_id,
     recorded_shards,
@@ -76,7 +77,7 @@ def reshard(client: redis.Redis, redis_url: str, prefix: str, to: int) -> Reshar
                 blob = merge_snapshots([p[shard] for p in parts], source_offsets=offsets)
                 streams[shard] = len(read_header(blob).streams)
                 shard_store(redis_url, shard).save_queued(pipe, blob)
-        pipe.hset(f"{prefix}:cluster", mapping={"shards": to, "resharded_ms": _now_ms()})
+        pipe.hset(cluster_key(prefix), mapping={"shards": to, "resharded_ms": _now_ms()})
         for shard in range(to, before):  # gone shards: no heartbeat left to mislead status
             pipe.delete(heartbeat_key(prefix, shard))
         pipe.execute()

@@ -15,7 +15,7 @@ import numpy as np
 import redis
 
 from atc_stream.connectors.cluster.registry import beat, heartbeat_key, mark_key, record_start
-from atc_stream.connectors.redis.snapshots import RedisSnapshotStore
+from atc_stream.connectors.redis.snapshots import RedisSnapshotStore, namespace_prefix
 from atc_stream.connectors.redis.streams import RedisStreamRunner
 from atc_stream.core.params import ATCParams
 from atc_stream.core.results import StepResult
@@ -24,15 +24,12 @@ from atc_stream.engine.engine import Engine
 
 log = logging.getLogger("atc_stream.cluster")
 
-#: The snapshot keys of shard 3: ``{atc-stream:shard-3}:snapshot:*`` (as ``run-stream
-#: --namespace shard-3`` would keep them).
-SNAPSHOT_PREFIX = "atc-stream"
-
 
 def shard_store(redis_url: str, shard: int, keep: int = 5) -> RedisSnapshotStore:
-    """The snapshot store of ``shard``."""
-    return RedisSnapshotStore(redis_url, prefix=f"{SNAPSHOT_PREFIX}:{shard_namespace(shard)}",
-                              keep=keep)  # fmt: skip
+    """The snapshot store of ``shard``: ``{atc-stream:shard-3}:snapshot:*``, where
+    ``run-stream --namespace shard-3`` and ``replay --shard-snapshots`` keep them too."""
+    prefix = namespace_prefix(shard_namespace(shard))
+    return RedisSnapshotStore(redis_url, prefix=prefix, keep=keep)
 
 
 @dataclass

@@ -58,6 +58,12 @@ return id
 """
 
 
+def namespace_prefix(namespace: str) -> str:
+    """The key prefix of the snapshots of ``namespace`` (``--namespace``; a cluster's
+    shard ``shard-3``): ``atc-stream:shard-3``, wrapped in a hash tag by the store."""
+    return f"atc-stream:{namespace}"
+
+
 class RedisSnapshotStore:
     """Snapshots in Redis: one key per blob, an index, and a "latest" pointer.
 
