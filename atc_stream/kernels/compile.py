@@ -17,9 +17,12 @@ from atc_stream.kernels.cache import cached_jit
 
 
 def compile_module(
-    module: types.ModuleType, decorator: Callable[[Callable[..., Any]], Any]
+    module: types.ModuleType,
+    decorator: Callable[[Callable[..., Any]], Any],
+    overrides: dict[str, Callable[[Callable[..., Any]], Any]] | None = None,
 ) -> types.SimpleNamespace:
-    """Return a namespace with every function of ``module`` compiled by ``decorator``.
+    """Return a namespace with every function of ``module`` compiled by ``decorator``
+    (or by ``overrides[name]`` for the functions named there).
 
     Each function is cloned over a private copy of the module's globals in which its
     siblings are the compiled versions, so compiled functions call compiled functions.
@@ -32,7 +35,7 @@ def compile_module(
                 function.__code__, namespace, name, function.__defaults__, function.__closure__
             )
             clone.__doc__ = function.__doc__
-            compiled[name] = decorator(clone)
+            compiled[name] = (overrides or {}).get(name, decorator)(clone)
     namespace.update(compiled)
     return types.SimpleNamespace(**compiled)
 

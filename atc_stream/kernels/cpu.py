@@ -30,7 +30,15 @@ _core = compile_core(_inlined)
 update_stream = _core.update_stream
 stream_growth = _core.stream_growth
 growth_factor = _core.growth_factor
-_lanes = compile_module(lane_source, _inlined)
+# The lane kernel touches no reference counts: numba would otherwise increment and
+# decrement (atomically) the count of every array passed to each inlined function, ~100
+# atomic pairs a block-bar, more than half of the serial warmup's time. Its scratch comes
+# from the caller, and ``block_warmup`` is called out of line so the caller keeps NRT.
+_lanes = compile_module(
+    lane_source,
+    cached_jit(njit(error_model="numpy", inline="always", cache=True, _nrt=False)),
+    {"block_warmup": cached_jit(njit(error_model="numpy", cache=True, _nrt=False))},
+)
 block_warmup = _lanes.block_warmup
 steady_bar = _lanes.steady_bar
 LANES = lane_source.LANES
@@ -166,9 +174,8 @@ def warmup_blocks(
             ring, values, counters, param_lengths, param_values, slots, times, closes,
             counts, out, record_all, members[start:block_starts[b + 1]],
             block_starts[b + 1] - start, np.empty((rows, LANES)),
-            np.empty((values.shape[1], LANES)), np.empty((lane_source.N_V, LANES)),
-            np.empty((N_OUT, LANES)), np.empty(LANES), np.empty(LANES, np.int64),
-            np.empty(LANES),
+            np.empty((values.shape[1], LANES)), np.empty((N_OUT, LANES)),
+            np.empty((lane_source.N_LANE_ROWS, LANES)),
         )  # fmt: skip
 
 

@@ -1,5 +1,5 @@
-"""The ATC update of ``LANES`` streams at once: ``core.py``'s arithmetic with the stream
-index innermost, so every window sum runs ``LANES`` independent chains in SIMD registers.
+"""The ATC update of ``LANES`` streams at once: ``core.py``'s arithmetic on lane vectors
+(``simd.py``), so every window sum runs ``LANES`` independent chains in one register.
 
 Design: docs/design/kernels.md, "Lanes". Each lane performs exactly the IEEE operations,
 in exactly the order, of ``core.update_stream``; tests compare every bit with it.
@@ -19,6 +19,7 @@ from atc_stream.core.output_row import (
 )
 from atc_stream.core.params import LENGTHS_PER_FAMILY, N_FAMILIES
 from atc_stream.kernels.core import DEMA, EMA, EQUITY_FLOOR, HMA, KAMA_FAST, KAMA_SLOW, LSMA, WMA
+from atc_stream.kernels.simd import LANES, floor, load, splat, store, where
 from atc_stream.state.layout import (
     AVG_PREV,
     BAR_INDEX,
@@ -50,24 +51,13 @@ from atc_stream.state.layout import (
     RING_HEAD,
 )
 
-#: streams per block: 4 AVX2 vectors of doubles per chain step hide the add latency
-LANES = 16
 NAN = math.nan
 
-# rows of the per-block scratch ``v[row, lane]`` (one lane vector each)
-V_CLOSE = 0
-V_PREV_CLOSE = 1
-V_R = 2
-V_M = 3
-V_ACC = 4
-V_ACC2 = 5
-V_W1 = 6
-V_T1 = 7
-V_W2 = 8
-V_T2 = 9
-V_SIGNAL = 10
-V_E = 11
-N_V = 12
+# rows of the per-block scratch ``lane[row]`` (one lane vector each)
+L_GROWTH = 0
+L_BAR_INDEX = 1
+L_DIRECTION = 2
+N_LANE_ROWS = 3
 
 
 def steady_bar(lengths):
@@ -79,269 +69,221 @@ def steady_bar(lengths):
     return max(lengths[CUTOUT_COLUMN] + 1, 2 * longest - 1, 1)
 
 
-# -- window sums over a block's history ``h[position, lane]`` -----------------------
+# -- moving averages over a block's history ``h[position]`` (one lane vector a row) --
 
 
-def lane_window_sum(h, p, n, v):
-    for lane in range(LANES):
-        v[V_ACC, lane] = 0.0
+def lane_window_sum(h, p, n):
+    acc = splat(0.0)
     for k in range(p - n + 1, p + 1):
-        for lane in range(LANES):
-            v[V_ACC, lane] += h[k, lane]
+        acc = acc + load(h, k)
+    return acc
 
 
-def lane_ema(h, p, length, bar_index, vals, field, v):
-    """``core.ema_next`` into ``v[V_M]``; ``vals[field]`` holds the previous value."""
+def lane_ema(h, p, length, bar_index, vals, field, close):
+    """``core.ema_next``; ``vals[field]`` holds the previous value and gets the new one."""
     if bar_index < length - 1:
-        for lane in range(LANES):
-            v[V_M, lane] = NAN
+        m = splat(NAN)
     elif bar_index == length - 1:
-        lane_window_sum(h, p, length, v)
-        for lane in range(LANES):
-            v[V_M, lane] = v[V_ACC, lane] / length
+        m = lane_window_sum(h, p, length) / length
     else:
         alpha = 2.0 / (length + 1)
-        beta = 1.0 - alpha
-        for lane in range(LANES):
-            v[V_M, lane] = alpha * v[V_CLOSE, lane] + beta * vals[field, lane]
-    for lane in range(LANES):
-        vals[field, lane] = v[V_M, lane]
+        m = alpha * close + (1.0 - alpha) * load(vals, field)
+    store(vals, field, m)
+    return m
 
 
-def lane_sma(h, p, length, bar_index, v):
+def lane_sma(h, p, length, bar_index):
     if bar_index < length - 1:
-        for lane in range(LANES):
-            v[V_M, lane] = NAN
-        return
-    lane_window_sum(h, p, length, v)
-    for lane in range(LANES):
-        v[V_M, lane] = v[V_ACC, lane] / length
+        return splat(NAN)
+    return lane_window_sum(h, p, length) / length
 
 
-def lane_wma(h, p, length, bar_index, v):
+def lane_wma(h, p, length, bar_index):
     if bar_index < length - 1:
-        for lane in range(LANES):
-            v[V_M, lane] = NAN
-        return
+        return splat(NAN)
     start = p - length + 1
-    for lane in range(LANES):
-        v[V_ACC, lane] = 0.0
+    acc = splat(0.0)
     for j in range(1, length + 1):
-        w = float(j)
-        for lane in range(LANES):
-            v[V_ACC, lane] += w * h[start + j - 1, lane]
-    denominator = length * (length + 1) / 2
-    for lane in range(LANES):
-        v[V_M, lane] = v[V_ACC, lane] / denominator
+        acc = acc + j * load(h, start + j - 1)
+    return acc / (length * (length + 1) / 2)
 
 
-def lane_lsma(h, p, length, bar_index, v):
+def lane_lsma(h, p, length, bar_index):
     if bar_index < length - 1:
-        for lane in range(LANES):
-            v[V_M, lane] = NAN
-        return
+        return splat(NAN)
     start = p - length + 1
-    for lane in range(LANES):
-        v[V_ACC, lane] = 0.0
-        v[V_ACC2, lane] = 0.0
+    sy = splat(0.0)
+    sxy = splat(0.0)
     for j in range(length):
-        x = float(j)
-        for lane in range(LANES):
-            y = h[start + j, lane]
-            v[V_ACC, lane] += y
-            v[V_ACC2, lane] += x * y
+        y = load(h, start + j)
+        sy = sy + y
+        sxy = sxy + j * y
     sx = length * (length - 1) / 2
     sxx = (length - 1) * length * (2 * length - 1) / 6
     denominator = length * sxx - sx * sx
     if denominator == 0.0:
-        for lane in range(LANES):
-            v[V_M, lane] = NAN
-        return
-    for lane in range(LANES):
-        slope = (length * v[V_ACC2, lane] - sx * v[V_ACC, lane]) / denominator
-        intercept = (v[V_ACC, lane] - slope * sx) / length
-        v[V_M, lane] = intercept + slope * (length - 1)
+        return splat(NAN)
+    slope = (length * sxy - sx * sy) / denominator
+    intercept = (sy - slope * sx) / length
+    return intercept + slope * (length - 1)
 
 
-def lane_kama(h, p, length, bar_index, vals, field, v):
-    """``core.kama_next`` into ``v[V_M]``; ``vals[field]`` holds the previous value."""
+def lane_kama(h, p, length, bar_index, vals, field, close):
+    """``core.kama_next``; ``vals[field]`` holds the previous value and gets the new one."""
+    ratio = splat(0.0)
     if bar_index >= length:
-        for lane in range(LANES):
-            v[V_ACC, lane] = 0.0
+        signal = abs(close - load(h, p - length))
+        noise = splat(0.0)
         for k in range(p - length, p):
-            for lane in range(LANES):
-                v[V_ACC, lane] += abs(h[k + 1, lane] - h[k, lane])
-        for lane in range(LANES):
-            noise = v[V_ACC, lane]
-            signal = abs(v[V_CLOSE, lane] - h[p - length, lane])
-            ratio = signal / noise if noise != 0.0 else 0.0
-            t = ratio * (KAMA_FAST - KAMA_SLOW) + KAMA_SLOW
-            prev = vals[field, lane]
-            m = prev + (t * t) * (v[V_CLOSE, lane] - prev)
-            v[V_M, lane] = m
-            vals[field, lane] = m
-    else:
-        t = 0.0 * (KAMA_FAST - KAMA_SLOW) + KAMA_SLOW
-        smooth = t * t
-        for lane in range(LANES):
-            prev = vals[field, lane]
-            m = prev + smooth * (v[V_CLOSE, lane] - prev)
-            v[V_M, lane] = m
-            vals[field, lane] = m
+            noise = noise + abs(load(h, k + 1) - load(h, k))
+        ratio = where(noise != 0.0, signal / noise, 0.0)
+    t = ratio * (KAMA_FAST - KAMA_SLOW) + KAMA_SLOW
+    smooth = t * t
+    prev = load(vals, field)
+    m = prev + smooth * (close - prev)
+    store(vals, field, m)
+    return m
 
 
-def lane_dema(h, p, length, bar_index, vals, base, v):
-    """``core.dema_next`` into ``v[V_M]`` (e1 in MA_AUX1, e2 or its seed sum in MA_AUX2)."""
-    lane_ema(h, p, length, bar_index, vals, base + MA_AUX1, v)
+def lane_dema(h, p, length, bar_index, vals, base, close):
+    """``core.dema_next`` (e1 in MA_AUX1, e2 or its seed sum in MA_AUX2)."""
+    e1 = lane_ema(h, p, length, bar_index, vals, base + MA_AUX1, close)
     if bar_index < length - 1:
-        return  # v[V_M] is already NaN
-    e2_field = base + MA_AUX2
+        return splat(NAN)
+    e2 = load(vals, base + MA_AUX2)
     seed_bar = 2 * length - 2
     if bar_index <= seed_bar:
-        for lane in range(LANES):
-            vals[e2_field, lane] = vals[e2_field, lane] + v[V_M, lane]
+        e2 = e2 + e1  # seed sum of e1, oldest first, from 0.0
         if bar_index == seed_bar:
-            for lane in range(LANES):
-                vals[e2_field, lane] = vals[e2_field, lane] / length
+            e2 = e2 / length
     else:
         alpha = 2.0 / (length + 1)
-        beta = 1.0 - alpha
-        for lane in range(LANES):
-            vals[e2_field, lane] = alpha * v[V_M, lane] + beta * vals[e2_field, lane]
+        e2 = alpha * e1 + (1.0 - alpha) * e2
+    store(vals, base + MA_AUX2, e2)
     if bar_index < seed_bar:
-        for lane in range(LANES):
-            v[V_M, lane] = NAN
-        return
-    for lane in range(LANES):
-        v[V_M, lane] = 2.0 * v[V_M, lane] - vals[e2_field, lane]
+        return splat(NAN)
+    return 2.0 * e1 - e2
 
 
-def lane_ma(family, h, p, length, bar_index, vals, base, v):
+def lane_ma(family, h, p, length, bar_index, vals, base, close):
+    """``core.ma_next`` of one MA instance for every lane."""
     if family == EMA:
-        lane_ema(h, p, length, bar_index, vals, base + MA_AUX1, v)
-    elif family == HMA:
-        lane_sma(h, p, length, bar_index, v)
-    elif family == WMA:
-        lane_wma(h, p, length, bar_index, v)
-    elif family == DEMA:
-        lane_dema(h, p, length, bar_index, vals, base, v)
-    elif family == LSMA:
-        lane_lsma(h, p, length, bar_index, v)
+        return lane_ema(h, p, length, bar_index, vals, base + MA_AUX1, close)
+    if family == HMA:
+        return lane_sma(h, p, length, bar_index)
+    if family == WMA:
+        return lane_wma(h, p, length, bar_index)
+    if family == DEMA:
+        return lane_dema(h, p, length, bar_index, vals, base, close)
+    if family == LSMA:
+        return lane_lsma(h, p, length, bar_index)
+    return lane_kama(h, p, length, bar_index, vals, base + MA_AUX1, close)
+
+
+# -- signals and equity (selects where the scalar kernel branches on a lane's value) --
+
+
+def lane_equity(vals, equity_field, return_field, previous_signal, r, first, start, decay):
+    """``core.equity_next``; ``previous_signal`` is s[1] (NaN = na)."""
+    a = load(vals, return_field)
+    a = where(previous_signal > 0, r, where(previous_signal < 0, -r, a))
+    store(vals, return_field, a)
+    if first:
+        e = splat(start)
     else:
-        lane_kama(h, p, length, bar_index, vals, base + MA_AUX1, v)
-
-
-# -- signals and equity, lane by lane (selects, no data-dependent branches) ---------
-
-
-def lane_equity(vals, equity_field, return_field, previous_signal, r, first, start, decay, lane):
-    """``core.equity_next`` for one lane; ``previous_signal`` is s[1] (NaN = na)."""
-    a = vals[return_field, lane]
-    a = r if previous_signal > 0 else (-r if previous_signal < 0 else a)
-    vals[return_field, lane] = a
-    e = start if first else (vals[equity_field, lane] * decay) * (1.0 + a)
-    e = EQUITY_FLOOR if e < EQUITY_FLOOR else e
-    vals[equity_field, lane] = e
+        e = (load(vals, equity_field) * decay) * (1.0 + a)
+    e = where(e < EQUITY_FLOOR, EQUITY_FLOOR, e)
+    store(vals, equity_field, e)
     return e
 
 
-def lane_layer1(family, h, p, lengths, bar_index, vals, decay, v):
-    """``core.layer1_signal`` into ``v[V_SIGNAL]`` (NaN while inactive)."""
+def lane_layer1(family, h, p, lengths, bar_index, vals, decay, close, previous_close, r):
+    """``core.layer1_signal``: the family's layer-1 signal (NaN while inactive)."""
     cutout = lengths[CUTOUT_COLUMN]
     active = bar_index >= cutout
     first = bar_index == cutout
-    for lane in range(LANES):
-        v[V_W1, lane] = 0.0
-        v[V_T1, lane] = 0.0
+    weighted = splat(0.0)
+    total = splat(0.0)
     for j in range(LENGTHS_PER_FAMILY):
         k = family * LENGTHS_PER_FAMILY + j
         base = MA_BASE + k * MA_FIELDS
-        lane_ma(family, h, p, lengths[k], bar_index, vals, base, v)
-        for lane in range(LANES):
-            m = v[V_M, lane]
-            close = v[V_CLOSE, lane]
-            previous_close = v[V_PREV_CLOSE, lane]
-            previous_m = vals[base + MA_PREV, lane]
-            previous_signal = vals[base + MA_SIG, lane]
-            signal = previous_signal
-            signal = 1.0 if close > m and previous_close <= previous_m else signal
-            signal = -1.0 if close < m and previous_close >= previous_m else signal
-            vals[base + MA_SIG, lane] = signal
-            vals[base + MA_PREV, lane] = m
-            if active:
-                e = lane_equity(
-                    vals, base + MA_EQUITY, base + MA_RETURN, previous_signal,
-                    v[V_R, lane], first, 1.0, decay, lane,
-                )  # fmt: skip
-                v[V_W1, lane] += signal * e
-                v[V_T1, lane] += e
-    for lane in range(LANES):
+        m = lane_ma(family, h, p, lengths[k], bar_index, vals, base, close)
+        previous_signal = load(vals, base + MA_SIG)
+        previous_m = load(vals, base + MA_PREV)
+        signal = where((close > m) & (previous_close <= previous_m), 1.0, previous_signal)
+        signal = where((close < m) & (previous_close >= previous_m), -1.0, signal)
+        store(vals, base + MA_SIG, signal)
+        store(vals, base + MA_PREV, m)
         if active:
-            v[V_SIGNAL, lane] = math.floor((v[V_W1, lane] / v[V_T1, lane]) * 100.0 + 0.5) / 100.0
-        else:
-            v[V_SIGNAL, lane] = NAN
+            e = lane_equity(
+                vals, base + MA_EQUITY, base + MA_RETURN, previous_signal, r, first, 1.0, decay
+            )
+            weighted = weighted + signal * e
+            total = total + e
+    if not active:
+        return splat(NAN)
+    return floor((weighted / total) * 100.0 + 0.5) / 100.0
 
 
-def lane_bar(h, p, bar_index, lane_bar_index, growth, lengths, pvalues, vals, direction, v, o):
-    """One bar of every lane: ``core.update_stream`` with the outputs in ``o[column, lane]``.
+def lane_bar(h, p, bar_index, lengths, pvalues, vals, lane, o):
+    """One bar of every lane: ``core.update_stream`` with the outputs in ``o[column]``.
 
-    ``bar_index`` decides every branch (all lanes share them); ``lane_bar_index`` and
-    ``growth`` (``core.growth_factor`` of each lane, unused while inactive) are per lane.
+    ``bar_index`` decides every branch (all lanes share them); ``lane[L_BAR_INDEX]`` and
+    ``lane[L_GROWTH]`` (``core.growth_factor`` of each lane, unused while inactive) are
+    per lane, and ``lane[L_DIRECTION]`` is each lane's direction.
     """
     cutout = lengths[CUTOUT_COLUMN]
     decay = pvalues[PV_DECAY]
     cut = pvalues[PV_CUT]
     active = bar_index >= cutout
     first = bar_index == cutout
-    for lane in range(LANES):
-        close = h[p, lane]
-        v[V_CLOSE, lane] = close
-        previous_close = h[p - 1, lane] if bar_index > 0 else NAN
-        v[V_PREV_CLOSE, lane] = previous_close
-        if active:
-            v[V_R, lane] = ((close - previous_close) / previous_close) * growth[lane]
-        else:
-            v[V_R, lane] = NAN
-            growth[lane] = NAN
-        v[V_W2, lane] = 0.0
-        v[V_T2, lane] = 0.0
+    close = load(h, p)
+    previous_close = load(h, p - 1) if bar_index > 0 else splat(NAN)
+    if active:
+        growth = load(lane, L_GROWTH)
+        r = ((close - previous_close) / previous_close) * growth
+    else:
+        growth = splat(NAN)
+        r = splat(NAN)
+    weighted = splat(0.0)
+    total = splat(0.0)
     for family in range(N_FAMILIES):
-        lane_layer1(family, h, p, lengths, bar_index, vals, decay, v)
+        signal = lane_layer1(
+            family, h, p, lengths, bar_index, vals, decay, close, previous_close, r
+        )
         fam = FAMILY_BASE + family * FAMILY_FIELDS
-        start = pvalues[PV_WEIGHT + family]
-        for lane in range(LANES):
-            signal = v[V_SIGNAL, lane]
-            previous_signal = vals[fam + FAM_SIGNAL_PREV, lane]
-            vals[fam + FAM_SIGNAL_PREV, lane] = signal
-            o[OUT_LAYER1 + family, lane] = signal
-            s = NAN
-            if active:
-                s = lane_equity(
-                    vals, fam + FAM_EQUITY, fam + FAM_RETURN, previous_signal,
-                    v[V_R, lane], first, start, decay, lane,
-                )  # fmt: skip
-                level = 1.0 if signal > cut else (-1.0 if signal < -cut else 0.0)
-                v[V_W2, lane] += level * s
-                v[V_T2, lane] += s
-            o[OUT_LAYER2 + family, lane] = s
+        previous_signal = load(vals, fam + FAM_SIGNAL_PREV)
+        store(vals, fam + FAM_SIGNAL_PREV, signal)
+        store(o, OUT_LAYER1 + family, signal)
+        if active:
+            start = pvalues[PV_WEIGHT + family]
+            s = lane_equity(
+                vals, fam + FAM_EQUITY, fam + FAM_RETURN, previous_signal, r, first, start, decay
+            )
+            level = where(signal > cut, 1.0, where(signal < -cut, -1.0, 0.0))
+            weighted = weighted + level * s
+            total = total + s
+        else:
+            s = splat(NAN)
+        store(o, OUT_LAYER2 + family, s)
+    average = weighted / total if active else splat(NAN)
+
     long_threshold = pvalues[PV_LONG]
     short_threshold = pvalues[PV_SHORT]
-    for lane in range(LANES):
-        average = v[V_W2, lane] / v[V_T2, lane] if active else NAN
-        previous = vals[AVG_PREV, lane]
-        d = direction[lane]
-        up = average > long_threshold and previous <= long_threshold
-        down = average < short_threshold and previous >= short_threshold
-        o[OUT_LONG, lane] = 1.0 if up and d == -1 else 0.0
-        o[OUT_SHORT, lane] = 1.0 if down and d == 1 else 0.0
-        d = 1 if up else d
-        d = -1 if down else d
-        direction[lane] = d
-        vals[AVG_PREV, lane] = average
-        vals[GROWTH, lane] = growth[lane]
-        o[OUT_SIGNAL, lane] = average
-        o[OUT_GROWTH, lane] = growth[lane]
-        o[OUT_BAR_INDEX, lane] = lane_bar_index[lane]
+    previous = load(vals, AVG_PREV)
+    direction = load(lane, L_DIRECTION)
+    up = (average > long_threshold) & (previous <= long_threshold)
+    down = (average < short_threshold) & (previous >= short_threshold)
+    store(o, OUT_LONG, where(up & (direction == -1.0), 1.0, 0.0))
+    store(o, OUT_SHORT, where(down & (direction == 1.0), 1.0, 0.0))
+    direction = where(up, 1.0, direction)
+    direction = where(down, -1.0, direction)
+    store(lane, L_DIRECTION, direction)
+    store(vals, AVG_PREV, average)
+    store(vals, GROWTH, growth)
+    store(o, OUT_SIGNAL, average)
+    store(o, OUT_GROWTH, growth)
+    store(o, OUT_BAR_INDEX, load(lane, L_BAR_INDEX))
 
 
 # -- one block of streams through their histories -----------------------------------
@@ -349,13 +291,13 @@ def lane_bar(h, p, bar_index, lane_bar_index, growth, lengths, pvalues, vals, di
 
 def block_warmup(
     ring, values, counters, param_lengths, param_values, slots, times, closes, counts,
-    out, record_all, members, n_members, h, vals, v, o, growth, direction, lane_bar_index,
+    out, record_all, members, n_members, h, vals, o, lane,
 ):  # fmt: skip
     """Apply ``counts[s]`` bars to ``slots[s]`` for the streams ``s = members[:n_members]``
     (one parameter row; bar indices equal, or all at least ``steady_bar``), like
     ``core.update_stream`` bar after bar; lanes past ``n_members`` repeat the first stream
-    and are never written back. Scratch: ``h`` (ring capacity + bars, LANES), ``vals``
-    (N_VALUE_FIELDS, LANES), ``v`` (N_V, LANES), ``o`` (N_OUT, LANES), three LANES vectors.
+    and are never written back. Scratch, every array ``(rows, LANES)``: ``h`` (ring
+    capacity + bars), ``vals`` (N_VALUE_FIELDS), ``o`` (N_OUT), ``lane`` (N_LANE_ROWS).
     """
     capacity = ring.shape[1] // 2
     first_slot = slots[members[0]]
@@ -365,58 +307,55 @@ def block_warmup(
     cutout = lengths[CUTOUT_COLUMN]
     lam = pvalues[PV_LAM]
     bars = 0
-    for lane in range(LANES):
-        s = members[min(lane, n_members - 1)]
+    for i in range(LANES):
+        s = members[min(i, n_members - 1)]
         slot = slots[s]
         bars = max(bars, counts[s])
         head = counters[slot, RING_HEAD]
         for k in range(capacity):
-            h[k, lane] = ring[slot, head + 1 + k]
+            h[k, i] = ring[slot, head + 1 + k]
         for f in range(N_VALUE_FIELDS):
-            vals[f, lane] = values[slot, f]
-        direction[lane] = counters[slot, DIRECTION]
-    for lane in range(LANES):
-        s = members[min(lane, n_members - 1)]
+            vals[f, i] = values[slot, f]
+        lane[L_DIRECTION, i] = counters[slot, DIRECTION]
+    for i in range(LANES):
+        s = members[min(i, n_members - 1)]
         for t in range(bars):
-            h[capacity + t, lane] = closes[s, t]
+            h[capacity + t, i] = closes[s, t]
     bar_index = counters[first_slot, BAR_INDEX]
     for t in range(bars):
-        for lane in range(LANES):
-            s = members[min(lane, n_members - 1)]
+        for i in range(LANES):
+            s = members[min(i, n_members - 1)]
             lane_index = counters[slots[s], BAR_INDEX] + t
-            lane_bar_index[lane] = lane_index
-            growth[lane] = 1.0
+            lane[L_BAR_INDEX, i] = lane_index
+            lane[L_GROWTH, i] = 1.0
             if lane_index >= cutout:
-                growth[lane] = math.exp(lam * (lane_index - cutout))
-        lane_bar(
-            h, capacity + t, bar_index + t, lane_bar_index, growth, lengths, pvalues,
-            vals, direction, v, o,
-        )  # fmt: skip
-        for lane in range(n_members):
-            s = members[lane]
+                lane[L_GROWTH, i] = math.exp(lam * (lane_index - cutout))
+        lane_bar(h, capacity + t, bar_index + t, lengths, pvalues, vals, lane, o)
+        for i in range(n_members):
+            s = members[i]
             count = counts[s]
             if t < count and (record_all or t == count - 1):
                 row = t if record_all else 0
                 for c in range(N_OUT):
-                    out[s, row, c] = o[c, lane]
+                    out[s, row, c] = o[c, i]
             if t == count - 1:
                 store_lane(ring, values, counters, slots[s], times[s, t], h, capacity, t, vals,
-                           direction, lane)  # fmt: skip
+                           lane, i)  # fmt: skip
 
 
-def store_lane(ring, values, counters, slot, last_time, h, capacity, t, vals, direction, lane):
-    """Write lane ``lane``'s state back to ``slot`` after bar ``t`` of the block's history,
+def store_lane(ring, values, counters, slot, last_time, h, capacity, t, vals, lane, i):
+    """Write lane ``i``'s state back to ``slot`` after bar ``t`` of the block's history,
     as ``core.ring_push`` and the update would have left it."""
     head = counters[slot, RING_HEAD]
     pushed = t + 1
-    for i in range(max(0, pushed - capacity), pushed):
-        position = (head + i + 1) % capacity
-        close = h[capacity + i, lane]
+    for k in range(max(0, pushed - capacity), pushed):
+        position = (head + k + 1) % capacity
+        close = h[capacity + k, i]
         ring[slot, position] = close
         ring[slot, position + capacity] = close
     counters[slot, RING_HEAD] = (head + pushed) % capacity
     counters[slot, BAR_INDEX] = counters[slot, BAR_INDEX] + pushed
     counters[slot, LAST_TIME] = last_time
-    counters[slot, DIRECTION] = direction[lane]
+    counters[slot, DIRECTION] = int(lane[L_DIRECTION, i])
     for f in range(N_VALUE_FIELDS):
-        values[slot, f] = vals[f, lane]
+        values[slot, f] = vals[f, i]

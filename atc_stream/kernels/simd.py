@@ -1,0 +1,305 @@
+"""A vector of ``LANES`` doubles for numba kernels: row loads and stores, IEEE arithmetic,
+comparisons and selects, emitted as LLVM vector IR.
+
+Design: docs/design/kernels.md, "Lanes". numba leaves LLVM's SLP vectorizer off and its
+loop vectorizer cannot keep a chain's accumulator in a register across an outer loop, so
+``lanes.py`` states its vectors explicitly: ``acc = acc + load(h, k)`` is one vector add
+whose accumulator stays in a register. Every operation is the scalar one applied lane by
+lane (an LLVM vector ``fadd`` is ``LANES`` IEEE additions), so each lane's results are
+bit-identical to the scalar kernel's; nothing here allows contraction or reassociation.
+"""
+
+import operator
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, overload, register_model
+
+#: streams per block: one AVX-512 register of doubles, two AVX2 ones
+LANES = 8
+
+_DOUBLE = ir.DoubleType()
+_VECTOR = ir.VectorType(_DOUBLE, LANES)
+_MASK = ir.VectorType(ir.IntType(1), LANES)
+_I32 = ir.IntType(32)
+
+
+class LaneVector(types.Type):
+    """``LANES`` doubles, one per stream of a block."""
+
+    def __init__(self) -> None:
+        super().__init__(name=f"LaneVector({LANES})")
+
+
+class LaneMask(types.Type):
+    """``LANES`` booleans: a comparison of two lane vectors."""
+
+    def __init__(self) -> None:
+        super().__init__(name=f"LaneMask({LANES})")
+
+
+lane_vector = LaneVector()
+lane_mask = LaneMask()
+
+
+@register_model(LaneVector)
+class _LaneVectorModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _VECTOR)
+
+
+@register_model(LaneMask)
+class _LaneMaskModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _MASK)
+
+
+def _is_rows(ary) -> bool:
+    return (
+        isinstance(ary, types.Array)
+        and ary.ndim == 2
+        and ary.dtype == types.float64
+        and ary.layout == "C"
+    )
+
+
+def _row_pointer(context, builder, array_type, array, row_type, row):
+    """Address of ``array[row, 0]`` as a pointer to a lane vector (rows hold LANES doubles)."""
+    rows = context.make_array(array_type)(context, builder, array)
+    row = context.cast(builder, row, row_type, types.intp)
+    stride = builder.extract_value(rows.strides, 0)
+    address = builder.add(builder.ptrtoint(rows.data, cgutils.intp_t), builder.mul(row, stride))
+    return builder.inttoptr(address, _VECTOR.as_pointer())
+
+
+def _splat_value(context, builder, value_type, value):
+    """A scalar (float or integer, converted as numba converts it) broadcast to a vector."""
+    if value_type == lane_vector:
+        return value
+    scalar = context.cast(builder, value, value_type, types.float64)
+    undef = ir.Constant(_VECTOR, ir.Undefined)
+    first = builder.insert_element(undef, scalar, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(first, undef, ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
+
+
+def _scalar(value_type) -> bool:
+    return isinstance(value_type, (types.Float, types.Integer, types.Boolean))
+
+
+def _operand(value_type) -> bool:
+    return value_type == lane_vector or _scalar(value_type)
+
+
+@intrinsic
+def load(typingctx, rows, row):
+    """``rows[row, :]`` (a C-ordered ``(n, LANES)`` float64 array) as a lane vector."""
+    if _is_rows(rows) and isinstance(row, types.Integer):
+
+        def codegen(context, builder, signature, args):
+            pointer = _row_pointer(context, builder, signature.args[0], args[0], signature.args[1], args[1])
+            return builder.load(pointer, align=8)
+
+        return lane_vector(rows, row), codegen
+    return None
+
+
+@intrinsic
+def store(typingctx, rows, row, value):
+    """``rows[row, :] = value`` (a lane vector, or a scalar for every lane)."""
+    if _is_rows(rows) and isinstance(row, types.Integer) and _operand(value):
+
+        def codegen(context, builder, signature, args):
+            pointer = _row_pointer(context, builder, signature.args[0], args[0], signature.args[1], args[1])
+            vector = _splat_value(context, builder, signature.args[2], args[2])
+            builder.store(vector, pointer, align=8)
+            return context.get_dummy_value()
+
+        return types.none(rows, row, value), codegen
+    return None
+
+
+@intrinsic
+def splat(typingctx, value):
+    """``value`` in every lane."""
+    if _scalar(value):
+
+        def codegen(context, builder, signature, args):
+            return _splat_value(context, builder, signature.args[0], args[0])
+
+        return lane_vector(value), codegen
+    return None
+
+
+def _binary(instruction):
+    @intrinsic
+    def vector_op(typingctx, a, b):
+        if _operand(a) and _operand(b) and lane_vector in (a, b):
+
+            def codegen(context, builder, signature, args):
+                x = _splat_value(context, builder, signature.args[0], args[0])
+                y = _splat_value(context, builder, signature.args[1], args[1])
+                return getattr(builder, instruction)(x, y)
+
+            return lane_vector(a, b), codegen
+        return None
+
+    return vector_op
+
+
+add = _binary("fadd")
+subtract = _binary("fsub")
+multiply = _binary("fmul")
+divide = _binary("fdiv")
+
+
+def _compare(symbol, ordered):
+    @intrinsic
+    def vector_compare(typingctx, a, b):
+        if _operand(a) and _operand(b) and lane_vector in (a, b):
+
+            def codegen(context, builder, signature, args):
+                x = _splat_value(context, builder, signature.args[0], args[0])
+                y = _splat_value(context, builder, signature.args[1], args[1])
+                compare = builder.fcmp_ordered if ordered else builder.fcmp_unordered
+                return compare(symbol, x, y)
+
+            return lane_mask(a, b), codegen
+        return None
+
+    return vector_compare
+
+
+# numba's scalar comparisons: ordered, except != (true when either side is NaN)
+less = _compare("<", True)
+less_equal = _compare("<=", True)
+greater = _compare(">", True)
+greater_equal = _compare(">=", True)
+equal = _compare("==", True)
+not_equal = _compare("!=", False)
+
+
+def _unary_intrinsic(name):
+    @intrinsic
+    def vector_function(typingctx, a):
+        if a == lane_vector:
+
+            def codegen(context, builder, signature, args):
+                signature_type = ir.FunctionType(_VECTOR, [_VECTOR])
+                function = cgutils.get_or_insert_function(
+                    builder.module, signature_type, f"{name}.v{LANES}f64"
+                )
+                return builder.call(function, [args[0]])
+
+            return lane_vector(a), codegen
+        return None
+
+    return vector_function
+
+
+#: ``abs`` of each lane (numba's scalar ``abs`` is ``llvm.fabs`` too)
+absolute = _unary_intrinsic("llvm.fabs")
+#: ``math.floor`` of each lane, as a double (exact for the finite values it is used on)
+floor = _unary_intrinsic("llvm.floor")
+
+
+@intrinsic
+def negative(typingctx, a):
+    """``-a`` as numba computes it for a scalar: ``-0.0 - a``."""
+    if a == lane_vector:
+
+        def codegen(context, builder, signature, args):
+            return builder.fsub(ir.Constant(_VECTOR, [-0.0] * LANES), args[0])
+
+        return lane_vector(a), codegen
+    return None
+
+
+@intrinsic
+def where(typingctx, mask, a, b):
+    """Lane by lane ``a if mask else b`` (either may be a scalar)."""
+    if mask == lane_mask and _operand(a) and _operand(b):
+
+        def codegen(context, builder, signature, args):
+            x = _splat_value(context, builder, signature.args[1], args[1])
+            y = _splat_value(context, builder, signature.args[2], args[2])
+            return builder.select(args[0], x, y)
+
+        return lane_vector(mask, a, b), codegen
+    return None
+
+
+def _mask_binary(instruction):
+    @intrinsic
+    def mask_op(typingctx, a, b):
+        if a == lane_mask and b == lane_mask:
+
+            def codegen(context, builder, signature, args):
+                return getattr(builder, instruction)(args[0], args[1])
+
+            return lane_mask(a, b), codegen
+        return None
+
+    return mask_op
+
+
+both = _mask_binary("and_")
+either = _mask_binary("or_")
+
+
+# -- Python operators on lane vectors and masks ------------------------------------
+
+
+def _vector_operands(a, b) -> bool:
+    return _operand(a) and _operand(b) and lane_vector in (a, b)
+
+
+def _overload_binary(python_operator, vector_function):
+    @overload(python_operator)
+    def _overloaded(a, b):
+        if _vector_operands(a, b):
+            return lambda a, b: vector_function(a, b)
+        return None
+
+
+for _python, _vector in (
+    (operator.add, add),
+    (operator.sub, subtract),
+    (operator.mul, multiply),
+    (operator.truediv, divide),
+    (operator.lt, less),
+    (operator.le, less_equal),
+    (operator.gt, greater),
+    (operator.ge, greater_equal),
+    (operator.eq, equal),
+    (operator.ne, not_equal),
+):
+    _overload_binary(_python, _vector)
+
+
+@overload(operator.neg)
+def _neg(a):
+    if a == lane_vector:
+        return lambda a: negative(a)
+    return None
+
+
+@overload(abs)
+def _abs(a):
+    if a == lane_vector:
+        return lambda a: absolute(a)
+    return None
+
+
+@overload(operator.and_)
+def _and(a, b):
+    if a == lane_mask and b == lane_mask:
+        return lambda a, b: both(a, b)
+    return None
+
+
+@overload(operator.or_)
+def _or(a, b):
+    if a == lane_mask and b == lane_mask:
+        return lambda a, b: either(a, b)
+    return None
