@@ -36,13 +36,14 @@ growth_factor = _core.growth_factor
 # from the caller, and ``block_warmup`` is called out of line so the caller keeps NRT.
 _lanes = compile_module(
     lane_source,
-    cached_jit(njit(error_model="numpy", inline="always", cache=True, _nrt=False)),
-    {"block_warmup": cached_jit(njit(error_model="numpy", cache=True, _nrt=False))},
+    cached_jit(njit(error_model="numpy", inline="always", cache=True, _nrt=False)),  # type: ignore[call-overload]
+    {"block_warmup": cached_jit(njit(error_model="numpy", cache=True, _nrt=False))},  # type: ignore[call-overload]
 )
 block_warmup = _lanes.block_warmup
 steady_bar = _lanes.steady_bar
 LANES = lane_source.LANES
-#: smallest block worth running in lanes: a block costs about as much as 4 streams alone
+#: smallest block worth running in lanes: a block's gather and scatter cost about three
+#: streams alone
 MIN_BLOCK = 4
 
 
@@ -176,6 +177,7 @@ def warmup_blocks(
             block_starts[b + 1] - start, np.empty((rows, LANES)),
             np.empty((values.shape[1], LANES)), np.empty((N_OUT, LANES)),
             np.empty((lane_source.N_LANE_ROWS, LANES)),
+            np.empty((lane_source.N_START_ROWS, LANES), np.int64),
         )  # fmt: skip
 
 

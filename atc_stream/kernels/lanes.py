@@ -19,7 +19,16 @@ from atc_stream.core.output_row import (
 )
 from atc_stream.core.params import LENGTHS_PER_FAMILY, N_FAMILIES
 from atc_stream.kernels.core import DEMA, EMA, EQUITY_FLOOR, HMA, KAMA_FAST, KAMA_SLOW, LSMA, WMA
-from atc_stream.kernels.simd import LANES, floor, load, splat, store, where
+from atc_stream.kernels.simd import (
+    LANES,
+    floor,
+    gather_tile,
+    load,
+    scatter_tile,
+    splat,
+    store,
+    where,
+)
 from atc_stream.state.layout import (
     AVG_PREV,
     BAR_INDEX,
@@ -58,6 +67,12 @@ L_GROWTH = 0
 L_BAR_INDEX = 1
 L_DIRECTION = 2
 N_LANE_ROWS = 3
+# rows of the per-block ``starts[row, lane]``: where each lane's stream begins in the
+# flat ring, values and closes arrays
+S_RING = 0
+S_VALUES = 1
+S_CLOSES = 2
+N_START_ROWS = 3
 
 
 def steady_bar(lengths):
@@ -291,13 +306,14 @@ def lane_bar(h, p, bar_index, lengths, pvalues, vals, lane, o):
 
 def block_warmup(
     ring, values, counters, param_lengths, param_values, slots, times, closes, counts,
-    out, record_all, members, n_members, h, vals, o, lane,
+    out, record_all, members, n_members, h, vals, o, lane, starts,
 ):  # fmt: skip
     """Apply ``counts[s]`` bars to ``slots[s]`` for the streams ``s = members[:n_members]``
     (one parameter row; bar indices equal, or all at least ``steady_bar``), like
-    ``core.update_stream`` bar after bar; lanes past ``n_members`` repeat the first stream
-    and are never written back. Scratch, every array ``(rows, LANES)``: ``h`` (ring
-    capacity + bars), ``vals`` (N_VALUE_FIELDS), ``o`` (N_OUT), ``lane`` (N_LANE_ROWS).
+    ``core.update_stream`` bar after bar; lanes past ``n_members`` repeat the last stream
+    and are never written back. Scratch, every float array ``(rows, LANES)``: ``h`` (ring
+    capacity + bars), ``vals`` (N_VALUE_FIELDS), ``o`` (N_OUT), ``lane`` (N_LANE_ROWS);
+    ``starts`` int64 ``(N_START_ROWS, LANES)``.
     """
     capacity = ring.shape[1] // 2
     first_slot = slots[members[0]]
@@ -307,21 +323,22 @@ def block_warmup(
     cutout = lengths[CUTOUT_COLUMN]
     lam = pvalues[PV_LAM]
     bars = 0
+    same_count = True
     for i in range(LANES):
         s = members[min(i, n_members - 1)]
         slot = slots[s]
         bars = max(bars, counts[s])
-        head = counters[slot, RING_HEAD]
-        for k in range(capacity):
-            h[k, i] = ring[slot, head + 1 + k]
-        for f in range(N_VALUE_FIELDS):
-            vals[f, i] = values[slot, f]
+        same_count = same_count and counts[s] == counts[members[0]]
+        starts[S_RING, i] = slot * ring.shape[1] + counters[slot, RING_HEAD] + 1
+        starts[S_VALUES, i] = slot * values.shape[1]
+        starts[S_CLOSES, i] = s * closes.shape[1]
         lane[L_DIRECTION, i] = counters[slot, DIRECTION]
-    for i in range(LANES):
-        s = members[min(i, n_members - 1)]
-        for t in range(bars):
-            h[capacity + t, i] = closes[s, t]
+    gather_rows(ring, starts[S_RING], capacity, h, 0)
+    gather_rows(values, starts[S_VALUES], N_VALUE_FIELDS, vals, 0)
+    gather_rows(closes, starts[S_CLOSES], bars, h, capacity)
     bar_index = counters[first_slot, BAR_INDEX]
+    # one write-back of every lane at once where all of them are streams ending together
+    together = n_members == LANES and same_count
     for t in range(bars):
         for i in range(LANES):
             s = members[min(i, n_members - 1)]
@@ -340,12 +357,41 @@ def block_warmup(
                     out[s, row, c] = o[c, i]
             if t == count - 1:
                 store_lane(ring, values, counters, slots[s], times[s, t], h, capacity, t, vals,
-                           lane, i)  # fmt: skip
+                           lane, i, not together)  # fmt: skip
+    if together:
+        scatter_rows(vals, 0, N_VALUE_FIELDS, values, starts[S_VALUES])
 
 
-def store_lane(ring, values, counters, slot, last_time, h, capacity, t, vals, lane, i):
+def gather_rows(source, lane_starts, n, rows, row):
+    """``rows[row + k, i] = source.flat[lane_starts[i] + k]`` for ``k < n``: each lane's
+    ``n`` consecutive doubles as lane rows, a tile of LANES at a time."""
+    k = 0
+    while k + LANES <= n:
+        gather_tile(source, lane_starts, k, rows, row + k)
+        k += LANES
+    flat = source.reshape(source.size)
+    for i in range(LANES):
+        for j in range(k, n):
+            rows[row + j, i] = flat[lane_starts[i] + j]
+
+
+def scatter_rows(rows, row, n, target, lane_starts):
+    """The inverse of ``gather_rows``: ``target.flat[lane_starts[i] + k] = rows[row + k, i]``."""
+    k = 0
+    while k + LANES <= n:
+        scatter_tile(rows, row + k, target, lane_starts, k)
+        k += LANES
+    flat = target.reshape(target.size)
+    for i in range(LANES):
+        for j in range(k, n):
+            flat[lane_starts[i] + j] = rows[row + j, i]
+
+
+def store_lane(ring, values, counters, slot, last_time, h, capacity, t, vals, lane, i,
+               with_values):  # fmt: skip
     """Write lane ``i``'s state back to ``slot`` after bar ``t`` of the block's history,
-    as ``core.ring_push`` and the update would have left it."""
+    as ``core.ring_push`` and the update would have left it (its values only when
+    ``with_values``: otherwise the caller writes every lane's at once)."""
     head = counters[slot, RING_HEAD]
     pushed = t + 1
     for k in range(max(0, pushed - capacity), pushed):
@@ -357,5 +403,6 @@ def store_lane(ring, values, counters, slot, last_time, h, capacity, t, vals, la
     counters[slot, BAR_INDEX] = counters[slot, BAR_INDEX] + pushed
     counters[slot, LAST_TIME] = last_time
     counters[slot, DIRECTION] = int(lane[L_DIRECTION, i])
-    for f in range(N_VALUE_FIELDS):
-        values[slot, f] = vals[f, i]
+    if with_values:
+        for f in range(N_VALUE_FIELDS):
+            values[slot, f] = vals[f, i]

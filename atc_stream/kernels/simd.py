@@ -10,6 +10,7 @@ bit-identical to the scalar kernel's; nothing here allows contraction or reassoc
 """
 
 import operator
+from typing import Any
 
 from llvmlite import ir
 from numba import types
@@ -80,7 +81,9 @@ def _splat_value(context, builder, value_type, value):
     scalar = context.cast(builder, value, value_type, types.float64)
     undef = ir.Constant(_VECTOR, ir.Undefined)
     first = builder.insert_element(undef, scalar, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(first, undef, ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
+    return builder.shuffle_vector(
+        first, undef, ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES)
+    )
 
 
 def _scalar(value_type) -> bool:
@@ -91,26 +94,31 @@ def _operand(value_type) -> bool:
     return value_type == lane_vector or _scalar(value_type)
 
 
-@intrinsic
-def load(typingctx, rows, row):
+def _load(typingctx, rows, row):
     """``rows[row, :]`` (a C-ordered ``(n, LANES)`` float64 array) as a lane vector."""
     if _is_rows(rows) and isinstance(row, types.Integer):
 
         def codegen(context, builder, signature, args):
-            pointer = _row_pointer(context, builder, signature.args[0], args[0], signature.args[1], args[1])
+            pointer = _row_pointer(
+                context, builder, signature.args[0], args[0], signature.args[1], args[1]
+            )
             return builder.load(pointer, align=8)
 
         return lane_vector(rows, row), codegen
     return None
 
 
-@intrinsic
-def store(typingctx, rows, row, value):
+load: Any = intrinsic(_load)
+
+
+def _store(typingctx, rows, row, value):
     """``rows[row, :] = value`` (a lane vector, or a scalar for every lane)."""
     if _is_rows(rows) and isinstance(row, types.Integer) and _operand(value):
 
         def codegen(context, builder, signature, args):
-            pointer = _row_pointer(context, builder, signature.args[0], args[0], signature.args[1], args[1])
+            pointer = _row_pointer(
+                context, builder, signature.args[0], args[0], signature.args[1], args[1]
+            )
             vector = _splat_value(context, builder, signature.args[2], args[2])
             builder.store(vector, pointer, align=8)
             return context.get_dummy_value()
@@ -119,8 +127,10 @@ def store(typingctx, rows, row, value):
     return None
 
 
-@intrinsic
-def splat(typingctx, value):
+store: Any = intrinsic(_store)
+
+
+def _splat(typingctx, value):
     """``value`` in every lane."""
     if _scalar(value):
 
@@ -131,8 +141,10 @@ def splat(typingctx, value):
     return None
 
 
-def _binary(instruction):
-    @intrinsic
+splat: Any = intrinsic(_splat)
+
+
+def _binary(instruction) -> Any:
     def vector_op(typingctx, a, b):
         if _operand(a) and _operand(b) and lane_vector in (a, b):
 
@@ -144,7 +156,7 @@ def _binary(instruction):
             return lane_vector(a, b), codegen
         return None
 
-    return vector_op
+    return intrinsic(vector_op)
 
 
 add = _binary("fadd")
@@ -153,8 +165,7 @@ multiply = _binary("fmul")
 divide = _binary("fdiv")
 
 
-def _compare(symbol, ordered):
-    @intrinsic
+def _compare(symbol, ordered) -> Any:
     def vector_compare(typingctx, a, b):
         if _operand(a) and _operand(b) and lane_vector in (a, b):
 
@@ -167,7 +178,7 @@ def _compare(symbol, ordered):
             return lane_mask(a, b), codegen
         return None
 
-    return vector_compare
+    return intrinsic(vector_compare)
 
 
 # numba's scalar comparisons: ordered, except != (true when either side is NaN)
@@ -179,8 +190,7 @@ equal = _compare("==", True)
 not_equal = _compare("!=", False)
 
 
-def _unary_intrinsic(name):
-    @intrinsic
+def _unary_intrinsic(name) -> Any:
     def vector_function(typingctx, a):
         if a == lane_vector:
 
@@ -194,7 +204,7 @@ def _unary_intrinsic(name):
             return lane_vector(a), codegen
         return None
 
-    return vector_function
+    return intrinsic(vector_function)
 
 
 #: ``abs`` of each lane (numba's scalar ``abs`` is ``llvm.fabs`` too)
@@ -203,8 +213,7 @@ absolute = _unary_intrinsic("llvm.fabs")
 floor = _unary_intrinsic("llvm.floor")
 
 
-@intrinsic
-def negative(typingctx, a):
+def _negative(typingctx, a):
     """``-a`` as numba computes it for a scalar: ``-0.0 - a``."""
     if a == lane_vector:
 
@@ -215,8 +224,10 @@ def negative(typingctx, a):
     return None
 
 
-@intrinsic
-def where(typingctx, mask, a, b):
+negative: Any = intrinsic(_negative)
+
+
+def _where(typingctx, mask, a, b):
     """Lane by lane ``a if mask else b`` (either may be a scalar)."""
     if mask == lane_mask and _operand(a) and _operand(b):
 
@@ -229,8 +240,10 @@ def where(typingctx, mask, a, b):
     return None
 
 
-def _mask_binary(instruction):
-    @intrinsic
+where: Any = intrinsic(_where)
+
+
+def _mask_binary(instruction) -> Any:
     def mask_op(typingctx, a, b):
         if a == lane_mask and b == lane_mask:
 
@@ -240,7 +253,7 @@ def _mask_binary(instruction):
             return lane_mask(a, b), codegen
         return None
 
-    return mask_op
+    return intrinsic(mask_op)
 
 
 both = _mask_binary("and_")
@@ -303,3 +316,122 @@ def _or(a, b):
     if a == lane_mask and b == lane_mask:
         return lambda a, b: either(a, b)
     return None
+
+
+# -- tiles: LANES rows of LANES doubles, one row per stream, to lane rows and back ---
+
+
+def _transpose(builder, vectors):
+    """Row ``i`` of the result is element ``i`` of every vector: the LANES x LANES
+    transpose in log2(LANES) rounds of two-vector shuffles."""
+    vectors = list(vectors)
+    width = 1
+    while width < LANES:
+        shuffled = list(vectors)
+        for i in range(LANES):
+            if (i // width) % 2 == 0:
+                j = i + width
+                low = [e if (e // width) % 2 == 0 else LANES + e - width for e in range(LANES)]
+                high = [e + width if (e // width) % 2 == 0 else LANES + e for e in range(LANES)]
+                shuffled[i] = builder.shuffle_vector(
+                    vectors[i], vectors[j], ir.Constant(ir.VectorType(_I32, LANES), low)
+                )
+                shuffled[j] = builder.shuffle_vector(
+                    vectors[i], vectors[j], ir.Constant(ir.VectorType(_I32, LANES), high)
+                )
+        vectors = shuffled
+        width *= 2
+    return vectors
+
+
+def _lane_addresses(context, builder, flat_type, flat, starts_type, starts, offset_type, offset):
+    """``&flat.flat[starts[i] + offset]`` for each lane ``i`` (``flat`` C-ordered)."""
+    base = builder.ptrtoint(
+        context.make_array(flat_type)(context, builder, flat).data, cgutils.intp_t
+    )
+    first = context.make_array(starts_type)(context, builder, starts).data
+    offset = context.cast(builder, offset, offset_type, types.intp)
+    addresses = []
+    for i in range(LANES):
+        start = builder.load(builder.gep(first, [ir.Constant(cgutils.intp_t, i)]))
+        element = builder.add(start, offset)
+        address = builder.add(base, builder.mul(element, ir.Constant(cgutils.intp_t, 8)))
+        addresses.append(builder.inttoptr(address, _VECTOR.as_pointer()))
+    return addresses
+
+
+def _is_flat_source(ary) -> bool:
+    return isinstance(ary, types.Array) and ary.dtype == types.float64 and ary.layout == "C"
+
+
+def _is_starts(ary) -> bool:
+    return (
+        isinstance(ary, types.Array)
+        and ary.ndim == 1
+        and ary.dtype == types.int64
+        and ary.layout == "C"
+    )
+
+
+def _gather_tile(typingctx, source, starts, offset, rows, row):
+    """``rows[row + t, i] = source.flat[starts[i] + offset + t]`` for ``t, i < LANES``:
+    LANES consecutive doubles of each lane's stream, turned into LANES lane rows."""
+    if (
+        _is_flat_source(source)
+        and _is_starts(starts)
+        and isinstance(offset, types.Integer)
+        and _is_rows(rows)
+        and isinstance(row, types.Integer)
+    ):
+
+        def codegen(context, builder, signature, args):
+            source_type, starts_type, offset_type, rows_type, row_type = signature.args
+            addresses = _lane_addresses(
+                context, builder, source_type, args[0], starts_type, args[1], offset_type, args[2]
+            )
+            columns = [builder.load(address, align=8) for address in addresses]
+            row_value = context.cast(builder, args[4], row_type, types.intp)
+            for t, vector in enumerate(_transpose(builder, columns)):
+                index = builder.add(row_value, ir.Constant(cgutils.intp_t, t))
+                pointer = _row_pointer(context, builder, rows_type, args[3], types.intp, index)
+                builder.store(vector, pointer, align=8)
+            return context.get_dummy_value()
+
+        return types.none(source, starts, offset, rows, row), codegen
+    return None
+
+
+gather_tile: Any = intrinsic(_gather_tile)
+
+
+def _scatter_tile(typingctx, rows, row, target, starts, offset):
+    """``target.flat[starts[i] + offset + t] = rows[row + t, i]`` for ``t, i < LANES``:
+    the inverse of ``gather_tile``."""
+    if (
+        _is_rows(rows)
+        and isinstance(row, types.Integer)
+        and _is_flat_source(target)
+        and _is_starts(starts)
+        and isinstance(offset, types.Integer)
+    ):
+
+        def codegen(context, builder, signature, args):
+            rows_type, row_type, target_type, starts_type, offset_type = signature.args
+            row_value = context.cast(builder, args[1], row_type, types.intp)
+            lane_rows = []
+            for t in range(LANES):
+                index = builder.add(row_value, ir.Constant(cgutils.intp_t, t))
+                pointer = _row_pointer(context, builder, rows_type, args[0], types.intp, index)
+                lane_rows.append(builder.load(pointer, align=8))
+            addresses = _lane_addresses(
+                context, builder, target_type, args[2], starts_type, args[3], offset_type, args[4]
+            )
+            for address, vector in zip(addresses, _transpose(builder, lane_rows), strict=True):
+                builder.store(vector, address, align=8)
+            return context.get_dummy_value()
+
+        return types.none(rows, row, target, starts, offset), codegen
+    return None
+
+
+scatter_tile: Any = intrinsic(_scatter_tile)
