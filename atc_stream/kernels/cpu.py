@@ -11,9 +11,8 @@ import numpy as np
 from numba import njit, prange
 
 from atc_stream.core import schema
-from atc_stream.core.output_row import (
-    N_OUT,
-)
+from atc_stream.core.output_row import N_OUT
+from atc_stream.core.params import LENGTHS_PER_FAMILY
 from atc_stream.kernels import lanes as lane_source
 from atc_stream.kernels import threads as threading_policy
 from atc_stream.kernels.backend import Ohlc, ReadyFields
@@ -178,6 +177,7 @@ def warmup_blocks(
             np.empty((values.shape[1], LANES)), np.empty((N_OUT, LANES)),
             np.empty((lane_source.N_LANE_ROWS, LANES)),
             np.empty((lane_source.N_START_ROWS, LANES), np.int64),
+            np.empty((2 * LENGTHS_PER_FAMILY, LANES)), np.empty((capacity, LANES)),
         )  # fmt: skip
 
 

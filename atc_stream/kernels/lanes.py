@@ -18,7 +18,17 @@ from atc_stream.core.output_row import (
     OUT_SIGNAL,
 )
 from atc_stream.core.params import LENGTHS_PER_FAMILY, N_FAMILIES
-from atc_stream.kernels.core import DEMA, EMA, EQUITY_FLOOR, HMA, KAMA_FAST, KAMA_SLOW, LSMA, WMA
+from atc_stream.kernels.core import (
+    DEMA,
+    EMA,
+    EQUITY_FLOOR,
+    HMA,
+    KAMA,
+    KAMA_FAST,
+    KAMA_SLOW,
+    LSMA,
+    WMA,
+)
 from atc_stream.kernels.simd import (
     LANES,
     floor,
@@ -107,32 +117,26 @@ def lane_ema(h, p, length, bar_index, vals, field, close):
     return m
 
 
-def lane_sma(h, p, length, bar_index):
+def lane_sma(sums, j, length, bar_index):
+    """``core.sma_value`` from the family's window sums (``family_sums``)."""
     if bar_index < length - 1:
         return splat(NAN)
-    return lane_window_sum(h, p, length) / length
+    return load(sums, j) / length
 
 
-def lane_wma(h, p, length, bar_index):
+def lane_wma(sums, j, length, bar_index):
+    """``core.wma_value`` from the family's weighted sums (``family_weighted_sums``)."""
     if bar_index < length - 1:
         return splat(NAN)
-    start = p - length + 1
-    acc = splat(0.0)
-    for j in range(1, length + 1):
-        acc = acc + j * load(h, start + j - 1)
-    return acc / (length * (length + 1) / 2)
+    return load(sums, j) / (length * (length + 1) / 2)
 
 
-def lane_lsma(h, p, length, bar_index):
+def lane_lsma(sums, j, length, bar_index):
+    """``core.lsma_value`` from the family's sums (``sy`` in row j, ``sxy`` in row 9 + j)."""
     if bar_index < length - 1:
         return splat(NAN)
-    start = p - length + 1
-    sy = splat(0.0)
-    sxy = splat(0.0)
-    for j in range(length):
-        y = load(h, start + j)
-        sy = sy + y
-        sxy = sxy + j * y
+    sy = load(sums, j)
+    sxy = load(sums, LENGTHS_PER_FAMILY + j)
     sx = length * (length - 1) / 2
     sxx = (length - 1) * length * (2 * length - 1) / 6
     denominator = length * sxx - sx * sx
@@ -143,14 +147,13 @@ def lane_lsma(h, p, length, bar_index):
     return intercept + slope * (length - 1)
 
 
-def lane_kama(h, p, length, bar_index, vals, field, close):
-    """``core.kama_next``; ``vals[field]`` holds the previous value and gets the new one."""
+def lane_kama(h, p, sums, j, length, bar_index, vals, field, close):
+    """``core.kama_next`` with the noise from ``family_noise_sums``; ``vals[field]`` holds
+    the previous value and gets the new one."""
     ratio = splat(0.0)
     if bar_index >= length:
         signal = abs(close - load(h, p - length))
-        noise = splat(0.0)
-        for k in range(p - length, p):
-            noise = noise + abs(load(h, k + 1) - load(h, k))
+        noise = load(sums, j)
         ratio = where(noise != 0.0, signal / noise, 0.0)
     t = ratio * (KAMA_FAST - KAMA_SLOW) + KAMA_SLOW
     smooth = t * t
@@ -158,6 +161,138 @@ def lane_kama(h, p, length, bar_index, vals, field, close):
     m = prev + smooth * (close - prev)
     store(vals, field, m)
     return m
+
+
+# -- the nine window sums of a family at once ----------------------------------------
+#
+# A window sum is a chain of dependent additions, oldest first; one chain at a time waits
+# on the latency of every addition. The nine windows of a family all end at the newest
+# close, so after each chain's own older part (added alone, oldest first) the nine run
+# side by side over their common newest part, each still adding exactly its scalar
+# terms in the scalar order. Rows of windows that are not defined yet hold garbage that
+# their MA never reads.
+
+if LENGTHS_PER_FAMILY != 9:
+    raise ImportError("the family sums below are written for 9 lengths a family")
+
+
+def chain_head(x, first, start, stop, weight):
+    """The sum from 0.0 of ``x[start:stop]``, each row times its weight (``weight`` for the
+    row at ``start``, one more per row; ``weight < 0`` for plain rows)."""
+    acc = splat(0.0)
+    w = float(weight)
+    for k in range(start, stop):
+        if weight < 0:
+            acc = acc + load(x, k - first)
+        else:
+            acc = acc + w * load(x, k - first)
+            w += 1.0
+    return acc
+
+
+def family_sums(x, first, last, lengths, k0, weight, sums, row):
+    """``sums[row + j]``: the sum from 0.0, oldest first, of the window of ``lengths[k0 + j]``
+    rows of ``x`` ending at position ``last`` (position ``i`` is row ``i - first``), each
+    row times its 1-based (``weight`` 1), 0-based (0) or no (-1) position weight."""
+    shortest = lengths[k0]
+    for j in range(1, LENGTHS_PER_FAMILY):
+        shortest = min(shortest, lengths[k0 + j])
+    common = last - shortest + 1
+    s0 = last - lengths[k0] + 1
+    s1 = last - lengths[k0 + 1] + 1
+    s2 = last - lengths[k0 + 2] + 1
+    s3 = last - lengths[k0 + 3] + 1
+    s4 = last - lengths[k0 + 4] + 1
+    s5 = last - lengths[k0 + 5] + 1
+    s6 = last - lengths[k0 + 6] + 1
+    s7 = last - lengths[k0 + 7] + 1
+    s8 = last - lengths[k0 + 8] + 1
+    a0 = chain_head(x, first, s0, common, weight)
+    a1 = chain_head(x, first, s1, common, weight)
+    a2 = chain_head(x, first, s2, common, weight)
+    a3 = chain_head(x, first, s3, common, weight)
+    a4 = chain_head(x, first, s4, common, weight)
+    a5 = chain_head(x, first, s5, common, weight)
+    a6 = chain_head(x, first, s6, common, weight)
+    a7 = chain_head(x, first, s7, common, weight)
+    a8 = chain_head(x, first, s8, common, weight)
+    if weight < 0:
+        for k in range(common, last + 1):
+            y = load(x, k - first)
+            a0 = a0 + y
+            a1 = a1 + y
+            a2 = a2 + y
+            a3 = a3 + y
+            a4 = a4 + y
+            a5 = a5 + y
+            a6 = a6 + y
+            a7 = a7 + y
+            a8 = a8 + y
+    else:
+        w0 = splat(float(common - s0 + weight))
+        w1 = splat(float(common - s1 + weight))
+        w2 = splat(float(common - s2 + weight))
+        w3 = splat(float(common - s3 + weight))
+        w4 = splat(float(common - s4 + weight))
+        w5 = splat(float(common - s5 + weight))
+        w6 = splat(float(common - s6 + weight))
+        w7 = splat(float(common - s7 + weight))
+        w8 = splat(float(common - s8 + weight))
+        for k in range(common, last + 1):
+            y = load(x, k - first)
+            a0 = a0 + w0 * y
+            a1 = a1 + w1 * y
+            a2 = a2 + w2 * y
+            a3 = a3 + w3 * y
+            a4 = a4 + w4 * y
+            a5 = a5 + w5 * y
+            a6 = a6 + w6 * y
+            a7 = a7 + w7 * y
+            a8 = a8 + w8 * y
+            w0 = w0 + 1.0
+            w1 = w1 + 1.0
+            w2 = w2 + 1.0
+            w3 = w3 + 1.0
+            w4 = w4 + 1.0
+            w5 = w5 + 1.0
+            w6 = w6 + 1.0
+            w7 = w7 + 1.0
+            w8 = w8 + 1.0
+    store(sums, row, a0)
+    store(sums, row + 1, a1)
+    store(sums, row + 2, a2)
+    store(sums, row + 3, a3)
+    store(sums, row + 4, a4)
+    store(sums, row + 5, a5)
+    store(sums, row + 6, a6)
+    store(sums, row + 7, a7)
+    store(sums, row + 8, a8)
+
+
+def longest_length(lengths, k0):
+    longest = 0
+    for j in range(LENGTHS_PER_FAMILY):
+        longest = max(longest, lengths[k0 + j])
+    return longest
+
+
+def family_window_sums(family, h, p, lengths, sums, diffs):
+    """The window quantities of a family's nine MAs into ``sums`` (see ``lane_sma``,
+    ``lane_wma``, ``lane_lsma``, ``lane_kama``); EMA and DEMA need none."""
+    k0 = family * LENGTHS_PER_FAMILY
+    if family == HMA:
+        family_sums(h, 0, p, lengths, k0, -1, sums, 0)
+    elif family == WMA:
+        family_sums(h, 0, p, lengths, k0, 1, sums, 0)
+    elif family == LSMA:
+        family_sums(h, 0, p, lengths, k0, -1, sums, 0)
+        family_sums(h, 0, p, lengths, k0, 0, sums, LENGTHS_PER_FAMILY)
+    elif family == KAMA:
+        # noise: the sum of |close[k + 1] - close[k]| over the window ending at k = p - 1
+        first = p - longest_length(lengths, k0)
+        for k in range(first, p):
+            store(diffs, k - first, abs(load(h, k + 1) - load(h, k)))
+        family_sums(diffs, first, p - 1, lengths, k0, -1, sums, 0)
 
 
 def lane_dema(h, p, length, bar_index, vals, base, close):
@@ -180,19 +315,20 @@ def lane_dema(h, p, length, bar_index, vals, base, close):
     return 2.0 * e1 - e2
 
 
-def lane_ma(family, h, p, length, bar_index, vals, base, close):
-    """``core.ma_next`` of one MA instance for every lane."""
+def lane_ma(family, h, p, sums, j, length, bar_index, vals, base, close):
+    """``core.ma_next`` of MA ``j`` of ``family`` for every lane (``sums`` from
+    ``family_window_sums``)."""
     if family == EMA:
         return lane_ema(h, p, length, bar_index, vals, base + MA_AUX1, close)
     if family == HMA:
-        return lane_sma(h, p, length, bar_index)
+        return lane_sma(sums, j, length, bar_index)
     if family == WMA:
-        return lane_wma(h, p, length, bar_index)
+        return lane_wma(sums, j, length, bar_index)
     if family == DEMA:
         return lane_dema(h, p, length, bar_index, vals, base, close)
     if family == LSMA:
-        return lane_lsma(h, p, length, bar_index)
-    return lane_kama(h, p, length, bar_index, vals, base + MA_AUX1, close)
+        return lane_lsma(sums, j, length, bar_index)
+    return lane_kama(h, p, sums, j, length, bar_index, vals, base + MA_AUX1, close)
 
 
 # -- signals and equity (selects where the scalar kernel branches on a lane's value) --
@@ -212,8 +348,11 @@ def lane_equity(vals, equity_field, return_field, previous_signal, r, first, sta
     return e
 
 
-def lane_layer1(family, h, p, lengths, bar_index, vals, decay, close, previous_close, r):
+def lane_layer1(
+    family, h, p, lengths, bar_index, vals, decay, close, previous_close, r, sums, diffs
+):
     """``core.layer1_signal``: the family's layer-1 signal (NaN while inactive)."""
+    family_window_sums(family, h, p, lengths, sums, diffs)
     cutout = lengths[CUTOUT_COLUMN]
     active = bar_index >= cutout
     first = bar_index == cutout
@@ -222,7 +361,7 @@ def lane_layer1(family, h, p, lengths, bar_index, vals, decay, close, previous_c
     for j in range(LENGTHS_PER_FAMILY):
         k = family * LENGTHS_PER_FAMILY + j
         base = MA_BASE + k * MA_FIELDS
-        m = lane_ma(family, h, p, lengths[k], bar_index, vals, base, close)
+        m = lane_ma(family, h, p, sums, j, lengths[k], bar_index, vals, base, close)
         previous_signal = load(vals, base + MA_SIG)
         previous_m = load(vals, base + MA_PREV)
         signal = where((close > m) & (previous_close <= previous_m), 1.0, previous_signal)
@@ -240,7 +379,7 @@ def lane_layer1(family, h, p, lengths, bar_index, vals, decay, close, previous_c
     return floor((weighted / total) * 100.0 + 0.5) / 100.0
 
 
-def lane_bar(h, p, bar_index, lengths, pvalues, vals, lane, o):
+def lane_bar(h, p, bar_index, lengths, pvalues, vals, lane, o, sums, diffs):
     """One bar of every lane: ``core.update_stream`` with the outputs in ``o[column]``.
 
     ``bar_index`` decides every branch (all lanes share them); ``lane[L_BAR_INDEX]`` and
@@ -264,7 +403,7 @@ def lane_bar(h, p, bar_index, lengths, pvalues, vals, lane, o):
     total = splat(0.0)
     for family in range(N_FAMILIES):
         signal = lane_layer1(
-            family, h, p, lengths, bar_index, vals, decay, close, previous_close, r
+            family, h, p, lengths, bar_index, vals, decay, close, previous_close, r, sums, diffs
         )
         fam = FAMILY_BASE + family * FAMILY_FIELDS
         previous_signal = load(vals, fam + FAM_SIGNAL_PREV)
@@ -306,14 +445,15 @@ def lane_bar(h, p, bar_index, lengths, pvalues, vals, lane, o):
 
 def block_warmup(
     ring, values, counters, param_lengths, param_values, slots, times, closes, counts,
-    out, record_all, members, n_members, h, vals, o, lane, starts,
+    out, record_all, members, n_members, h, vals, o, lane, starts, sums, diffs,
 ):  # fmt: skip
     """Apply ``counts[s]`` bars to ``slots[s]`` for the streams ``s = members[:n_members]``
     (one parameter row; bar indices equal, or all at least ``steady_bar``), like
     ``core.update_stream`` bar after bar; lanes past ``n_members`` repeat the last stream
     and are never written back. Scratch, every float array ``(rows, LANES)``: ``h`` (ring
     capacity + bars), ``vals`` (N_VALUE_FIELDS), ``o`` (N_OUT), ``lane`` (N_LANE_ROWS);
-    ``starts`` int64 ``(N_START_ROWS, LANES)``.
+    ``starts`` int64 ``(N_START_ROWS, LANES)``; ``sums`` (2 x LENGTHS_PER_FAMILY) and
+    ``diffs`` (ring capacity) for ``family_window_sums``.
     """
     capacity = ring.shape[1] // 2
     first_slot = slots[members[0]]
@@ -347,7 +487,7 @@ def block_warmup(
             lane[L_GROWTH, i] = 1.0
             if lane_index >= cutout:
                 lane[L_GROWTH, i] = math.exp(lam * (lane_index - cutout))
-        lane_bar(h, capacity + t, bar_index + t, lengths, pvalues, vals, lane, o)
+        lane_bar(h, capacity + t, bar_index + t, lengths, pvalues, vals, lane, o, sums, diffs)
         for i in range(n_members):
             s = members[i]
             count = counts[s]
