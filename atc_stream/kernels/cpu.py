@@ -44,6 +44,9 @@ LANES = lane_source.LANES
 #: smallest block worth running in lanes: a block's gather and scatter cost about three
 #: streams alone
 MIN_BLOCK = 4
+#: lane blocks a parallel task runs with one allocation of scratch (a step of 1,000
+#: streams is 125 blocks: enough tasks for the threads, few allocations)
+BLOCKS_PER_TASK = 8
 
 
 def step(
@@ -165,20 +168,26 @@ def warmup_blocks(
     block_starts,
 ):
     """``warmup`` of the streams ``members`` in blocks of up to LANES (``plan_blocks``),
-    each block through ``lanes.block_warmup``: the same bits, LANES chains at a time."""
+    each block through ``lanes.block_warmup``: the same bits, LANES chains at a time.
+    Blocks go in runs of ``BLOCKS_PER_TASK`` that share one set of scratch arrays."""
     capacity = ring.shape[1] // 2
     rows = capacity + times.shape[1]
-    for b in prange(block_starts.shape[0] - 1):
-        start = block_starts[b]
-        block_warmup(
-            ring, values, counters, param_lengths, param_values, slots, times, closes,
-            counts, out, record_all, members[start:block_starts[b + 1]],
-            block_starts[b + 1] - start, np.empty((rows, LANES)),
-            np.empty((values.shape[1], LANES)), np.empty((N_OUT, LANES)),
-            np.empty((lane_source.N_LANE_ROWS, LANES)),
-            np.empty((lane_source.N_START_ROWS, LANES), np.int64),
-            np.empty((2 * LENGTHS_PER_FAMILY, LANES)), np.empty((capacity, LANES)),
-        )  # fmt: skip
+    n_blocks = block_starts.shape[0] - 1
+    for task in prange((n_blocks + BLOCKS_PER_TASK - 1) // BLOCKS_PER_TASK):
+        h = np.empty((rows, LANES))
+        vals = np.empty((values.shape[1], LANES))
+        o = np.empty((N_OUT, LANES))
+        lane = np.empty((lane_source.N_LANE_ROWS, LANES))
+        starts = np.empty((lane_source.N_START_ROWS, LANES), np.int64)
+        sums = np.empty((2 * LENGTHS_PER_FAMILY, LANES))
+        diffs = np.empty((capacity, LANES))
+        for b in range(task * BLOCKS_PER_TASK, min(n_blocks, (task + 1) * BLOCKS_PER_TASK)):
+            start = block_starts[b]
+            block_warmup(
+                ring, values, counters, param_lengths, param_values, slots, times, closes,
+                counts, out, record_all, members[start:block_starts[b + 1]],
+                block_starts[b + 1] - start, h, vals, o, lane, starts, sums, diffs,
+            )  # fmt: skip
 
 
 @cached_jit(njit(cache=True))

@@ -480,13 +480,18 @@ def block_warmup(
     # one write-back of every lane at once where all of them are streams ending together
     together = n_members == LANES and same_count
     for t in range(bars):
+        previous_index = -1
+        growth = 1.0
         for i in range(LANES):
             s = members[min(i, n_members - 1)]
             lane_index = counters[slots[s], BAR_INDEX] + t
             lane[L_BAR_INDEX, i] = lane_index
-            lane[L_GROWTH, i] = 1.0
-            if lane_index >= cutout:
-                lane[L_GROWTH, i] = math.exp(lam * (lane_index - cutout))
+            if lane_index != previous_index:  # lanes at one bar index share one exp
+                growth = 1.0
+                if lane_index >= cutout:
+                    growth = math.exp(lam * (lane_index - cutout))
+                previous_index = lane_index
+            lane[L_GROWTH, i] = growth
         lane_bar(h, capacity + t, bar_index + t, lengths, pvalues, vals, lane, o, sums, diffs)
         for i in range(n_members):
             s = members[i]
