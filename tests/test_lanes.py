@@ -93,9 +93,12 @@ def test_last_row_only_and_plan_covers_every_stream():
     closes = _walks(rng, n, 200)
     counts = rng.integers(1, 201, n)
     times = np.tile(np.arange(1, 201, dtype=np.int64), (n, 1))
-    members, starts, alone = cpu.plan_blocks(lanes.counters, lanes.params.lengths, slots, counts)
-    assert sorted([*members, *alone]) == list(range(n))
-    assert (np.diff(starts) <= cpu.LANES).all() and (np.diff(starts) >= cpu.MIN_BLOCK).all()
+    for min_block in (1, cpu.MIN_BLOCK):
+        members, starts, alone = cpu.plan_blocks(
+            lanes.counters, lanes.params.lengths, slots, counts, min_block
+        )
+        assert sorted([*members, *alone]) == list(range(n))
+        assert (np.diff(starts) <= cpu.LANES).all() and (np.diff(starts) >= min_block).all()
     expected = _scalar_warmup(scalar, slots, times, closes, counts, record_all=False)
     got = cpu.CpuBackend(lanes, threads=1).warmup(slots, times, closes, counts, False)
     assert _same(got, expected)
@@ -111,8 +114,11 @@ def test_snapshot_after_lane_warmup_continues_with_the_scalar_step():
     by_lanes = Engine(backend="cpu", threads=1)
     by_lanes.warmup(history)
     one_by_one = Engine(backend="cpu", threads=1)
-    for symbol in symbols:  # a single stream per warmup call runs the scalar driver
-        one_by_one.warmup({symbol: history[symbol]})
+    for i, symbol in enumerate(symbols):  # one stream, one bar a call: the scalar step
+        one_by_one.warmup({symbol: (times[:1], closes[i, :1])})
+        slot = one_by_one.slots_of(symbol)
+        for t in range(1, 250):
+            one_by_one.step_arrays(slot, times[t : t + 1], closes[i, t : t + 1])
     restored = Engine.restore(by_lanes.snapshot(), backend="cpu", threads=1)
     for t in range(250, 300):
         stepped = [
@@ -158,4 +164,24 @@ def test_lane_step_is_bit_identical(threads):
                         expected)  # fmt: skip
         got = backend.step(step_slots, step_times, step_closes, order, starts)
         assert _same(got, expected), t
+        _assert_same_state(scalar, lanes)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_few_long_histories_run_in_one_block_bit_identically(n):
+    """One stream (``compute()``) or a few: a block with unused lanes, every row and the
+    final state equal to the scalar driver's, for each parameter set."""
+    rng = np.random.default_rng(17 + n)
+    for row in range(len(PARAM_SETS)):
+        param_rows = np.full(n, row, np.int64)
+        scalar, slots = _store(n, param_rows)
+        lanes, _ = _store(n, param_rows)
+        closes = _walks(rng, n, 300)
+        counts = np.full(n, 300, np.int64)
+        times = np.tile(np.arange(1, 301, dtype=np.int64), (n, 1))
+        members, _, alone = cpu.plan_blocks(lanes.counters, lanes.params.lengths, slots, counts, 1)
+        assert len(members) == n and len(alone) == 0
+        expected = _scalar_warmup(scalar, slots, times, closes, counts)
+        got = cpu.CpuBackend(lanes, threads=1).warmup(slots, times, closes, counts, True)
+        assert _same(got, expected)
         _assert_same_state(scalar, lanes)

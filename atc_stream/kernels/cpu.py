@@ -44,6 +44,10 @@ LANES = lane_source.LANES
 #: smallest block worth running in lanes: a block's gather and scatter cost about three
 #: streams alone
 MIN_BLOCK = 4
+#: bars from which even one stream runs faster alone in a block than in the scalar driver:
+#: the block interleaves its nine window sums a family (twice the scalar speed on one
+#: stream), and a few bars repay the gather and scatter
+LONG_HISTORY = 8
 #: lane blocks a parallel task runs with one allocation of scratch (a step of 1,000
 #: streams is 125 blocks: enough tasks for the threads, few allocations)
 BLOCKS_PER_TASK = 8
@@ -191,12 +195,12 @@ def warmup_blocks(
 
 
 @cached_jit(njit(cache=True))
-def plan_blocks(counters, param_lengths, slots, counts):
+def plan_blocks(counters, param_lengths, slots, counts, min_block):
     """Group rows (warmup histories or step updates) into lane blocks: ``(members,
     block_starts, scalar_rows)``. A block holds streams of one parameter row whose bar
     indices are equal or all steady (``lanes.steady_bar``), longest histories first so
     a block's lanes end together; the rows of a group's last block when it would be
-    under MIN_BLOCK streams go to ``scalar_rows`` (a block costs LANES streams' work)."""
+    under ``min_block`` streams go to ``scalar_rows``."""
     steady = np.empty(param_lengths.shape[0], np.int64)
     for r in range(param_lengths.shape[0]):
         steady[r] = steady_bar(param_lengths[r])
@@ -229,7 +233,7 @@ def plan_blocks(counters, param_lengths, slots, counts):
         j = i
         while j < n and keys[j] // (longest + 1) == group and j - i < LANES:
             j += 1
-        if j - i >= MIN_BLOCK:
+        if j - i >= min_block:
             for k in range(i, j):
                 members[n_members] = order[k]
                 n_members += 1
@@ -303,7 +307,7 @@ class CpuBackend:
         ones = np.zeros(n, np.int64)
         ones[order] = 1
         members, block_starts, scalar_rows = plan_blocks(
-            self.store.counters, self.store.params.lengths, slots, ones
+            self.store.counters, self.store.params.lengths, slots, ones, MIN_BLOCK
         )
         if members.shape[0]:
             threading_policy.run(
@@ -372,9 +376,11 @@ class CpuBackend:
     ) -> np.ndarray:
         rows = times.shape[1] if record_all else 1
         out = np.full((slots.shape[0], max(rows, 1), N_OUT), np.nan)
+        longest = int(counts.max()) if counts.shape[0] else 0
         members, block_starts, scalar_rows = plan_blocks(
-            self.store.counters, self.store.params.lengths, slots, counts
-        )
+            self.store.counters, self.store.params.lengths, slots, counts,
+            1 if longest >= LONG_HISTORY else MIN_BLOCK,
+        )  # fmt: skip
         if members.shape[0]:
             threading_policy.run(
                 warmup_blocks_serial, warmup_blocks_parallel,
