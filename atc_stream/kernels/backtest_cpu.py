@@ -9,6 +9,7 @@ import numpy as np
 from numba import njit, prange
 
 from atc_stream.kernels import strategy
+from atc_stream.kernels import threads as threading_policy
 from atc_stream.kernels.cache import cached_jit
 from atc_stream.kernels.compile import compile_module
 from atc_stream.state.strategy_layout import (
@@ -116,8 +117,8 @@ def run_backtest(
 
     def run_once(bar_series, signal_series, strategy_rows, capacity):
         out = backtest_outputs(bar_series.shape[0], n_bars, capacity)
-        backtest_streams(
-            opens, highs, lows, closes, lengths, ready, longs, shorts,
+        threading_policy.run_parallel(
+            backtest_streams, opens, highs, lows, closes, lengths, ready, longs, shorts,
             bar_series, signal_series, strategy_rows, strategy_values, strategy_ints,
             out["sv"], out["sc"], out["equity"], out["held"], out["trades"], out["metrics"],
         )  # fmt: skip

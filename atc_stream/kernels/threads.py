@@ -122,6 +122,15 @@ def _choose_layer() -> None:
             config.THREADING_LAYER = PREFERRED_LAYER
 
 
+def run_parallel(parallel, *args) -> None:
+    """Call a parallel-only kernel (numba's current thread count) under the same layer
+    choice and lock as ``run``: the first parallel kernel a process loads fixes the layer
+    for good, so every one goes through here or ``run``."""
+    _choose_layer()
+    with _parallel_lock:
+        parallel(*args)
+
+
 def run(serial, parallel, n_threads: int, *args) -> None:
     """Call the serial driver for one thread, else the parallel one on ``n_threads``."""
     if n_threads <= 1:
