@@ -174,82 +174,28 @@ def test_bad_url_and_options_are_refused():
         LoopPublisher("redis://127.0.0.1:1/0", prefix="")
 
 
-def _fanout(args: list[bytes]) -> tuple[list[tuple[bytes, bytes]], dict[bytes, list]]:
-    """The PUBLISHes (channel, message) and hash fields (key -> [(field, message)]) that
-    the arguments of a fan-out EVAL ask for, each message number resolved."""
-    from atc_stream.connectors.redis.channels import FANOUT_SCRIPT
-
-    assert args[:2] == [b"EVAL", FANOUT_SCRIPT]
-    n_keys = int(args[2])
-    keys, rest = args[3 : 3 + n_keys], args[3 + n_keys :]
-    m = int(rest[0])
-    messages, i = rest[1 : 1 + m], 1 + m
-    assert len(messages) == m
-
-    def pairs(count: int) -> list[tuple[bytes, bytes]]:
-        return [(rest[i + 2 * j], messages[int(rest[i + 2 * j + 1])]) for j in range(count)]
-
-    n_publish = int(rest[i])
-    i += 1
-    publishes = pairs(n_publish)
-    i += 2 * n_publish
-    hashes = {}
-    for key in keys:
-        n_fields = int(rest[i])
-        i += 1
-        hashes[key] = pairs(n_fields)
-        i += 2 * n_fields
-    assert i == len(rest)
-    return publishes, hashes
-
-
-def _expected_fanout(prefix: str, results) -> tuple[list[tuple[bytes, bytes]], dict]:
-    """The documented messages of ``results``: per-symbol and events messages (in that
-    order per step), and the latest record of each stream."""
-    import msgspec
-
-    from atc_stream.core.messages import records_from_result
-
-    encode = msgspec.json.encode
-    publishes, latest = [], {}
-    for result in results:
-        records = records_from_result(result)
-        publishes += [(f"{prefix}:signal:{r.symbol}".encode(), encode(r)) for r in records]
-        publishes += [
-            (f"{prefix}:events".encode(), encode(r))
-            for r in records
-            if (r.long or r.short) and r.ready
-        ]
-        latest.update({r.key.encode(): encode(r) for r in records})
-    return publishes, latest
-
-
-def _parsed(commands: list[bytes]) -> list[list[bytes]]:
-    async def parse():
-        reader = asyncio.StreamReader()
-        reader.feed_data(b"".join(commands))
-        reader.feed_eof()
-        return [await read_reply(reader) for _ in commands]
-
-    return asyncio.run(parse())
-
-
 def test_packed_commands_are_the_protocol_of_the_documented_arguments():
     """``SignalMessages._commands`` writes RESP by hand: parsed back, its commands are a
     PUBLISH to the batch channel per step (first: a batch subscriber does not wait for the
-    fan-out), then one EVAL of the fan-out script that sends each record once and names it
-    by number for the per-symbol and events messages (in that order per step) and the
-    latest hash, with the right argument counts."""
+    fan-out), the EVAL (per-symbol and events messages, in that order per step) and the
+    HSET of the latest hash that the records say, with the right argument counts."""
     import msgspec
 
-    from atc_stream.connectors.redis.channels import SignalMessages
+    from atc_stream.connectors.redis.channels import PUBLISH_SCRIPT, SignalMessages
     from atc_stream.core.messages import records_from_result
 
     results = [r for r in step_results(4, 140, seed=11) if len(r)][-40:]
     items = list(enumerate(results, start=1))
     packer = SignalMessages(prefix="px")
     commands, messages = packer._commands(items)
-    *batch_commands, eval_args = _parsed(commands)
+
+    async def parse():
+        reader = asyncio.StreamReader()
+        reader.feed_data(b"".join(commands))
+        reader.feed_eof()
+        return [await read_reply(reader) for _ in commands]
+
+    *batch_commands, eval_args, hset_args = asyncio.run(parse())
     assert len(batch_commands) == len(items)
     for (seq, result), command in zip(items, batch_commands, strict=True):
         assert command[:2] == [b"PUBLISH", b"px:batch"] and len(command) == 3
@@ -257,59 +203,22 @@ def test_packed_commands_are_the_protocol_of_the_documented_arguments():
         assert batch["seq"] == seq and batch["count"] == len(batch["records"]) == len(result)
         records = [msgspec.json.encode(r) for r in records_from_result(result)]
         assert [msgspec.json.encode(r) for r in batch["records"]] == records
-    publishes, hashes = _fanout(eval_args)
-    expected, latest = _expected_fanout("px", results)
-    assert publishes == expected
-    assert any(channel == b"px:events" for channel, _ in publishes)
-    assert list(hashes) == [b"px:latest"]
-    assert dict(hashes[b"px:latest"]) == latest
-    assert messages == len(items) + len(expected) + len(latest)
-    # every record is sent once: the per-symbol channels and the hash name it by number
-    assert int(eval_args[4]) == sum(len(r) for r in results)
-
-
-def test_packed_single_steps_and_switches_send_what_the_options_say():
-    """One step at a time (the live path: per-slot names, no per-row work), with
-    ``per_symbol``, ``latest`` and ``events_before_ready`` switched, and a step that
-    holds a stream twice: the same messages and latest fields as the documented ones."""
-    import msgspec
-
-    from atc_stream import Engine
-    from atc_stream.connectors.redis.channels import SignalMessages
-    from atc_stream.core.messages import records_from_result
-
-    results = [r for r in step_results(4, 140, seed=12) if len(r)][-30:]
-    engine = Engine(interval="1m", backend="cpu")
-    for symbol in ("AA", "BB"):
-        engine.add_symbol(symbol)
-    twice = engine.step([("AA", 0, 1.0), ("BB", 0, 2.0), ("AA", 60_000, 1.5)])
-    switches = ({}, {"per_symbol": False}, {"latest": False},
-                {"per_symbol": False, "latest": False}, {"events_before_ready": True})  # fmt: skip
-    assert len(twice) == 3 and len(set(twice.slots.tolist())) == 2
-    for options in switches:
-        packer = SignalMessages(prefix="px", **options)
-        for seq, result in enumerate([*results, twice], start=1):
-            commands, _ = packer._commands([(seq, result)])
-            evals = [c for c in _parsed(commands) if c[0] == b"EVAL"]
-            assert len(evals) <= 1
-            expected, latest = _expected_fanout("px", [result])
-            records = records_from_result(result)
-            if options.get("events_before_ready"):
-                expected = [p for p in expected if p[0] != b"px:events"] + [
-                    (b"px:events", msgspec.json.encode(r)) for r in records if r.long or r.short
-                ]
-            if options.get("per_symbol") is False:
-                expected = [p for p in expected if p[0] == b"px:events"]
-            if options.get("latest") is False:
-                latest = {}
-            if not expected and not latest:
-                assert not evals
-                continue
-            publishes, hashes = _fanout(evals[0])
-            assert publishes == expected
-            assert dict(hashes.get(b"px:latest", [])) == latest
-            fields = [f for f, _ in hashes.get(b"px:latest", [])]
-            assert len(fields) == len(set(fields))
+    encode = msgspec.json.encode
+    expected, latest = [b"EVAL", PUBLISH_SCRIPT, b"0"], {}
+    for _, result in items:
+        records = records_from_result(result)
+        for r in records:
+            expected += [f"px:signal:{r.symbol}".encode(), encode(r)]
+        for r in records:
+            if (r.long or r.short) and r.ready:
+                expected += [b"px:events", encode(r)]
+        for r in records:
+            latest[r.key.encode()] = encode(r)
+    assert eval_args == expected
+    assert any(arg == b"px:events" for arg in eval_args)
+    assert hset_args[:2] == [b"HSET", b"px:latest"]
+    assert dict(zip(hset_args[2::2], hset_args[3::2], strict=True)) == latest
+    assert messages == len(items) + (len(expected) - 3) // 2 + len(latest)
 
 
 def test_every_redis_retry_loop_waits_on_the_shared_backoff_policy(redis_url):  # noqa: F811

@@ -11,7 +11,6 @@ import types
 from collections.abc import Sequence
 
 import msgspec
-import numpy as np
 
 from atc_stream.connectors.redis.resp import CRLF, bulk
 from atc_stream.core.messages import (
@@ -87,56 +86,16 @@ def position_channel(prefix: str, symbol: str) -> str:
     return f"{prefix}:position:{symbol}"
 
 
-#: The fan-out of a group of steps in one command, each message sent once: ARGV[1] is the
-#: number m of messages, ARGV[2 .. m + 1] the messages, then the number p of PUBLISHes
-#: and p pairs (channel, message number from 0); then, for each hash in KEYS, its number
-#: of fields and as many pairs (field, message number) to HSET (in calls of at most
-#: 1,000 fields: Lua's unpack has a limit). Lua scripts run atomically.
-FANOUT_SCRIPT = b"""local i = tonumber(ARGV[1]) + 2
-local p = tonumber(ARGV[i])
-i = i + 1
-for _ = 1, p do
-  redis.call('PUBLISH', ARGV[i], ARGV[tonumber(ARGV[i + 1]) + 2])
-  i = i + 2
-end
-for k = 1, #KEYS do
-  local left = tonumber(ARGV[i])
-  i = i + 1
-  while left > 0 do
-    local args, n = {}, math.min(left, 1000)
-    for j = 1, n do
-      args[2 * j - 1] = ARGV[i]
-      args[2 * j] = ARGV[tonumber(ARGV[i + 1]) + 2]
-      i = i + 2
-    end
-    redis.call('HSET', KEYS[k], unpack(args))
-    left = left - n
-  end
-end
-return p"""
+#: PUBLISH every (channel, message) pair of ARGV in one command (Lua scripts run atomically).
+PUBLISH_SCRIPT = (
+    b"for i = 1, #ARGV, 2 do redis.call('PUBLISH', ARGV[i], ARGV[i + 1]) end return #ARGV / 2"
+)
 
 
-#: ``EVAL <FANOUT_SCRIPT>`` without the argument count that precedes it
-_EVAL_FANOUT = bulk(b"EVAL") + bulk(FANOUT_SCRIPT)
+#: ``EVAL <PUBLISH_SCRIPT> 0`` without the argument count that precedes it
+_EVAL_PUBLISH = bulk(b"EVAL") + bulk(PUBLISH_SCRIPT) + bulk(b"0")
+_HSET = bulk(b"HSET")
 _PUBLISH = b"*3\r\n" + bulk(b"PUBLISH")  # then the channel and the message
-_HEAD = b"$%d\r\n"  # a bulk string's length header
-_NUMBERS: list[bytes] = []  # bulk strings of 0, 1, 2, ...: message numbers
-
-
-def _numbers(start: int, count: int) -> list[bytes]:
-    """The bulk strings of the message numbers ``start .. start + count - 1``."""
-    end = start + count
-    if end > len(_NUMBERS):
-        _NUMBERS.extend(bulk(b"%d" % i) for i in range(len(_NUMBERS), 2 * end))
-    return _NUMBERS[start:end]
-
-
-def _pairs(names: list[bytes], numbers: list[bytes]) -> list[bytes]:
-    """RESP pieces ``name, number`` for each row, laid out by slice assignment (C loops)."""
-    pieces: list[bytes] = [CRLF] * (2 * len(names))
-    pieces[0::2] = names
-    pieces[1::2] = numbers
-    return pieces
 
 
 class SignalMessages:
@@ -185,9 +144,6 @@ class SignalMessages:
         self._trade_channels: dict[str, bytes] = {}
         self._position_channels: dict[str, bytes] = {}
         self._position_fields: dict[tuple[StreamKey, int], list[bytes]] = {}
-        #: the engine streams the per-slot arrays of ``_slot_names`` were made for
-        self._slot_keys: list[StreamKey | None] = []
-        self._slot_arrays: tuple[np.ndarray, np.ndarray] = (np.zeros(0, object),) * 2
         # delivery counters (``stats()``), kept by the publisher that sends these
         self._seq = 0
         self.enqueued = 0
@@ -246,117 +202,69 @@ class SignalMessages:
         return commands
 
     def _fanout_commands(self, encoded: Sequence[tuple]) -> tuple[list[bytes], int]:
-        """The EVAL of ``FANOUT_SCRIPT`` that publishes the per-symbol, event, trade and
-        position messages and writes the latest hashes, and how many messages and fields
-        it carries.
-
-        Each record is sent once, however many channels and hashes it goes to: the
-        per-symbol message, the event and the latest field of a row name it by number.
-        The per-row pieces are laid out with list slice assignments and per-slot arrays
-        of channel names and hash fields (C loops, no Python work per row); only the rows
-        that fire an event, and groups whose rows repeat a stream, are visited one by one.
-        """
-        messages: list[bytes] = []  # each message once, numbered from 0
-        pairs: list[bytes] = []  # RESP pieces of the PUBLISHes: channel, message number
+        """The EVAL publishing per-symbol, event, trade and position messages and the HSETs
+        of the latest hashes, and how many messages and fields they carry."""
+        publish: list[bytes] = []  # RESP pieces: channel, message, channel, message, ...
         n_publish = 0
-        latest: dict[bytes, bytes] = {}  # field -> message number (the last one wins)
-        latest_pairs: list[bytes] = []  # field, message number, ... (unique fields)
-        positions: dict[bytes, bytes] = {}  # the same, of the positions hash
-        one_step = len(encoded) == 1
+        latest: dict[bytes, tuple[bytes, bytes]] = {}  # field -> (length header, message)
+        positions: dict[bytes, tuple[bytes, bytes]] = {}  # the same, of the positions hash
         for _seq, result, records in encoded:
-            n = len(records)
-            slots = result.slots
-            channels, fields = self._slot_names(result._keys_by_slot)
-            fire = None
-            if self.events and "events" in result.groups:  # else no long/short columns
-                fire = result.long_events | result.short_events
-                if not self.events_before_ready:
-                    fire &= result.ready
-            if self.per_symbol or self.latest:
-                numbers = _numbers(len(messages), n)
-                messages += records
-            elif fire is not None and fire.any():  # only the events' records are sent
-                numbers = [b""] * n
-                for i in np.flatnonzero(fire).tolist():
-                    numbers[i] = _numbers(len(messages), 1)[0]
-                    messages.append(records[i])
+            heads = [b"$%d\r\n" % len(data) for data in records]
+            columns = dict(zip(result.column_names, result.column_values(), strict=True))
+            symbols = columns["symbol"]
             if self.per_symbol:
-                pairs += _pairs(channels[slots].tolist(), numbers)
-                n_publish += n
-            if fire is not None:
-                for i in np.flatnonzero(fire).tolist():
-                    pairs += (self._events_bulk, numbers[i])
-                    n_publish += 1
+                channel_of = self._channels.get
+                for symbol, head, data in zip(symbols, heads, records, strict=True):
+                    channel = channel_of(symbol) or self._symbol_channel(symbol)
+                    publish += (channel, head, data, CRLF)
+                n_publish += len(records)
+            if self.events and "events" in result.groups:  # else no long/short columns
+                flags = zip(columns["long"], columns["short"], columns["ready"], strict=True)
+                for (long, short, ready), head, data in zip(flags, heads, records, strict=True):
+                    if (long or short) and (ready or self.events_before_ready):
+                        publish += (self._events_bulk, head, data, CRLF)
+                        n_publish += 1
             if result.strategy is not None:
-                n_publish += self._strategy_messages(result, messages, pairs, positions)
+                n_publish += self._strategy_messages(result, publish, positions)
             if self.latest:
-                row_fields = fields[slots].tolist()
-                if one_step and np.unique(slots).shape[0] == n:  # each field once
-                    latest_pairs = _pairs(row_fields, numbers)
-                else:
-                    latest.update(zip(row_fields, numbers, strict=True))
-        for field, number in latest.items():
-            latest_pairs += (field, number)
-        hashes = [(self._latest_key_bulk, latest_pairs)] if latest_pairs else []
+                field_of = self._fields.get
+                keys = zip(symbols, columns["interval"], columns["params_id"], strict=True)
+                for key, head, data in zip(keys, heads, records, strict=True):
+                    latest[field_of(key) or self._latest_field(key)] = (head, data)
+        commands = []
+        if n_publish:
+            header = b"*%d\r\n" % (3 + 2 * n_publish) + _EVAL_PUBLISH
+            commands.append(header + b"".join(publish))
+        if latest:
+            parts = [b"*%d\r\n" % (2 + 2 * len(latest)), _HSET, self._latest_key_bulk]
+            for field, (head, data) in latest.items():
+                parts += (field, head, data, CRLF)
+            commands.append(b"".join(parts))
         if positions:
-            position_pairs = [piece for pair in positions.items() for piece in pair]
-            hashes.append((self._positions_latest_bulk, position_pairs))
-        if not n_publish and not hashes:
-            return [], 0
-        heads = list(map(_HEAD.__mod__, map(len, messages)))
-        sent: list[bytes] = [CRLF] * (3 * len(messages))  # head, message, CRLF, ...
-        sent[0::3] = heads
-        sent[1::3] = messages
-        n_args = 4 + len(hashes) + len(messages) + 1 + 2 * n_publish
-        n_args += sum(1 + len(pieces) for _, pieces in hashes)
-        parts = [b"*%d\r\n" % n_args, _EVAL_FANOUT, bulk(b"%d" % len(hashes))]
-        parts += [key for key, _ in hashes]
-        parts += [bulk(b"%d" % len(messages)), *sent, bulk(b"%d" % n_publish), *pairs]
-        for _, pieces in hashes:
-            parts.append(bulk(b"%d" % (len(pieces) // 2)))
-            parts += pieces
-        n_fields = sum(len(pieces) // 2 for _, pieces in hashes)
-        return [b"".join(parts)], n_publish + n_fields
-
-    def _slot_names(self, keys_by_slot: list[StreamKey | None]) -> tuple[np.ndarray, np.ndarray]:
-        """Per engine slot, the RESP bulk string of its symbol's channel and of its field in
-        the latest hash (object arrays indexed by slot), rebuilt when the engine's streams
-        changed since the last call."""
-        if keys_by_slot != self._slot_keys:  # identical key objects compare without __eq__
-            channels = np.full(len(keys_by_slot), None, object)
-            fields = np.full(len(keys_by_slot), None, object)
-            for slot, key in enumerate(keys_by_slot):
-                if key is not None:
-                    channels[slot] = self._channels.get(key.symbol) or self._symbol_channel(
-                        key.symbol
-                    )
-                    fields[slot] = self._latest_field((key.symbol, key.interval, key.params_id))
-            self._slot_keys = list(keys_by_slot)
-            self._slot_arrays = channels, fields
-        return self._slot_arrays
+            parts = [b"*%d\r\n" % (2 + 2 * len(positions)), _HSET, self._positions_latest_bulk]
+            for field, (head, data) in positions.items():
+                parts += (field, head, data, CRLF)
+            commands.append(b"".join(parts))
+        return commands, n_publish + len(latest) + len(positions)
 
     def _strategy_messages(
-        self,
-        result: StepResult,
-        messages: list[bytes],
-        pairs: list[bytes],
-        latest: dict[bytes, bytes],
+        self, result: StepResult, publish: list[bytes], latest: dict[bytes, tuple[bytes, bytes]]
     ) -> int:
-        """Add the trade and position messages of ``result`` to ``messages``, their
-        PUBLISHes to ``pairs`` (channel, message number) and its positions to ``latest``
-        (field -> message number); returns how many messages are published."""
+        """Add the trade and position messages of ``result`` to ``publish`` (RESP pieces)
+        and its positions to ``latest`` (field -> length header, message); returns how
+        many messages were added."""
         encode = self._encoder.encode
         per_record = 2 if self.per_symbol else 1  # the all-symbols channel, the symbol's
         added = 0
         for trade in trade_records_from_result(result):
-            number = _numbers(len(messages), 1)[0]
-            messages.append(encode(trade))
-            pairs += (self._trades_bulk, number)
+            data = encode(trade)
+            head = b"$%d\r\n" % len(data)
+            publish += (self._trades_bulk, head, data, CRLF)
             if self.per_symbol:
                 channel = self._trade_channels.get(trade.symbol) or self._cache(
                     self._trade_channels, trade.symbol, trade_channel(self.prefix, trade.symbol)
                 )
-                pairs += (channel, number)
+                publish += (channel, head, data, CRLF)
             added += per_record
         positions = position_records_from_result(result)
         if not positions:
@@ -364,20 +272,21 @@ class SignalMessages:
         # positions come rows first, one per strategy: a row's stream gives its channel
         # and, with the strategy id, its field in the positions hash
         n_strategies = len(positions) // len(result)
-        numbers = _numbers(len(messages), len(positions))
-        messages += [encode(position) for position in positions]
+        messages = [encode(position) for position in positions]
+        heads = [b"$%d\r\n" % len(data) for data in messages]
         keys = result.keys
         everyone = self._positions_bulk
-        for number in numbers:
-            pairs += (everyone, number)
+        for head, data in zip(heads, messages, strict=True):
+            publish += (everyone, head, data, CRLF)
         if self.per_symbol:
             cached = self._position_channels.get
             for key, k in zip(keys, range(0, len(positions), n_strategies), strict=True):
                 channel = cached(key.symbol) or self._cache(
                     self._position_channels, key.symbol, position_channel(self.prefix, key.symbol)
                 )
-                for number in numbers[k : k + n_strategies]:
-                    pairs += (channel, number)
+                for head, data in zip(heads[k : k + n_strategies], messages[k : k + n_strategies],
+                                      strict=True):  # fmt: skip
+                    publish += (channel, head, data, CRLF)
         if self.latest:
             field_of = self._position_fields.get
             fields = [
@@ -386,7 +295,7 @@ class SignalMessages:
                 for field in field_of((key, n_strategies))
                 or self._strategy_fields(key, n_strategies)
             ]
-            latest.update(zip(fields, numbers, strict=True))
+            latest.update(zip(fields, zip(heads, messages, strict=True), strict=True))
         return added + per_record * len(positions)
 
     def _strategy_fields(self, key: StreamKey, n_strategies: int) -> list[bytes]:
