@@ -221,6 +221,66 @@ def test_packed_commands_are_the_protocol_of_the_documented_arguments():
     assert messages == len(items) + (len(expected) - 3) // 2 + len(latest)
 
 
+def test_packed_single_steps_send_what_the_switches_say():
+    """One step at a time (the live path: per-slot channel names and latest fields laid
+    out without per-row work), with ``per_symbol``, ``latest`` and
+    ``events_before_ready`` switched, and a step that holds a stream twice: the EVAL and
+    HSET carry the documented messages, each latest field once."""
+    import msgspec
+
+    from atc_stream import Engine
+    from atc_stream.connectors.redis.channels import PUBLISH_SCRIPT, SignalMessages
+    from atc_stream.core.messages import records_from_result
+
+    encode = msgspec.json.encode
+    results = [r for r in step_results(4, 140, seed=12) if len(r)][-30:]
+    engine = Engine(interval="1m", backend="cpu")
+    for symbol in ("AA", "BB"):
+        engine.add_symbol(symbol)
+    twice = engine.step([("AA", 0, 1.0), ("BB", 0, 2.0), ("AA", 60_000, 1.5)])
+    assert len(twice) == 3 and len(set(twice.slots.tolist())) == 2
+    switches = ({}, {"per_symbol": False}, {"latest": False},
+                {"per_symbol": False, "latest": False}, {"events_before_ready": True})  # fmt: skip
+    for options in switches:
+        packer = SignalMessages(prefix="px", **options)
+        for seq, result in enumerate([*results, twice], start=1):
+            commands, messages = packer._commands([(seq, result)])
+
+            async def parse(commands=commands):
+                reader = asyncio.StreamReader()
+                reader.feed_data(b"".join(commands))
+                reader.feed_eof()
+                return [await read_reply(reader) for _ in commands]
+
+            batch, *fanout = asyncio.run(parse())
+            assert batch[:2] == [b"PUBLISH", b"px:batch"]
+            records = records_from_result(result)
+            expected = []
+            if options.get("per_symbol", True):
+                expected += [(f"px:signal:{r.symbol}".encode(), encode(r)) for r in records]
+            before_ready = options.get("events_before_ready", False)
+            expected += [
+                (b"px:events", encode(r))
+                for r in records
+                if (r.long or r.short) and (r.ready or before_ready)
+            ]
+            latest = {}
+            if options.get("latest", True):
+                latest = {r.key.encode(): encode(r) for r in records}
+            evals = [c for c in fanout if c[0] == b"EVAL"]
+            hsets = [c for c in fanout if c[0] == b"HSET"]
+            assert len(fanout) == len(evals) + len(hsets) and len(evals) <= 1 >= len(hsets)
+            args = evals[0][3:] if evals else []
+            assert not evals or evals[0][:3] == [b"EVAL", PUBLISH_SCRIPT, b"0"]
+            assert list(zip(args[::2], args[1::2], strict=True)) == expected
+            fields = hsets[0][2::2] if hsets else []
+            assert not hsets or hsets[0][:2] == [b"HSET", b"px:latest"]
+            assert len(fields) == len(set(fields))
+            stored = dict(zip(fields, hsets[0][3::2], strict=True)) if hsets else {}
+            assert stored == latest
+            assert messages == 1 + len(expected) + len(latest)
+
+
 def test_every_redis_retry_loop_waits_on_the_shared_backoff_policy(redis_url):  # noqa: F811
     """Both publishers, the subscriber and the stream runner retry on ``DEFAULT_BACKOFF``
     unless their caller passes another ``Backoff``."""
