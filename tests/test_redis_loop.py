@@ -54,6 +54,7 @@ def test_same_messages_and_latest_as_the_thread_publisher(redis_url):  # noqa: F
         asyncio.run(_publish_all(publisher, results))
         assert publisher.stats()["delivered"] == len(results)
         assert publisher.dropped == 0 and publisher.errors == 0
+        assert publisher.plain_publishes  # its fan-out went as PUBLISHes without replies
 
     thread_messages = _channel_messages(redis_url, by_thread)
     thread_latest = client.hgetall("atc:latest")
@@ -279,6 +280,62 @@ def test_packed_single_steps_send_what_the_switches_say():
             stored = dict(zip(fields, hsets[0][3::2], strict=True)) if hsets else {}
             assert stored == latest
             assert messages == 1 + len(expected) + len(latest)
+
+
+def test_plain_publishes_carry_the_eval_messages_and_a_server_without_client_reply_gets_eval():
+    """With ``plain_publishes`` the fan-out is CLIENT REPLY OFF, a PUBLISH per message of
+    the EVAL's (same channels and messages, same order), CLIENT REPLY ON, then the HSET;
+    a server that refuses CLIENT REPLY (a proxy) leaves the publisher on the EVAL."""
+    from atc_stream.connectors.redis.channels import SignalMessages
+
+    async def parse_all(data: bytes) -> list[list[bytes]]:
+        reader = asyncio.StreamReader()
+        reader.feed_data(data)
+        reader.feed_eof()
+        commands = []
+        while True:
+            try:
+                commands.append(await read_reply(reader))
+            except asyncio.IncompleteReadError:  # every fed command read
+                return commands
+
+    evals, plains = SignalMessages(prefix="px"), SignalMessages(prefix="px")
+    plains.plain_publishes = True
+    for seq, result in enumerate([r for r in step_results(4, 140, seed=13) if len(r)][-20:]):
+        by_eval, n_eval = evals._commands([(seq, result)])
+        by_plain, n_plain = plains._commands([(seq, result)])
+        assert n_plain == n_eval and len(by_plain) == len(by_eval)  # as many replies
+        assert by_plain[2:] == by_eval[2:]  # the HSET (the batches differ by their clock)
+        eval_args = asyncio.run(parse_all(by_eval[1]))[0][3:]
+        off, *publishes, on = asyncio.run(parse_all(by_plain[1]))
+        assert off == [b"CLIENT", b"REPLY", b"OFF"] and on == [b"CLIENT", b"REPLY", b"ON"]
+        assert all(p[0] == b"PUBLISH" and len(p) == 3 for p in publishes)
+        assert [a for p in publishes for a in p[1:]] == eval_args
+
+    async def refuse_client_reply():
+        async def serve(reader, writer):
+            while True:
+                try:
+                    command = await read_reply(reader)
+                except (asyncio.IncompleteReadError, ValueError):
+                    return
+                if command[0] == b"CLIENT":
+                    writer.write(b"-ERR unknown command 'CLIENT'\r\n")
+                else:
+                    writer.write(b"+PONG\r\n" if command[0] == b"PING" else b":0\r\n")
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        publisher = LoopPublisher(f"redis://127.0.0.1:{port}/0")
+        await publisher.start()
+        assert publisher.connected and not publisher.plain_publishes
+        for result in [r for r in step_results(3, 80, seed=14) if len(r)][-5:]:
+            assert publisher.publish(result)
+        assert await publisher.aclose(5)
+        assert publisher.delivered == 5 and publisher.errors == 0
+        server.close()
+
+    asyncio.run(refuse_client_reply())
 
 
 def test_every_redis_retry_loop_waits_on_the_shared_backoff_policy(redis_url):  # noqa: F811
