@@ -82,7 +82,8 @@ class StampedQueue(asyncio.Queue[Any]):
         waits for room (a burst of 200 klines is taken in one go)."""
         queue, stamps = self._queue, self._stamps
         n = min(limit, len(queue))
-        if self._putters:  # a producer waits for room: each get wakes one, as it should
+        # a producer waits for room (asyncio.Queue's own list of them): each get wakes one
+        if self._putters:  # type: ignore[attr-defined]
             return [self.get_nowait() for _ in range(n)]
         if n == len(queue):
             items = list(queue)
