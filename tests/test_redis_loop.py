@@ -54,6 +54,7 @@ def test_same_messages_and_latest_as_the_thread_publisher(redis_url):  # noqa: F
         asyncio.run(_publish_all(publisher, results))
         assert publisher.stats()["delivered"] == len(results)
         assert publisher.dropped == 0 and publisher.errors == 0
+        assert publisher.plain_publishes  # its fan-out went as PUBLISHes without replies
 
     thread_messages = _channel_messages(redis_url, by_thread)
     thread_latest = client.hgetall("atc:latest")
@@ -219,6 +220,122 @@ def test_packed_commands_are_the_protocol_of_the_documented_arguments():
     assert hset_args[:2] == [b"HSET", b"px:latest"]
     assert dict(zip(hset_args[2::2], hset_args[3::2], strict=True)) == latest
     assert messages == len(items) + (len(expected) - 3) // 2 + len(latest)
+
+
+def test_packed_single_steps_send_what_the_switches_say():
+    """One step at a time (the live path: per-slot channel names and latest fields laid
+    out without per-row work), with ``per_symbol``, ``latest`` and
+    ``events_before_ready`` switched, and a step that holds a stream twice: the EVAL and
+    HSET carry the documented messages, each latest field once."""
+    import msgspec
+
+    from atc_stream import Engine
+    from atc_stream.connectors.redis.channels import PUBLISH_SCRIPT, SignalMessages
+    from atc_stream.core.messages import records_from_result
+
+    encode = msgspec.json.encode
+    results = [r for r in step_results(4, 140, seed=12) if len(r)][-30:]
+    engine = Engine(interval="1m", backend="cpu")
+    for symbol in ("AA", "BB"):
+        engine.add_symbol(symbol)
+    twice = engine.step([("AA", 0, 1.0), ("BB", 0, 2.0), ("AA", 60_000, 1.5)])
+    assert len(twice) == 3 and len(set(twice.slots.tolist())) == 2
+    switches = ({}, {"per_symbol": False}, {"latest": False},
+                {"per_symbol": False, "latest": False}, {"events_before_ready": True})  # fmt: skip
+    for options in switches:
+        packer = SignalMessages(prefix="px", **options)
+        for seq, result in enumerate([*results, twice], start=1):
+            commands, messages = packer._commands([(seq, result)])
+
+            async def parse(commands=commands):
+                reader = asyncio.StreamReader()
+                reader.feed_data(b"".join(commands))
+                reader.feed_eof()
+                return [await read_reply(reader) for _ in commands]
+
+            batch, *fanout = asyncio.run(parse())
+            assert batch[:2] == [b"PUBLISH", b"px:batch"]
+            records = records_from_result(result)
+            expected = []
+            if options.get("per_symbol", True):
+                expected += [(f"px:signal:{r.symbol}".encode(), encode(r)) for r in records]
+            before_ready = options.get("events_before_ready", False)
+            expected += [
+                (b"px:events", encode(r))
+                for r in records
+                if (r.long or r.short) and (r.ready or before_ready)
+            ]
+            latest = {}
+            if options.get("latest", True):
+                latest = {r.key.encode(): encode(r) for r in records}
+            evals = [c for c in fanout if c[0] == b"EVAL"]
+            hsets = [c for c in fanout if c[0] == b"HSET"]
+            assert len(fanout) == len(evals) + len(hsets) and len(evals) <= 1 >= len(hsets)
+            args = evals[0][3:] if evals else []
+            assert not evals or evals[0][:3] == [b"EVAL", PUBLISH_SCRIPT, b"0"]
+            assert list(zip(args[::2], args[1::2], strict=True)) == expected
+            fields = hsets[0][2::2] if hsets else []
+            assert not hsets or hsets[0][:2] == [b"HSET", b"px:latest"]
+            assert len(fields) == len(set(fields))
+            stored = dict(zip(fields, hsets[0][3::2], strict=True)) if hsets else {}
+            assert stored == latest
+            assert messages == 1 + len(expected) + len(latest)
+
+
+def test_plain_publishes_carry_the_eval_messages_and_a_server_without_client_reply_gets_eval():
+    """With ``plain_publishes`` the fan-out is CLIENT REPLY OFF, a PUBLISH per message of
+    the EVAL's (same channels and messages, same order), CLIENT REPLY ON, then the HSET;
+    a server that refuses CLIENT REPLY (a proxy) leaves the publisher on the EVAL."""
+    from atc_stream.connectors.redis.channels import SignalMessages
+
+    async def parse_all(data: bytes) -> list[list[bytes]]:
+        reader = asyncio.StreamReader()
+        reader.feed_data(data)
+        reader.feed_eof()
+        commands = []
+        while True:
+            try:
+                commands.append(await read_reply(reader))
+            except asyncio.IncompleteReadError:  # every fed command read
+                return commands
+
+    evals, plains = SignalMessages(prefix="px"), SignalMessages(prefix="px")
+    plains.plain_publishes = True
+    for seq, result in enumerate([r for r in step_results(4, 140, seed=13) if len(r)][-20:]):
+        by_eval, n_eval = evals._commands([(seq, result)])
+        by_plain, n_plain = plains._commands([(seq, result)])
+        assert n_plain == n_eval and len(by_plain) == len(by_eval)  # as many replies
+        assert by_plain[2:] == by_eval[2:]  # the HSET (the batches differ by their clock)
+        eval_args = asyncio.run(parse_all(by_eval[1]))[0][3:]
+        off, *publishes, on = asyncio.run(parse_all(by_plain[1]))
+        assert off == [b"CLIENT", b"REPLY", b"OFF"] and on == [b"CLIENT", b"REPLY", b"ON"]
+        assert all(p[0] == b"PUBLISH" and len(p) == 3 for p in publishes)
+        assert [a for p in publishes for a in p[1:]] == eval_args
+
+    async def refuse_client_reply():
+        async def serve(reader, writer):
+            while True:
+                try:
+                    command = await read_reply(reader)
+                except (asyncio.IncompleteReadError, ValueError):
+                    return
+                if command[0] == b"CLIENT":
+                    writer.write(b"-ERR unknown command 'CLIENT'\r\n")
+                else:
+                    writer.write(b"+PONG\r\n" if command[0] == b"PING" else b":0\r\n")
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        publisher = LoopPublisher(f"redis://127.0.0.1:{port}/0")
+        await publisher.start()
+        assert publisher.connected and not publisher.plain_publishes
+        for result in [r for r in step_results(3, 80, seed=14) if len(r)][-5:]:
+            assert publisher.publish(result)
+        assert await publisher.aclose(5)
+        assert publisher.delivered == 5 and publisher.errors == 0
+        server.close()
+
+    asyncio.run(refuse_client_reply())
 
 
 def test_every_redis_retry_loop_waits_on_the_shared_backoff_policy(redis_url):  # noqa: F811

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from atc_stream.core.results import StepResult
-from atc_stream.core.schema import COLUMN_TYPES, COLUMNS, SCHEMA_VERSION
+from atc_stream.core.schema import COLUMN_TYPES, COLUMNS, SCHEMA_VERSION, columns_from_fields
 
 # JSON types of the logical column types; not-available floats are null.
 _FIELD_TYPES = {"str": str, "int": int, "float": float | None, "bool": bool, "time": int}
@@ -107,7 +107,8 @@ def encoded_rows(result: StepResult) -> list[bytes]:
             cut = -len(_VERSION_FIELD)
             cached = [record[:cut] + b"}" for record in records]
         else:
-            cached = [_ROW_ENCODER.encode(row) for row in rows_from_result(result)]
+            encode = _ROW_ENCODER.encode
+            cached = [encode(row) for row in _encoding_structs(result, SignalRow)]
         result._encoded_rows = cached
     return cached
 
@@ -121,7 +122,8 @@ def encoded_records(result: StepResult) -> list[bytes]:
         if rows is not None:
             cached = [row[:-1] + _VERSION_FIELD for row in rows]
         else:
-            cached = [_ROW_ENCODER.encode(record) for record in records_from_result(result)]
+            encode = _ROW_ENCODER.encode
+            cached = [encode(record) for record in _encoding_structs(result, SignalRecord)]
         result._encoded_records = cached
     return cached
 
@@ -131,6 +133,31 @@ def _structs(result: StepResult, base: type) -> list[Any]:
         return []
     struct = _struct_for(base, result.column_names)
     return [struct(*row) for row in zip(*result.column_values(), strict=True)]
+
+
+def _encoding_structs(result: StepResult, base: type) -> list[Any]:
+    """The structs of ``result``'s rows for encoding only: float columns keep NaN, which
+    msgspec writes as ``null`` exactly as it writes the ``None`` of
+    ``StepResult.column_values``, so the JSON is the same without boxing every column
+    (and the symbol columns come from the row keys, not object arrays)."""
+    n = len(result)
+    if n == 0:
+        return []
+    keys = result.keys
+    values: dict[str, list[Any]] = {
+        "symbol": [k.symbol for k in keys],
+        "interval": [k.interval for k in keys],
+        "params_id": [k.params_id for k in keys],
+        "time": result.times.tolist(),
+        "close": result.closes.tolist(),
+        "provisional": [result.provisional] * n,
+    }
+    kernel = columns_from_fields(result.fields, result.ready_from, result.groups)
+    for name, column in kernel.items():
+        values[name] = column.tolist()
+    names = result.column_names
+    struct = _struct_for(base, names)
+    return [struct(*row) for row in zip(*(values[name] for name in names), strict=True)]
 
 
 class TradeRecord(msgspec.Struct, gc=False):

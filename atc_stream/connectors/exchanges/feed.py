@@ -470,11 +470,7 @@ class KlineClient:
         while True:
             queue.taken.clear()
             items = [await collector.get(queue)]
-            while len(items) < max_batch:
-                try:
-                    items.append(queue.get_nowait())
-                except asyncio.QueueEmpty:
-                    break
+            items += queue.take(max_batch - 1)
             # one clock read a batch: a closed kline opening after this is from the future
             self._future_after = self.clock_ms() + self._interval_bound
             # histories that came together are warmed up in one batch, where the first is

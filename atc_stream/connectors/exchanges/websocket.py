@@ -239,10 +239,10 @@ class KlineStream:
                     if result is None:
                         continue
                     if type(result) is Kline:
-                        if queue.full():  # backpressure: wait for the engine
-                            await queue.put(result)
-                        else:
+                        try:
                             queue.put_nowait(result)
+                        except asyncio.QueueFull:  # backpressure: wait for the engine
+                            await queue.put(result)
                     elif type(result) is list:
                         for kline in result:
                             await queue.put(kline)

@@ -11,6 +11,7 @@ import types
 from collections.abc import Sequence
 
 import msgspec
+import numpy as np
 
 from atc_stream.connectors.redis.resp import CRLF, bulk
 from atc_stream.core.messages import (
@@ -96,6 +97,20 @@ PUBLISH_SCRIPT = (
 _EVAL_PUBLISH = bulk(b"EVAL") + bulk(PUBLISH_SCRIPT) + bulk(b"0")
 _HSET = bulk(b"HSET")
 _PUBLISH = b"*3\r\n" + bulk(b"PUBLISH")  # then the channel and the message
+_HEAD = b"$%d\r\n"  # a bulk string's length header
+#: ``CLIENT REPLY OFF`` (no reply to it or to what follows) and ``CLIENT REPLY ON`` (+OK)
+_REPLY_OFF = b"*3\r\n" + bulk(b"CLIENT") + bulk(b"REPLY") + bulk(b"OFF")
+_REPLY_ON = b"*3\r\n" + bulk(b"CLIENT") + bulk(b"REPLY") + bulk(b"ON")
+
+
+def _interleave(names: list[bytes], heads: list[bytes], messages: list[bytes]) -> list[bytes]:
+    """RESP pieces ``name, head, message, CRLF`` for each row, laid out by slice
+    assignment (C loops)."""
+    pieces: list[bytes] = [CRLF] * (4 * len(messages))
+    pieces[0::4] = names
+    pieces[1::4] = heads
+    pieces[2::4] = messages
+    return pieces
 
 
 class SignalMessages:
@@ -126,6 +141,9 @@ class SignalMessages:
         #: publish events of rows that are not ready yet too (docs/spec.md, "Readiness")
         self.events_before_ready = events_before_ready
         self.latest = latest
+        #: the fan-out's messages as PUBLISH commands between ``CLIENT REPLY OFF`` and
+        #: ``ON`` instead of one EVAL (set by a publisher whose server takes them)
+        self.plain_publishes = False
         self.batch_channel = f"{prefix}:batch"
         self.events_channel = f"{prefix}:events"
         self.trades_channel = f"{prefix}:trades"
@@ -144,6 +162,9 @@ class SignalMessages:
         self._trade_channels: dict[str, bytes] = {}
         self._position_channels: dict[str, bytes] = {}
         self._position_fields: dict[tuple[StreamKey, int], list[bytes]] = {}
+        #: the engine streams the per-slot arrays of ``_slot_names`` were made for
+        self._slot_keys: list[StreamKey | None] = []
+        self._slot_arrays: tuple[np.ndarray, np.ndarray] = (np.zeros(0, object),) * 2
         # delivery counters (``stats()``), kept by the publisher that sends these
         self._seq = 0
         self.enqueued = 0
@@ -203,49 +224,81 @@ class SignalMessages:
 
     def _fanout_commands(self, encoded: Sequence[tuple]) -> tuple[list[bytes], int]:
         """The EVAL publishing per-symbol, event, trade and position messages and the HSETs
-        of the latest hashes, and how many messages and fields they carry."""
+        of the latest hashes, and how many messages and fields they carry.
+
+        The per-row pieces are laid out with list slice assignments over per-slot arrays
+        of channel names and hash fields (C loops, no Python work per row); only the rows
+        that fire an event, and groups whose rows repeat a stream, are visited one by one."""
         publish: list[bytes] = []  # RESP pieces: channel, message, channel, message, ...
         n_publish = 0
         latest: dict[bytes, tuple[bytes, bytes]] = {}  # field -> (length header, message)
+        latest_pieces: list[bytes] = []  # field, header, message, CRLF, ... (unique fields)
         positions: dict[bytes, tuple[bytes, bytes]] = {}  # the same, of the positions hash
+        one_step = len(encoded) == 1
         for _seq, result, records in encoded:
-            heads = [b"$%d\r\n" % len(data) for data in records]
-            columns = dict(zip(result.column_names, result.column_values(), strict=True))
-            symbols = columns["symbol"]
+            n = len(records)
+            heads = list(map(_HEAD.__mod__, map(len, records)))
+            slots = result.slots
+            channels, fields = self._slot_names(result._keys_by_slot)
             if self.per_symbol:
-                channel_of = self._channels.get
-                for symbol, head, data in zip(symbols, heads, records, strict=True):
-                    channel = channel_of(symbol) or self._symbol_channel(symbol)
-                    publish += (channel, head, data, CRLF)
-                n_publish += len(records)
+                publish += _interleave(channels[slots].tolist(), heads, records)
+                n_publish += n
             if self.events and "events" in result.groups:  # else no long/short columns
-                flags = zip(columns["long"], columns["short"], columns["ready"], strict=True)
-                for (long, short, ready), head, data in zip(flags, heads, records, strict=True):
-                    if (long or short) and (ready or self.events_before_ready):
-                        publish += (self._events_bulk, head, data, CRLF)
-                        n_publish += 1
+                fire = result.long_events | result.short_events
+                if not self.events_before_ready:
+                    fire &= result.ready
+                for i in np.flatnonzero(fire).tolist():
+                    publish += (self._events_bulk, heads[i], records[i], CRLF)
+                    n_publish += 1
             if result.strategy is not None:
                 n_publish += self._strategy_messages(result, publish, positions)
             if self.latest:
-                field_of = self._fields.get
-                keys = zip(symbols, columns["interval"], columns["params_id"], strict=True)
-                for key, head, data in zip(keys, heads, records, strict=True):
-                    latest[field_of(key) or self._latest_field(key)] = (head, data)
+                row_fields = fields[slots].tolist()
+                if one_step and np.unique(slots).shape[0] == n:  # each field once
+                    latest_pieces = _interleave(row_fields, heads, records)
+                else:  # the last record of each stream wins
+                    latest.update(zip(row_fields, zip(heads, records, strict=True), strict=True))
         commands = []
-        if n_publish:
+        if n_publish and self.plain_publishes:
+            # PUBLISH commands with their replies off: one command each costs Redis about
+            # a third of a PUBLISH from Lua, and the +OK of CLIENT REPLY ON is the one
+            # reply (each message is 4 pieces of ``publish``: channel, head, data, CRLF)
+            pieces: list[bytes] = [_PUBLISH] * (5 * n_publish)
+            for k in range(4):
+                pieces[k + 1 :: 5] = publish[k::4]
+            commands.append(b"".join([_REPLY_OFF, *pieces, _REPLY_ON]))
+        elif n_publish:
             header = b"*%d\r\n" % (3 + 2 * n_publish) + _EVAL_PUBLISH
             commands.append(header + b"".join(publish))
-        if latest:
-            parts = [b"*%d\r\n" % (2 + 2 * len(latest)), _HSET, self._latest_key_bulk]
-            for field, (head, data) in latest.items():
-                parts += (field, head, data, CRLF)
-            commands.append(b"".join(parts))
+        for field, (head, data) in latest.items():
+            latest_pieces += (field, head, data, CRLF)
+        n_latest = len(latest_pieces) // 4
+        if n_latest:
+            parts = [b"*%d\r\n" % (2 + 2 * n_latest), _HSET, self._latest_key_bulk]
+            commands.append(b"".join(parts + latest_pieces))
         if positions:
             parts = [b"*%d\r\n" % (2 + 2 * len(positions)), _HSET, self._positions_latest_bulk]
             for field, (head, data) in positions.items():
                 parts += (field, head, data, CRLF)
             commands.append(b"".join(parts))
-        return commands, n_publish + len(latest) + len(positions)
+        return commands, n_publish + n_latest + len(positions)
+
+    def _slot_names(self, keys_by_slot: list[StreamKey | None]) -> tuple[np.ndarray, np.ndarray]:
+        """Per engine slot, the RESP bulk string of its symbol's channel and of its field in
+        the latest hash (object arrays indexed by slot), rebuilt when the engine's streams
+        changed since the last call."""
+        if keys_by_slot != self._slot_keys:  # identical key objects compare without __eq__
+            channels = np.full(len(keys_by_slot), None, object)
+            fields = np.full(len(keys_by_slot), None, object)
+            for slot, key in enumerate(keys_by_slot):
+                if key is not None:
+                    channels[slot] = self._channels.get(key.symbol) or self._symbol_channel(
+                        key.symbol
+                    )
+                    fields[slot] = self._latest_field((key.symbol, key.interval, key.params_id))
+            self._slot_keys = list(keys_by_slot)
+            self._slot_arrays = channels, fields
+        return self._slot_arrays
 
     def _strategy_messages(
         self, result: StepResult, publish: list[bytes], latest: dict[bytes, tuple[bytes, bytes]]

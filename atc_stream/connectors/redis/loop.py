@@ -161,11 +161,17 @@ class LoopPublisher(SignalMessages):
             if target.get("db"):
                 setup.append(pack_command([b"SELECT", int(target["db"])]))
             setup.append(pack_command([b"PING"]))
+            # whether the server takes CLIENT REPLY (a proxy may not): the fan-out's
+            # PUBLISHes then go without replies, else in one EVAL
+            setup.append(pack_command([b"CLIENT", b"REPLY", b"ON"]))
             writer.write(b"".join(setup))
-            for _ in setup:
-                reply = await asyncio.wait_for(read_reply(reader), self.connect_timeout)
-                if isinstance(reply, ReplyError):
-                    raise reply
+            replies = [
+                await asyncio.wait_for(read_reply(reader), self.connect_timeout) for _ in setup
+            ]
+            failure = next((r for r in replies[:-1] if isinstance(r, ReplyError)), None)
+            if failure is not None:
+                raise failure
+            self.plain_publishes = not isinstance(replies[-1], ReplyError)
         except BaseException:
             writer.close()
             raise
