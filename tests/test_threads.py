@@ -130,3 +130,24 @@ def test_parallel_calls_from_two_python_threads_are_safe():
     assert len(results) == 6
     for r in results:
         np.testing.assert_array_equal(r, expected)
+
+
+def test_compiled_kernels_run_on_the_preferred_threading_layer():
+    """Loading every kernel (the backtest's parallel kernel included) leaves numba on the
+    preferred layer: the first parallel kernel a process loads fixes it for good."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_THREADING_LAYER"}
+    script = (
+        "import numba\n"
+        "from atc_stream import Engine\n"
+        "Engine(backend='cpu').compile()\n"
+        "print(numba.threading_layer())\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == policy.PREFERRED_LAYER
