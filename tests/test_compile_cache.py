@@ -22,8 +22,8 @@ import pytest
 
 import atc_stream
 
-#: A child process: compute() of a short series, then the warmup driver's cache
-#: statistics and the growth column (what the kernel-source edit below changes).
+#: A child process: compute() of a short series, then the CPU drivers' cache statistics
+#: and the growth column (what the kernel-source edit below changes).
 CHILD = """
 import json, sys
 import numpy as np
@@ -31,10 +31,10 @@ from atc_stream.engine.series import compute
 from atc_stream.kernels import cache, cpu
 closes = 100.0 + np.sin(np.arange(300) / 7.0)
 out = compute(closes)
-d = cpu.warmup_serial
+drivers = (*cpu.DRIVERS, cpu.block_warmup)
 print(json.dumps({
-    "hits": sum(d.stats.cache_hits.values()),
-    "misses": sum(d.stats.cache_misses.values()),
+    "hits": sum(sum(d.stats.cache_hits.values()) for d in drivers),
+    "misses": sum(sum(d.stats.cache_misses.values()) for d in drivers),
     "cache_dir": str(cache.cache_dir()),
     "package": cache._PACKAGE.as_posix(),
     "growth": [None if g != g else g for g in out["growth"].tolist()],
@@ -166,6 +166,8 @@ def test_cache_key_covers_every_module_the_compiled_kernels_read_constants_from(
     covered = {p.as_posix() for p in cache.kernel_source_files()}
     for compiled in (
         "kernels/core.py",
+        "kernels/lanes.py",
+        "kernels/simd.py",
         "kernels/strategy.py",
         "kernels/batch.py",
         "kernels/cuda_host.py",

@@ -20,14 +20,18 @@ def compile_module(
     module: types.ModuleType,
     decorator: Callable[[Callable[..., Any]], Any],
     overrides: dict[str, Callable[[Callable[..., Any]], Any]] | None = None,
+    compiled_imports: dict[str, Any] | None = None,
 ) -> types.SimpleNamespace:
     """Return a namespace with every function of ``module`` compiled by ``decorator``
     (or by ``overrides[name]`` for the functions named there).
 
     Each function is cloned over a private copy of the module's globals in which its
-    siblings are the compiled versions, so compiled functions call compiled functions.
+    siblings are the compiled versions, so compiled functions call compiled functions;
+    ``compiled_imports`` replaces names the module imports (plain functions of another
+    kernel source) with their compiled versions.
     """
     namespace = dict(vars(module))
+    namespace.update(compiled_imports or {})
     compiled = {}
     for name, function in vars(module).items():
         if isinstance(function, types.FunctionType) and function.__module__ == module.__name__:

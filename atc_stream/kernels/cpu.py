@@ -37,6 +37,7 @@ _lanes = compile_module(
     lane_source,
     cached_jit(njit(error_model="numpy", inline="always", cache=True, _nrt=False)),  # type: ignore[call-overload]
     {"block_warmup": cached_jit(njit(error_model="numpy", cache=True, _nrt=False))},  # type: ignore[call-overload]
+    {"growth_factor": growth_factor},
 )
 block_warmup = _lanes.block_warmup
 steady_bar = _lanes.steady_bar

@@ -28,6 +28,7 @@ from atc_stream.kernels.core import (
     KAMA_SLOW,
     LSMA,
     WMA,
+    growth_factor,
 )
 from atc_stream.kernels.simd import (
     LANES,
@@ -489,7 +490,7 @@ def block_warmup(
             if lane_index != previous_index:  # lanes at one bar index share one exp
                 growth = 1.0
                 if lane_index >= cutout:
-                    growth = math.exp(lam * (lane_index - cutout))
+                    growth = growth_factor(lam, lane_index, cutout)
                 previous_index = lane_index
             lane[L_GROWTH, i] = growth
         lane_bar(h, capacity + t, bar_index + t, lengths, pvalues, vals, lane, o, sums, diffs)

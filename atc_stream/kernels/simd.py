@@ -56,13 +56,18 @@ class _LaneMaskModel(models.PrimitiveModel):
         super().__init__(dmm, fe_type, _MASK)
 
 
-def _is_rows(ary) -> bool:
+def _c_array(ary, dtype, ndim=None) -> bool:
+    """A C-ordered array of ``dtype`` (and ``ndim`` dimensions, when given)."""
     return (
         isinstance(ary, types.Array)
-        and ary.ndim == 2
-        and ary.dtype == types.float64
+        and ary.dtype == dtype
         and ary.layout == "C"
+        and (ndim is None or ary.ndim == ndim)
     )
+
+
+def _is_rows(ary) -> bool:
+    return _c_array(ary, types.float64, 2)
 
 
 def _row_pointer(context, builder, array_type, array, row_type, row):
@@ -361,16 +366,11 @@ def _lane_addresses(context, builder, flat_type, flat, starts_type, starts, offs
 
 
 def _is_flat_source(ary) -> bool:
-    return isinstance(ary, types.Array) and ary.dtype == types.float64 and ary.layout == "C"
+    return _c_array(ary, types.float64)
 
 
 def _is_starts(ary) -> bool:
-    return (
-        isinstance(ary, types.Array)
-        and ary.ndim == 1
-        and ary.dtype == types.int64
-        and ary.layout == "C"
-    )
+    return _c_array(ary, types.int64, 1)
 
 
 def _gather_tile(typingctx, source, starts, offset, rows, row):
