@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from atc_stream.core.results import StepResult
-from atc_stream.core.schema import COLUMN_TYPES, COLUMNS, SCHEMA_VERSION, columns_from_fields
+from atc_stream.core.schema import COLUMN_TYPES, COLUMNS, SCHEMA_VERSION
 
 # JSON types of the logical column types; not-available floats are null.
 _FIELD_TYPES = {"str": str, "int": int, "float": float | None, "bool": bool, "time": int}
@@ -138,26 +138,12 @@ def _structs(result: StepResult, base: type) -> list[Any]:
 def _encoding_structs(result: StepResult, base: type) -> list[Any]:
     """The structs of ``result``'s rows for encoding only: float columns keep NaN, which
     msgspec writes as ``null`` exactly as it writes the ``None`` of
-    ``StepResult.column_values``, so the JSON is the same without boxing every column
-    (and the symbol columns come from the row keys, not object arrays)."""
-    n = len(result)
-    if n == 0:
+    ``StepResult.column_values``, so the JSON is the same without boxing every column."""
+    if len(result) == 0:
         return []
-    keys = result.keys
-    values: dict[str, list[Any]] = {
-        "symbol": [k.symbol for k in keys],
-        "interval": [k.interval for k in keys],
-        "params_id": [k.params_id for k in keys],
-        "time": result.times.tolist(),
-        "close": result.closes.tolist(),
-        "provisional": [result.provisional] * n,
-    }
-    kernel = columns_from_fields(result.fields, result.ready_from, result.groups)
-    for name, column in kernel.items():
-        values[name] = column.tolist()
-    names = result.column_names
-    struct = _struct_for(base, names)
-    return [struct(*row) for row in zip(*(values[name] for name in names), strict=True)]
+    struct = _struct_for(base, result.column_names)
+    columns = [values.tolist() for values in result.columns().values()]
+    return [struct(*row) for row in zip(*columns, strict=True)]
 
 
 class TradeRecord(msgspec.Struct, gc=False):
