@@ -98,19 +98,12 @@ def steady_bar(lengths):
 # -- moving averages over a block's history ``h[position]`` (one lane vector a row) --
 
 
-def lane_window_sum(h, p, n):
-    acc = splat(0.0)
-    for k in range(p - n + 1, p + 1):
-        acc = acc + load(h, k)
-    return acc
-
-
 def lane_ema(h, p, length, bar_index, vals, field, close):
     """``core.ema_next``; ``vals[field]`` holds the previous value and gets the new one."""
     if bar_index < length - 1:
         m = splat(NAN)
     elif bar_index == length - 1:
-        m = lane_window_sum(h, p, length) / length
+        m = chain_sum(h, 0, p - length + 1, p + 1, -1) / length  # the SMA seed
     else:
         alpha = 2.0 / (length + 1)
         m = alpha * close + (1.0 - alpha) * load(vals, field)
@@ -126,14 +119,14 @@ def lane_sma(sums, j, length, bar_index):
 
 
 def lane_wma(sums, j, length, bar_index):
-    """``core.wma_value`` from the family's weighted sums (``family_weighted_sums``)."""
+    """``core.wma_value`` from the family's weighted sums (``family_window_sums``)."""
     if bar_index < length - 1:
         return splat(NAN)
     return load(sums, j) / (length * (length + 1) / 2)
 
 
 def lane_lsma(sums, j, length, bar_index):
-    """``core.lsma_value`` from the family's sums (``sy`` in row j, ``sxy`` in row 9 + j)."""
+    """``core.lsma_value`` from the family's sums (``sy`` in row j, ``sxy`` 9 rows below)."""
     if bar_index < length - 1:
         return splat(NAN)
     sy = load(sums, j)
@@ -149,7 +142,7 @@ def lane_lsma(sums, j, length, bar_index):
 
 
 def lane_kama(h, p, sums, j, length, bar_index, vals, field, close):
-    """``core.kama_next`` with the noise from ``family_noise_sums``; ``vals[field]`` holds
+    """``core.kama_next`` with the noise from ``family_window_sums``; ``vals[field]`` holds
     the previous value and gets the new one."""
     ratio = splat(0.0)
     if bar_index >= length:
@@ -177,7 +170,7 @@ if LENGTHS_PER_FAMILY != 9:
     raise ImportError("the family sums below are written for 9 lengths a family")
 
 
-def chain_head(x, first, start, stop, weight):
+def chain_sum(x, first, start, stop, weight):
     """The sum from 0.0 of ``x[start:stop]``, each row times its weight (``weight`` for the
     row at ``start``, one more per row; ``weight < 0`` for plain rows)."""
     acc = splat(0.0)
@@ -208,15 +201,15 @@ def family_sums(x, first, last, lengths, k0, weight, sums, row):
     s6 = last - lengths[k0 + 6] + 1
     s7 = last - lengths[k0 + 7] + 1
     s8 = last - lengths[k0 + 8] + 1
-    a0 = chain_head(x, first, s0, common, weight)
-    a1 = chain_head(x, first, s1, common, weight)
-    a2 = chain_head(x, first, s2, common, weight)
-    a3 = chain_head(x, first, s3, common, weight)
-    a4 = chain_head(x, first, s4, common, weight)
-    a5 = chain_head(x, first, s5, common, weight)
-    a6 = chain_head(x, first, s6, common, weight)
-    a7 = chain_head(x, first, s7, common, weight)
-    a8 = chain_head(x, first, s8, common, weight)
+    a0 = chain_sum(x, first, s0, common, weight)
+    a1 = chain_sum(x, first, s1, common, weight)
+    a2 = chain_sum(x, first, s2, common, weight)
+    a3 = chain_sum(x, first, s3, common, weight)
+    a4 = chain_sum(x, first, s4, common, weight)
+    a5 = chain_sum(x, first, s5, common, weight)
+    a6 = chain_sum(x, first, s6, common, weight)
+    a7 = chain_sum(x, first, s7, common, weight)
+    a8 = chain_sum(x, first, s8, common, weight)
     if weight < 0:
         for k in range(common, last + 1):
             y = load(x, k - first)
