@@ -65,8 +65,10 @@ from numba import njit
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from atc_stream import schema  # noqa: E402
-from atc_stream.core import output_row
+from atc_stream.core import (
+    output_row,
+    schema,  # noqa: E402
+)
 from atc_stream.core.output_row import N_OUT  # noqa: E402
 from atc_stream.core.params import ATCParams  # noqa: E402
 from atc_stream.engine.engine import Engine  # noqa: E402
@@ -608,6 +610,73 @@ def mismatches(n: int, steps: int = 20) -> dict:
     return {"streams": n, "steps": steps, "discrete": discrete, "continuous_over_1e-9": continuous}
 
 
+# -- backtest sweep ------------------------------------------------------------------------
+
+
+def backtest_sweep_rows(
+    symbols: int, strategies: int, bars: int, backends: list[str]
+) -> tuple[list[Row], int | None]:
+    """``backtest()`` of ``symbols`` random-walk OHLC series x ``strategies`` strategies
+    (default ATC parameters) on each backend, end to end (one sample: the first call
+    compiles, so it runs once untimed at a tenth of the size); the trades, metrics and
+    equity of the backends compared (entries that differ; None with one backend)."""
+    from atc_stream import Strategy, backtest
+
+    rng = np.random.default_rng(5)
+    close = random_walks(symbols, bars, seed=17)
+    spread = np.round(close * rng.uniform(0.0, 0.004, close.shape), 2)
+    opens = np.clip(np.round(close * (1 + rng.normal(0, 0.001, close.shape)), 2), 0.01, None)
+    table = {
+        "symbol": np.repeat(np.array([f"S{i:05d}" for i in range(symbols)]), bars),
+        "time": np.tile(bar_times(bars), symbols),
+        "open": opens.ravel(),
+        "high": np.maximum(close, opens).ravel() + spread.ravel(),
+        "low": np.maximum(np.minimum(close, opens).ravel() - spread.ravel(), 0.005),
+        "close": close.ravel(),
+    }
+    strategy_list = [
+        Strategy(stop=0.01 * (1 + k % 3), fee_bps=5 + k, slippage_bps=k % 4,
+                 max_hold=0 if k % 2 else 240)
+        for k in range(strategies)
+    ]  # fmt: skip
+    small = {k: v.reshape(symbols, bars)[: max(1, symbols // 10)].ravel() for k, v in table.items()}
+    work = f"backtest sweep, {symbols * strategies:,} streams x {bars:,}"
+    rows, results = [], []
+    for backend in backends:
+        backtest(small, None, strategy_list, backend=backend)
+        t0 = time.perf_counter()
+        results.append(backtest(table, None, strategy_list, backend=backend))
+        elapsed = time.perf_counter() - t0
+        trades = len(next(iter(results[-1].trade_columns.values())))
+        rows.append(
+            Row(work, f"{backend} end to end", elapsed, symbols * strategies * bars, "bar", 1,
+                f"{trades:,} trades")
+        )  # fmt: skip
+    if len(results) < 2:
+        return rows, None
+    differences = 0
+    for name in ("trade_columns", "metric_columns", "equity_columns"):
+        a, b = getattr(results[0], name), getattr(results[1], name)
+        for column in a:
+            x, y = np.asarray(a[column]), np.asarray(b[column])
+            if x.shape != y.shape:
+                differences += max(x.size, y.size)
+            elif x.dtype.kind == "f":
+                differences += int((~((x == y) | (np.isnan(x) & np.isnan(y)))).sum())
+            else:
+                differences += int((x != y).sum())
+    return rows, differences
+
+
+def by_streams(rows: list[Row], path: str) -> dict:
+    """``{stream count: µs}`` of the step rows of one ``path`` (the JSON record's keys)."""
+    return {
+        int(r.work): r.median_s * 1e6
+        for r in rows
+        if r.path == path and r.median_s is not None and r.workload.startswith("step,")
+    }
+
+
 def step_us(rows: list[Row]) -> dict:
     """``{workload: {path: µs}}`` of the step rows (end to end and kernel only)."""
     table: dict = {}
@@ -677,13 +746,29 @@ def main(argv=None) -> int:
         "--threads", default="", help="with a GPU: also time the step at these threads/block"
     )
     parser.add_argument("--gpu-tests", action="store_true", help="run and record the GPU tests")
+    parser.add_argument(
+        "--step-sizes", default="",
+        help="stream counts of the step table, comma-separated (default 1000,10000,100000)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--variants-up-to", type=int, default=100_000,
+        help="step variants (all outputs, double-buffered, graphs) only up to this many streams",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-host-costs", action="store_true", help="leave out the host-side cost table"
+    )
+    parser.add_argument(
+        "--backtest-sweep", default="",
+        help="also a backtest sweep CPU vs GPU: SYMBOLS,STRATEGIES,BARS (e.g. 2500,4,5000)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
 
     host = []
-    for n in (1_000,) if args.quick else (10_000, 100_000):
-        host += host_cost_rows(n, max(args.repeats, 5))
-    host += warmup_host_rows(*((500, 300) if args.quick else (10_000, 2_000)), args.repeats)
-    print_table("Host-side cost per step around the CUDA kernels (CPU only)", host)
+    if not args.no_host_costs:
+        for n in (1_000,) if args.quick else (10_000, 100_000):
+            host += host_cost_rows(n, max(args.repeats, 5))
+        host += warmup_host_rows(*((500, 300) if args.quick else (10_000, 2_000)), args.repeats)
+        print_table("Host-side cost per step around the CUDA kernels (CPU only)", host)
     record: dict = {"host_costs": [asdict(r) | {"rate": r.rate} for r in host]}
     if args.host_costs:
         record["environment"] = environment(False) | {"loadavg": os.getloadavg()}
@@ -698,17 +783,43 @@ def main(argv=None) -> int:
         if not args.quick:
             print("(full sizes on the CPU take several minutes; --quick for small ones)")
     step_sizes = QUICK_STEP if args.quick else FULL_STEP
+    if args.step_sizes:
+        step_sizes = tuple(int(x) for x in args.step_sizes.split(",") if x.strip())
     warmup_sizes = QUICK_WARMUP if args.quick else FULL_WARMUP
     backends = ["cpu"] + (["cuda"] if have_gpu else [])
     env = environment(have_gpu)
     print("environment:", json.dumps(env))
 
-    step = []
+    step: list[Row] = []
+    warm: list[Row] = []
+    record |= {"mismatches": None, "gpu_tests": None}
+
+    def save() -> None:
+        """Write the record so far (each table adds to it: a run cut short keeps what it did)."""
+        if not args.json:
+            return
+        record.update(
+            environment=env | {"loadavg": os.getloadavg()},
+            device=env["gpu"],
+            step_us=step_us(step),
+            step_e2e_us=by_streams(step, "cuda end to end"),
+            step_kernel_us=by_streams(step, "cuda kernel only"),
+            cpu_step_e2e_us=by_streams(step, "cpu end to end"),
+            cpu_gpu_discrete_mismatches=(record["mismatches"] or {}).get("discrete"),
+            gpu_tests_passed=(record["gpu_tests"] or {}).get("passed"),
+            warmup_symbol_bars_per_s={f"{r.workload} / {r.path}": r.rate for r in warm},
+            rows=[asdict(r) | {"rate": r.rate} for r in step + warm],
+        )
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(record, fh, indent=1)
+
     for n in step_sizes:
+        variants = n <= args.variants_up_to
         for backend in backends:
             step += step_rows(n, backend, args.repeats)
-            step += step_rows(n, backend, args.repeats, variant="all outputs")
-        if have_gpu:
+            if variants:
+                step += step_rows(n, backend, args.repeats, variant="all outputs")
+        if have_gpu and variants:
             for variant in ("double-buffered", "cuda graph", "cuda graph, double-buffered"):
                 step += step_rows(n, "cuda", args.repeats, variant=variant)
         if have_gpu:
@@ -716,8 +827,11 @@ def main(argv=None) -> int:
                 step += step_rows(n, "cuda", args.repeats, threads)
     set_ratios(step)
     print_table("Step latency (one bar for every stream)", step)
+    record["mismatches"] = mismatches(1_000 if args.quick else 10_000) if have_gpu else None
+    if record["mismatches"]:
+        print("\nCPU vs CUDA mismatches:", json.dumps(record["mismatches"]))
+    save()
 
-    warm = []
     paths = ["cpu"] + (["cuda (global state)", "cuda (local state)"] if have_gpu else [])
     for i, (n, t) in enumerate(warmup_sizes):
         largest = i == len(warmup_sizes) - 1
@@ -727,24 +841,20 @@ def main(argv=None) -> int:
                 warm.append(engine_warmup_row(n, t, backend, max(1, args.repeats // 2)))
     set_ratios(warm)
     print_table("Warmup throughput (stream-bars/s; last-bar outputs)", warm)
+    save()
 
-    record["mismatches"] = mismatches(1_000 if args.quick else 10_000) if have_gpu else None
-    if record["mismatches"]:
-        print("\nCPU vs CUDA mismatches:", json.dumps(record["mismatches"]))
+    if args.backtest_sweep:
+        symbols, strategies, bars = (int(x) for x in args.backtest_sweep.split(","))
+        sweep, record["backtest_trade_differences"] = backtest_sweep_rows(
+            symbols, strategies, bars, backends
+        )
+        set_ratios(sweep)
+        print_table("Backtest sweep, end to end (backtest(); trades compared)", sweep)
+        warm += sweep
     record["gpu_tests"] = run_gpu_tests() if args.gpu_tests else None
     if record["gpu_tests"]:
         print("GPU tests:", json.dumps(record["gpu_tests"]))
-    if args.json:
-        env["loadavg"] = os.getloadavg()
-        record |= {
-            "environment": env,
-            "device": env["gpu"],
-            "step_us": step_us(step),
-            "warmup_symbol_bars_per_s": {f"{r.workload} / {r.path}": r.rate for r in warm},
-            "rows": [asdict(r) | {"rate": r.rate} for r in step + warm],
-        }
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(record, fh, indent=1)
+    save()
     if not have_gpu:
         print(f"\nNo GPU measured ({why}).")
     return 0

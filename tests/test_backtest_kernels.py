@@ -4,10 +4,9 @@ checked inputs and tables keyed like signal rows."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
+from cuda_targets import cuda_kernels_run
 from golden_data import load_golden_cases
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -28,10 +27,7 @@ STRATEGIES = [
     Strategy(stop=0.02, take_profit=0.03, max_hold=5, fee_bps=7.5, slippage_bps=2),
 ]
 
-simulated = pytest.mark.skipif(
-    os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
-    reason="needs NUMBA_ENABLE_CUDASIM=1 set before numba is imported",
-)
+simulated = cuda_kernels_run
 
 
 def strategy_tables(strategies):

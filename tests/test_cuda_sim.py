@@ -16,11 +16,11 @@ equal_nan=True)``: equal values, NaN at the same places.
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 import numpy as np
 import pytest
+from cuda_targets import cuda_kernels_run, simulator_only
 from golden_data import load_golden_cases
 from short_params import SHORT, SHORT_UNCUT
 
@@ -33,10 +33,7 @@ from atc_stream.state.arrays import StateStore
 
 pytestmark = [
     pytest.mark.cudasim,
-    pytest.mark.skipif(
-        os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
-        reason="needs NUMBA_ENABLE_CUDASIM=1 set before numba is imported",
-    ),
+    cuda_kernels_run,
 ]
 
 BASE_TIME = 1_700_000_000_000
@@ -93,6 +90,7 @@ def cuda_mod():
 # -- backend choice ---------------------------------------------------------------------
 
 
+@simulator_only
 def test_backend_choice_under_the_simulator(cuda_mod):
     assert (
         type(Engine(SHORT_WEIGHTED, backend="cuda", outputs="all").backend) is cuda_mod.CudaBackend
@@ -104,6 +102,15 @@ def test_backend_choice_under_the_simulator(cuda_mod):
     )
     with pytest.raises(ValueError, match="warmup_state"):
         cuda_mod.CudaBackend(StateStore(), warmup_state="registers")
+
+
+def test_the_parity_check_passes_the_cuda_kernels(cuda_mod):
+    """The check that gates the GPU finds the CUDA kernels equal to the CPU's (on a real
+    device this runs once a process before the first CUDA backend)."""
+    from atc_stream.kernels.cuda_parity import compare_backends
+
+    found = compare_backends(cuda_mod.CudaBackend, streams=1, bars=45, warmup_bars=35)
+    assert found == ""
 
 
 # -- golden vectors -------------------------------------------------------------------------
@@ -546,6 +553,7 @@ def test_async_steps_double_buffered_equal_the_cpu(cuda_mod):
     assert_same_state(*engines)
 
 
+@simulator_only
 def test_cuda_graph_falls_back_with_one_warning_under_the_simulator(cuda_mod, caplog):
     closes = walks(2, 30, seed=4)
     t = times_of(30)

@@ -4,13 +4,13 @@ bit; bars it cannot trade are rejected and counted; old snapshots still load."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from cuda_targets import cuda_kernels_run
 from hypothesis import given
 from hypothesis import strategies as st
 from short_params import SHORT
@@ -280,10 +280,7 @@ def cuda_pair(capacity=64):
 
 
 @pytest.mark.cudasim
-@pytest.mark.skipif(
-    os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
-    reason="needs NUMBA_ENABLE_CUDASIM=1 set before numba is imported",
-)
+@cuda_kernels_run
 def test_a_cuda_engine_with_strategies_equals_the_cpu_bar_by_bar():
     bars = [r for r in ohlc_bars(n=45) if r[0] == "AAA"]
     cpu, gpu = cuda_pair(capacity=1)
@@ -320,10 +317,7 @@ def test_a_cuda_engine_with_strategies_equals_the_cpu_bar_by_bar():
 
 
 @pytest.mark.cudasim
-@pytest.mark.skipif(
-    os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
-    reason="needs NUMBA_ENABLE_CUDASIM=1 set before numba is imported",
-)
+@cuda_kernels_run
 @pytest.mark.parametrize(("taken_on", "restored_on"), [("cuda", "cpu"), ("cpu", "cuda")])
 def test_a_snapshot_of_a_strategy_engine_moves_between_cpu_and_cuda(taken_on, restored_on):
     bars = [r for r in ohlc_bars(n=40) if r[0] == "AAA"]
@@ -491,10 +485,7 @@ def test_the_column_path_parses_a_table_like_the_item_path(rows, fanned, form):
 
 
 @pytest.mark.cudasim
-@pytest.mark.skipif(
-    os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
-    reason="needs NUMBA_ENABLE_CUDASIM=1 set before numba is imported",
-)
+@cuda_kernels_run
 def test_the_kernels_launch_with_the_types_that_precompile_compiles(monkeypatch):
     """On a GPU, ``CudaBackend.precompile`` compiles ``kernel_signatures()`` and, with
     strategies, ``paper_signatures()``: every launch of a warmup, a step and an upload of

@@ -13,6 +13,7 @@ import warnings
 import msgspec
 import numpy as np
 import pytest
+from cuda_targets import cuda_kernels_run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -628,10 +629,7 @@ def test_snapshotter_arguments(tmp_path):
 
 
 @pytest.mark.cudasim
-@pytest.mark.skipif(
-    os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
-    reason="needs NUMBA_ENABLE_CUDASIM=1 set before numba is imported",
-)
+@cuda_kernels_run
 def test_snapshot_of_a_cuda_engine_restores_on_cpu_and_cuda():
     """Device state is pulled for the snapshot; restore pushes it to a new device state."""
     tiny = ATCParams(

@@ -7,9 +7,8 @@ that never split. Own process::
 
 from __future__ import annotations
 
-import os
-
 import pytest
+from cuda_targets import cuda_kernels_run
 from parts_helpers import canonical, make_engine, play, walks
 
 from atc_stream import Engine
@@ -17,10 +16,7 @@ from atc_stream.state.snapshot_parts import merge_snapshots, split_snapshot
 
 pytestmark = [
     pytest.mark.cudasim,
-    pytest.mark.skipif(
-        os.environ.get("NUMBA_ENABLE_CUDASIM") != "1",
-        reason="needs NUMBA_ENABLE_CUDASIM=1 set before numba is imported",
-    ),
+    cuda_kernels_run,
 ]
 
 SYMBOLS = ["A", "B", "C"]
