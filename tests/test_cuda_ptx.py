@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import types
 
 import pytest
 
@@ -161,3 +162,25 @@ def test_paper_kernel_ptx_has_no_fma(toolchain, guard):
         if name.startswith("paper"):  # the strategy arithmetic, explicitly rounded
             assert "mul.rn.f64" in ptx and "add.rn.f64" in ptx, name
         guard.check_ptx_no_fma(name, [ptx])
+
+
+def _add(out):
+    out[0] = out[0] * out[1] + out[2]
+
+
+def test_kernels_compile_without_link_time_optimisation_where_nvjitlink_is(monkeypatch, guard):
+    """With nvJitLink installed, numba-cuda links with LTO by default, and its decorator form
+    ``cuda.jit(lto=False)`` drops the argument: the kernel's machine code would then come
+    from nvJitLink (FMA contraction on), not from the checked PTX."""
+    from numba import cuda
+    from numba.cuda import decorators
+
+    monkeypatch.setattr(decorators, "_have_nvjitlink", lambda: True)
+    assert cuda.jit(lto=False)(_add).targetoptions["lto"] is True  # the control: dropped
+    assert guard.kernel(_add).targetoptions["lto"] is False
+
+
+def test_the_guard_refuses_a_kernel_linked_with_lto(guard):
+    overload = types.SimpleNamespace(library=types.SimpleNamespace(_lto=True), _name="k")
+    with pytest.raises(guard.FmaContractionError, match="link-time optimisation"):
+        guard.check_ptx_no_fma("k", guard._kernel_ptx_strings(overload))

@@ -55,18 +55,26 @@ def _probe_cuda() -> tuple[bool, str]:
         import numpy as np
 
         from atc_stream.kernels.ptx_guard import check_no_fma, no_fma
+        from atc_stream.kernels.ptx_guard import kernel as ptx_kernel
 
         def probe(out):
             out[0] = out[0] * out[1] + out[2]  # NVVM would contract this without -fma=0
 
-        values = cuda.to_device(np.array([3.0, 5.0, 7.0]))
-        kernel = cuda.jit(lto=False)(probe)  # type: ignore[call-arg]  # typed as the simulator's
+        # (1 + 2**-30)**2 - 1: rounding the product first gives 2**-29; a fused
+        # multiply-add keeps the 2**-60 term. So this result shows whether the machine
+        # code really does the two roundings the spec asks for.
+        a = 1.0 + 2.0**-30
+        values = cuda.to_device(np.array([a, a, -1.0]))
+        kernel = ptx_kernel(probe)
         with no_fma():
             kernel[1, 1](values)
         check_no_fma(kernel, "the probe kernel")
         got = values.copy_to_host()[0]
-        if got != 22.0:
-            return False, f"the probe kernel computed {got!r} instead of 22.0"
+        if got != 2.0**-29:
+            return False, (
+                f"the probe kernel computed a*b + c = {got!r} instead of {2.0**-29!r}: the "
+                "device fused the multiply and the add although the PTX says not to"
+            )
     except Exception as exc:  # NVRTC missing, PTX too new for the driver, launch failure...
         return False, f"compiling or launching a probe kernel failed ({_first_line(exc)})"
     return True, ""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from atc_stream.kernels import cuda_simulated, strategy
+from atc_stream.kernels import strategy
 from atc_stream.kernels.backtest_cpu import (
     backtest_outputs,
     default_trade_capacity,
@@ -14,9 +14,9 @@ from atc_stream.kernels.backtest_cpu import (
 )
 from atc_stream.kernels.compile import compile_module
 from atc_stream.kernels.ptx_guard import check_no_fma, no_fma
+from atc_stream.kernels.ptx_guard import kernel as ptx_kernel
 
-# as in cuda_kernels.py: the simulator's jit takes no ``lto``; LTO off keeps -fma=0 final
-_kernel = cuda.jit if cuda_simulated() else cuda.jit(lto=False)  # type: ignore[call-arg]
+_kernel = ptx_kernel  # compiled from the checked -fma=0 PTX (link-time optimisation off)
 
 #: ``kernels/strategy.py`` as device functions (also the live strategy step's, ``cuda_paper.py``)
 device_strategy = compile_module(strategy, cuda.jit(device=True))

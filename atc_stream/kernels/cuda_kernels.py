@@ -13,9 +13,9 @@ from numba import cuda
 
 from atc_stream.core import schema
 from atc_stream.core.output_row import OUT_LONG, OUT_SHORT
-from atc_stream.kernels import cuda_simulated
 from atc_stream.kernels.compile import compile_core
 from atc_stream.kernels.ptx_guard import compute_capability_stand_in, no_fma
+from atc_stream.kernels.ptx_guard import kernel as ptx_kernel
 from atc_stream.state.layout import (
     BAR_INDEX,
     CUTOUT_COLUMN,
@@ -24,10 +24,8 @@ from atc_stream.state.layout import (
     PARAM_ROW,
 )
 
-# The simulator's jit takes no ``lto``; on a device, LTO off keeps NVVM's -fma=0 PTX final.
-# numba's typing declares ``cuda.jit`` and ``cuda.grid`` as the simulator's, hence the
-# ``type: ignore[call-arg]`` on the device signatures.
-_kernel = cuda.jit if cuda_simulated() else cuda.jit(lto=False)  # type: ignore[call-arg]
+# kernels compile from the checked -fma=0 PTX (ptx_guard.kernel: link-time optimisation off)
+_kernel = ptx_kernel
 
 # -- the device functions: the core, compiled for CUDA ----------------------------------
 

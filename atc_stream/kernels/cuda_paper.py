@@ -15,15 +15,16 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from atc_stream.kernels import cuda_simulated, paper_cpu
+from atc_stream.kernels import paper_cpu
 from atc_stream.kernels.backtest_cuda import device_strategy
 from atc_stream.kernels.cuda_io import Staging
 from atc_stream.kernels.cuda_kernels import scatter_rows_kernel
 from atc_stream.kernels.paper_cpu import MAX_TRADES_PER_BAR, strategy_outputs
+from atc_stream.kernels.ptx_guard import kernel as ptx_kernel
 from atc_stream.state.arrays import StateStore
 from atc_stream.state.strategy_layout import N_TRADE_FIELDS
 
-_kernel = cuda.jit if cuda_simulated() else cuda.jit(lto=False)  # type: ignore[call-arg]
+_kernel = ptx_kernel  # compiled from the checked -fma=0 PTX (link-time optimisation off)
 
 
 def _on_device(function: Any, **device_functions: Any) -> Any:

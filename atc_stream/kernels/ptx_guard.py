@@ -34,8 +34,19 @@ class _NoFmaCompileIr:
         return self.original(llvmir, **options)
 
 
+def _alias_numpy_names_numba_cuda_registers() -> None:
+    """numba-cuda 0.30 registers an overload of ``np.row_stack`` when its CUDA target first
+    compiles; numpy 2.5 removed that name (an alias of ``np.vstack``), so every compile
+    failed there with an AttributeError. Restore the alias for it."""
+    import numpy as np
+
+    if not hasattr(np, "row_stack"):
+        np.row_stack = np.vstack
+
+
 def _install_no_fma_hook() -> None:
     """Wrap ``nvvm.compile_ir`` (once) so that compiles inside ``no_fma()`` pass ``-fma=0``."""
+    _alias_numpy_names_numba_cuda_registers()
     from numba.cuda.cudadrv import nvvm
 
     if not isinstance(nvvm.compile_ir, _NoFmaCompileIr):
@@ -60,9 +71,31 @@ class FmaContractionError(RuntimeError):
     """A kernel's PTX holds ``fma.rn.f64``: the no-FMA switch did not take effect."""
 
 
+def kernel(fn: Any) -> Any:
+    """``fn`` as a CUDA kernel whose machine code comes from the PTX this module checks.
+
+    Link-time optimisation must be off: with it, nvJitLink generates the code from NVVM IR
+    with its own defaults, FMA contraction included, and the PTX read here is not what
+    runs. numba-cuda turns LTO on by default wherever nvJitLink is installed, and its
+    decorator form ``cuda.jit(lto=False)`` drops the ``lto`` argument (0.30), so the
+    function is passed in the same call. The simulator's ``jit`` takes no ``lto``.
+    """
+    from numba import cuda
+
+    if cuda_simulated():
+        return cuda.jit(fn)
+    return cuda.jit(fn, lto=False)  # type: ignore[call-arg]  # typed as the simulator's
+
+
 def _kernel_ptx_strings(overload: Any) -> list[str]:
     """The PTX a compiled kernel (a ``_Kernel``) was linked from, as numba holds it."""
     library = overload.library
+    if getattr(library, "_lto", False):
+        raise FmaContractionError(
+            f"{getattr(overload, '_name', overload)!r} was compiled with link-time "
+            "optimisation: nvJitLink made its machine code, so the PTX checked here is not "
+            "what would run. Refusing to run."
+        )
     cache = getattr(library, "_ptx_cache", None)
     if isinstance(cache, dict) and cache:
         return [ptx for strings in cache.values() for ptx in strings]
