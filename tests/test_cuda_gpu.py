@@ -274,3 +274,12 @@ def test_cuda_graph_and_async_steps_equal_the_plain_path(closes, outputs):
         assert graphs is not None and not graphs.failed, "the capture failed (see the log)"
         assert graphs.captures <= 4 and graphs.launches >= 30
     assert_same_state(plain, graph)
+
+
+@needs_device
+def test_the_parity_gate_passes_on_this_device():
+    """The check every process runs before it uses the GPU: CPU bits, outputs and state."""
+    from atc_stream.kernels import cuda_parity
+    from atc_stream.kernels.cuda_backend import CudaBackend
+
+    assert cuda_parity.compare_backends(CudaBackend) == ""

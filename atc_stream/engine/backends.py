@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 
-from atc_stream.kernels import AUTO_MIN_STREAMS, cuda_available
+from atc_stream.kernels import AUTO_MIN_STREAMS, cuda_available, cuda_simulated
 from atc_stream.kernels.backend import Backend
 from atc_stream.kernels.cpu import CpuBackend
+from atc_stream.kernels.cuda_parity import device_parity_problem
 from atc_stream.state.arrays import StateStore
 
 log = logging.getLogger("atc_stream")
@@ -24,14 +25,19 @@ def make_backend(
     ``RuntimeError`` naming the missing piece when CUDA cannot run here. "auto" picks
     CUDA only for at least ``kernels.AUTO_MIN_STREAMS`` streams (the store's capacity or
     stream count, whichever is larger) and only when ``cuda_available()``'s probe
-    passes; otherwise the CPU, with one warning per process naming the missing piece
-    when a CUDA driver is there but something else is not (no driver at all is the
-    normal CPU machine: logged at INFO). ``Engine.move_to("auto")`` decides again.
+    passes and the device gives the CPU's bits (``kernels.cuda_parity``, once a process;
+    "cuda" raises when it does not); otherwise the CPU, with one warning per process
+    naming the missing piece when a CUDA driver is there but something else is not (no
+    driver at all is the normal CPU machine: logged at INFO). ``Engine.move_to("auto")``
+    decides again.
     """
     if name not in ("cpu", "cuda", "auto"):
         raise ValueError(f"backend must be 'cpu', 'cuda' or 'auto', got {name!r}")
     if name == "cuda" or (name == "auto" and _enough_streams_for_cuda(store)):
         available, why = cuda_available(allow_simulator=name == "cuda")
+        if available and not cuda_simulated():
+            why = device_parity_problem()
+            available = not why
         if available:
             # numba.cuda and the CUDA kernels load only once CUDA is known to run here
             from atc_stream.kernels.cuda_backend import CudaBackend
