@@ -69,7 +69,8 @@ def prepare_kernels(
     so every dispatcher is compiled or loaded now.
 
     Later processes load from the cache in well under a second; a first run (or one
-    after an upgrade or an edited kernel source) compiles, which takes 10-60 s.
+    after an upgrade or an edited kernel source) compiles, which takes about 3 minutes on
+    2 vCPUs (the lane kernels and the strategy kernels take most of it).
     """
     from atc_stream.kernels import cache
 
