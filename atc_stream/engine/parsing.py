@@ -170,7 +170,7 @@ def parse_history(symbol: Any, series: Any, reject: Reject) -> tuple[np.ndarray,
             symbol,
         )  # fmt: skip
         return None
-    return times.astype(np.int64), closes
+    return times.astype(np.int64, copy=False), closes
 
 
 def pad_histories(

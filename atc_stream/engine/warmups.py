@@ -43,9 +43,14 @@ def warmup(
             engine.add_symbol(symbol)
         for slot in engine.slots_of(symbol):
             ok = _accepted_history(engine, slot, times, closes, rejected)
-            job: tuple = (int(slot), times[ok], closes[ok])
-            if trading:
-                job += tuple(v[ok] for v in series_of[symbol][1:4])
+            if ok is None:  # every bar accepted: no copies
+                job: tuple = (int(slot), times, closes)
+                if trading:
+                    job += tuple(series_of[symbol][1:4])
+            else:
+                job = (int(slot), times[ok], closes[ok])
+                if trading:
+                    job += tuple(v[ok] for v in series_of[symbol][1:4])
             jobs.append(job)
     results = []
     chunk = engine.backend.warmup_chunk
@@ -82,18 +87,20 @@ def _load_kernels_first(engine: Any) -> None:
         engine.compile(progress=True)
 
 
-def _accepted_history(engine: Any, slot, times, closes, rejected) -> np.ndarray:
-    """Which bars of a history the stream in ``slot`` accepts (the others reported)."""
+def _accepted_history(engine: Any, slot, times, closes, rejected) -> np.ndarray | None:
+    """Which bars of a history the stream in ``slot`` accepts (the others reported);
+    None when it accepts them all."""
     reasons = np.zeros(times.shape[0], np.int64)
     store = engine.store
     last_time = store.counters[slot, L.LAST_TIME]
     batch.check_history(store.in_use, slot, times, closes, last_time, reasons)
     ok = reasons == batch.ACCEPTED
-    if not ok.all():
-        engine._report_codes(
-            reasons, np.full(times.shape[0], slot), times, closes,
-            np.arange(times.shape[0]), rejected,
-        )  # fmt: skip
+    if ok.all():
+        return None
+    engine._report_codes(
+        reasons, np.full(times.shape[0], slot), times, closes,
+        np.arange(times.shape[0]), rejected,
+    )  # fmt: skip
     return ok
 
 
