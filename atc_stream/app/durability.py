@@ -385,6 +385,10 @@ def _load_kernels(engine) -> None:
     """
     if engine.backend.name != "cpu":
         return
-    result = engine.compile(lambda line: err(f"atc-stream: {line}"), progress=stderr_is_terminal())
+    result = engine.compile(
+        lambda line: err(f"atc-stream: {line}"),
+        progress=stderr_is_terminal(),
+        strategies=bool(engine.strategies),
+    )
     if result.compiled:
         err(f"atc-stream: {result.summary()}")

@@ -114,16 +114,23 @@ class Engine:
 
     @classmethod
     def compile(
-        cls, report: Callable[[str], None] | None = None, *, progress: bool = False
+        cls,
+        report: Callable[[str], None] | None = None,
+        *,
+        progress: bool = False,
+        strategies: bool = True,
     ) -> PrepareReport:
         """Compile (first run) or load from the on-disk cache every CPU kernel now.
 
         Later processes load in well under a second; call this before timing-sensitive
         work. ``report`` (e.g. ``print``) gets a line before a first-run compile;
-        ``progress`` shows the phase as a progress bar. Returns a
+        ``progress`` shows the phase as a progress bar; ``strategies=False`` leaves out
+        the kernels of paper trading and ``backtest`` (an engine without strategies
+        never calls them; about 40 % of a first-run compile). Returns a
         ``kernels.prepare.PrepareReport``.
         """
-        return prepare_kernels(partial(exercise_kernels, cls), report, progress=progress)
+        exercise = partial(exercise_kernels, cls, strategies=strategies)
+        return prepare_kernels(exercise, report, progress=progress, strategies=strategies)
 
     def move_to(self, backend: str) -> None:
         """Move the live state to another backend ("cpu", "cuda" or "auto"); results are unchanged.

@@ -11,17 +11,23 @@ from atc_stream.core.strategy import Strategy
 from atc_stream.engine.backtest import backtest
 
 
-def exercise_kernels(engine_cls: type, threads: int, tick: Callable[[], object]) -> None:
+def exercise_kernels(
+    engine_cls: type, threads: int, tick: Callable[[], object], strategies: bool = True
+) -> None:
     """Every CPU kernel an engine calls, once, with the argument types of real calls
-    (``kernels.prepare``'s exercise: ``kernels.prepare.CALLS_PER_EXERCISE`` calls)."""
+    (``kernels.prepare``'s exercise: ``kernels.prepare.CALLS_PER_EXERCISE`` calls, or
+    ``ATC_CALLS_PER_EXERCISE`` without the ``strategies`` kernels)."""
     from atc_stream.kernels.cpu import LANES, MIN_BLOCK
 
     engine = engine_cls(backend="cpu", capacity=2, threads=threads)
     times = np.arange(3, dtype=np.int64)
     # streams of one phase in two lane blocks (16 + 4): with one block, every call runs
-    # (and loads) only the serial block driver; the strategy exercise's two run alone
+    # (and loads) only the serial block driver
     names = [f"S{i}" for i in range(LANES + MIN_BLOCK)]
     engine.warmup({name: (times, np.array([1.0, 2.0, 3.0])) for name in names})
+    tick()
+    # two short histories, fewer than a lane block: the scalar warmup drivers
+    engine.warmup({name: (times, np.array([1.0, 2.0, 3.0])) for name in ("T0", "T1")})
     tick()
     every = np.concatenate([engine.slots_of(name) for name in names])
     engine.step_arrays(every, np.full(every.shape[0], 3), np.full(every.shape[0], 4.0))
@@ -34,7 +40,8 @@ def exercise_kernels(engine_cls: type, threads: int, tick: Callable[[], object])
     tick()
     engine.stream_state(engine.streams[0])
     tick()
-    _exercise_strategy_kernels(engine_cls, threads, tick)
+    if strategies:
+        _exercise_strategy_kernels(engine_cls, threads, tick)
 
 
 def _exercise_strategy_kernels(engine_cls: type, threads: int, tick: Callable[[], object]) -> None:

@@ -83,8 +83,9 @@ def _load_kernels_first(engine: Any) -> None:
     (or loading) the kernels out."""
     if engine.backend.name != "cpu":
         return
-    if not kernels_loaded():
-        engine.compile(progress=True)
+    trading = bool(engine.strategies)
+    if not kernels_loaded(strategies=trading):
+        engine.compile(progress=True, strategies=trading)
 
 
 def _accepted_history(engine: Any, slot, times, closes, rejected) -> np.ndarray | None:

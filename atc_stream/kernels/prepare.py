@@ -27,15 +27,19 @@ class PrepareReport:
         return f"{verb} kernels in {self.seconds:.1f} s{where}"
 
 
-def _dispatchers():
+def _dispatchers(strategies: bool = True):
+    """The CPU kernels an engine calls; with ``strategies``, paper trading's and
+    ``backtest``'s too."""
     from atc_stream.kernels import backtest_cpu, batch, cpu, paper_cpu
 
     planners = (batch.plan_rounds, batch.check_previews, batch.check_history)
+    if not strategies:
+        return (*cpu.DRIVERS, *planners)
     return (*cpu.DRIVERS, *planners, *paper_cpu.DRIVERS, backtest_cpu.backtest_streams)
 
 
-def _cache_misses() -> int:
-    return sum(sum(d.stats.cache_misses.values()) for d in _dispatchers())
+def _cache_misses(strategies: bool = True) -> int:
+    return sum(sum(d.stats.cache_misses.values()) for d in _dispatchers(strategies))
 
 
 def _pool_threads() -> int:
@@ -44,13 +48,15 @@ def _pool_threads() -> int:
     return max(2, min(available_cpus(), numba_config().NUMBA_NUM_THREADS))
 
 
-#: kernel calls one exercise makes (the progress bar's unit)
-CALLS_PER_EXERCISE = 8
+#: kernel calls one exercise makes (the progress bar's unit): ATC's, then the strategies'
+ATC_CALLS_PER_EXERCISE = 6
+CALLS_PER_EXERCISE = 9
 
 
-def kernels_loaded() -> bool:
-    """True when this process already holds every CPU kernel (compiled or loaded)."""
-    return all(d.signatures for d in _dispatchers())
+def kernels_loaded(strategies: bool = True) -> bool:
+    """True when this process already holds every CPU kernel (compiled or loaded); with
+    ``strategies`` False, every kernel of an engine without strategies."""
+    return all(d.signatures for d in _dispatchers(strategies))
 
 
 def prepare_kernels(
@@ -58,19 +64,21 @@ def prepare_kernels(
     report: Callable[[str], None] | None = None,
     *,
     progress: bool = False,
+    strategies: bool = True,
 ) -> PrepareReport:
-    """Compile or load every CPU kernel by running ``exercise(threads, tick)`` serially and
+    """Compile or load the CPU kernels by running ``exercise(threads, tick)`` serially and
     on the thread pool; ``report`` gets a line before a first-run compile, and
     ``progress`` shows the phase as a tqdm bar of its own.
 
-    ``exercise`` makes ``CALLS_PER_EXERCISE`` kernel calls (``tick`` after each) with the
-    argument types real calls use (``Engine.compile`` passes an engine's warmup, step,
-    preview and stream state, a strategy engine's warmup and step, and a ``backtest``),
-    so every dispatcher is compiled or loaded now.
+    ``exercise`` makes ``CALLS_PER_EXERCISE`` kernel calls (``ATC_CALLS_PER_EXERCISE``
+    without ``strategies``; ``tick`` after each) with the argument types real calls use
+    (``Engine.compile`` passes an engine's warmup, step, preview and stream state, and
+    with ``strategies`` a strategy engine's warmup and step and a ``backtest``), so every
+    dispatcher those calls reach is compiled or loaded now.
 
     Later processes load from the cache in well under a second; a first run (or one
     after an upgrade or an edited kernel source) compiles, which takes about 3 minutes on
-    2 vCPUs (the lane kernels and the strategy kernels take most of it).
+    2 vCPUs with the strategy kernels and about 2 without them.
     """
     from atc_stream.kernels import cache
 
@@ -79,14 +87,16 @@ def prepare_kernels(
     except OSError:
         directory = None
     started = time.perf_counter()
-    misses_before = _cache_misses()
+    misses_before = _cache_misses(strategies)
     first_run = not cache.is_populated()
     if report is not None and first_run:
         report(f"{FIRST_RUN_MESSAGE}; cached in {directory} ...")
-    with _phase_bar(progress, FIRST_RUN_MESSAGE if first_run else "loading kernels") as bar:
+    calls = CALLS_PER_EXERCISE if strategies else ATC_CALLS_PER_EXERCISE
+    description = FIRST_RUN_MESSAGE if first_run else "loading kernels"
+    with _phase_bar(progress, description, 2 * calls) as bar:
         exercise(1, bar.update)
         exercise(_pool_threads(), bar.update)
-    compiled = _cache_misses() > misses_before or directory is None
+    compiled = _cache_misses(strategies) > misses_before or directory is None
     return PrepareReport(compiled, time.perf_counter() - started, directory)
 
 
@@ -104,12 +114,12 @@ class _NoBar:
         pass
 
 
-def _phase_bar(progress: bool, description: str):
+def _phase_bar(progress: bool, description: str, total: int):
     if not progress:
         return _NoBar()
     from tqdm import tqdm
 
     return tqdm(
-        total=2 * CALLS_PER_EXERCISE, desc=description, unit="kernel",
+        total=total, desc=description, unit="kernel",
         leave=False, bar_format="{desc}: {n_fmt}/{total_fmt} {bar} {elapsed}",
     )  # fmt: skip

@@ -227,7 +227,7 @@ class KlineClient:
             # load (or compile) every CPU driver before any request is in flight: a first
             # load inside the event loop stalls it, firing REST and idle timeouts; once
             # loaded (``atc-stream live`` does it before connecting) this costs ~ms
-            self.engine.compile()
+            self.engine.compile(strategies=bool(self.engine.strategies))
         self.stats.started = time.monotonic()
         self.stats.ended = None
         self._live_from = self.clock_ms() if self.live_from_ms is None else self.live_from_ms
