@@ -101,6 +101,9 @@ ATC_STREAM_CUDA_TESTS=device timeout 200 $PY -m pytest -q -ra -p no:cacheprovide
   tests/test_paper_trading.py tests/test_backtest_kernels.py tests/test_snapshot_parts_cudasim.py \
   >"$OUT_DIR/gpu_tests.log" 2>&1
 tests_rc=$?
+# the PTX and parity-gate tests, where nvJitLink really is installed
+timeout 120 $PY -m pytest -q -ra -p no:cacheprovider tests/test_cuda_ptx.py \
+  tests/test_cuda_parity.py >>"$OUT_DIR/gpu_tests.log" 2>&1 || tests_rc=$?
 memcheck_rc=skipped
 racecheck_rc=skipped
 if [ -n "$SANITIZER" ]; then

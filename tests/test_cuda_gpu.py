@@ -283,3 +283,18 @@ def test_the_parity_gate_passes_on_this_device():
     from atc_stream.kernels.cuda_backend import CudaBackend
 
     assert cuda_parity.compare_backends(CudaBackend) == ""
+
+
+@needs_device
+def test_kernels_run_from_the_checked_ptx_not_from_lto(closes):
+    """The machine code comes from the -fma=0 PTX the guard reads: no kernel of the backend
+    was linked with LTO (nvJitLink is on this machine, where numba-cuda's default is LTO)."""
+    from atc_stream.kernels import cuda_kernels
+
+    warmed("cuda", closes[:64], 100)
+    compiled = [
+        overload
+        for kernel, _ in cuda_kernels.kernel_signatures().values()
+        for overload in kernel.overloads.values()
+    ]
+    assert compiled and not any(o.library._lto for o in compiled)
