@@ -100,22 +100,25 @@ def test_warmup_progress_shows_the_kernel_phase_before_its_own_bar():
     assert err.count("loading kernels: 0/") + err.count("(first run only): 0/") == 1
 
 
-BIG_STEPS_AFTER_PREPARE = """
+STEPS_AFTER_PREPARE = """
 import numpy as np
 from atc_stream import Engine
 from atc_stream.kernels import prepare
-Engine.compile()
+Engine.compile({compile_args})
 before = [len(d.signatures) for d in prepare._dispatchers()]
 engine = Engine(backend="cpu")
 times = np.arange(3, dtype=np.int64) * 60_000
-engine.warmup({f"S{i}": (times, np.full(3, 100.0 + i)) for i in range(4000)})
-slots = np.concatenate([engine.slots_of(f"S{i}") for i in range(4000)])
+engine.warmup({{f"S{{i}}": (times, np.full(3, 100.0 + i)) for i in range(4000)}})
+slots = np.concatenate([engine.slots_of(f"S{{i}}") for i in range(4000)])
 engine.step_arrays(slots, np.full(4000, 3 * 60_000), np.full(4000, 101.0))
 engine.preview_arrays(slots, np.full(4000, 4 * 60_000), np.full(4000, 102.0))
 engine.step_arrays(slots[:1], [4 * 60_000], [103.0])
 after = [len(d.signatures) for d in prepare._dispatchers()]
-print(before == after, prepare.kernels_loaded())
+print(before == after, {loaded})
 """
+BIG_STEPS_AFTER_PREPARE = STEPS_AFTER_PREPARE.format(
+    compile_args="", loaded="prepare.kernels_loaded()"
+)
 
 
 def test_prepared_kernels_cover_big_parallel_and_small_serial_calls():
@@ -130,22 +133,10 @@ def test_prepared_kernels_cover_big_parallel_and_small_serial_calls():
     assert done.stdout.split() == ["True", "True"]
 
 
-ATC_ONLY_AFTER_PREPARE = """
-import numpy as np
-from atc_stream import Engine
-from atc_stream.kernels import prepare
-Engine.compile(strategies=False)
-before = [len(d.signatures) for d in prepare._dispatchers()]
-engine = Engine(backend="cpu")
-times = np.arange(3, dtype=np.int64) * 60_000
-engine.warmup({f"S{i}": (times, np.full(3, 100.0 + i)) for i in range(4000)})
-slots = np.concatenate([engine.slots_of(f"S{i}") for i in range(4000)])
-engine.step_arrays(slots, np.full(4000, 3 * 60_000), np.full(4000, 101.0))
-engine.preview_arrays(slots, np.full(4000, 4 * 60_000), np.full(4000, 102.0))
-engine.step_arrays(slots[:1], [4 * 60_000], [103.0])
-after = [len(d.signatures) for d in prepare._dispatchers()]
-print(before == after, prepare.kernels_loaded(strategies=False), prepare.kernels_loaded())
-"""
+ATC_ONLY_AFTER_PREPARE = STEPS_AFTER_PREPARE.format(
+    compile_args="strategies=False",
+    loaded="prepare.kernels_loaded(strategies=False), prepare.kernels_loaded()",
+)
 
 
 def test_an_engine_without_strategies_prepares_only_its_own_kernels():
