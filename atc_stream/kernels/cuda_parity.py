@@ -77,14 +77,22 @@ def compare_backends(
     values, counters) are the same bits, else the first difference."""
     from atc_stream.kernels.cpu import CpuBackend
 
-    closes = np.tile(check_series(streams, bars), (len(CHECK_PARAMS), 1))
-    n = closes.shape[0]
-    times = BASE_TIME + BAR_MS * np.arange(bars, dtype=np.int64)
     stores, backends = [], []
     for make in (CpuBackend, make_other):
-        store, slots = check_store(streams)
+        store, slots = check_store(streams)  # the same slots in both stores
         stores.append(store)
         backends.append(make(store))
+    try:
+        return _first_difference(backends, stores, slots, bars, warmup_bars)
+    finally:
+        for backend in backends:
+            backend.close()  # the device's arrays go now, not at garbage collection
+
+
+def _first_difference(backends, stores, slots, bars: int, warmup_bars: int) -> str:
+    closes = np.tile(check_series(len(slots) // len(CHECK_PARAMS), bars), (len(CHECK_PARAMS), 1))
+    n = closes.shape[0]
+    times = BASE_TIME + BAR_MS * np.arange(bars, dtype=np.int64)
     history = np.ascontiguousarray(np.broadcast_to(times[:warmup_bars], (n, warmup_bars)))
     warm = np.ascontiguousarray(closes[:, :warmup_bars])
     counts = np.full(n, warmup_bars, np.int64)
