@@ -33,7 +33,7 @@ def warmup(
         history = {sym: (v[0], v[4]) for sym, v in series_of.items()}
     else:
         history = inputs.history_from(history, columns=columns, time_unit=time_unit)
-    jobs = []  # (slot, times, closes[, opens, highs, lows]): accepted bars only
+    jobs: list[tuple] = []  # (slot, times, closes[, opens, highs, lows]): accepted bars only
     for symbol, series in history.items():
         parsed = parse_history(symbol, series, engine._rejecter(rejected))
         if parsed is None:
@@ -41,17 +41,12 @@ def warmup(
         times, closes = parsed
         if symbol not in engine.symbol_slots:
             engine.add_symbol(symbol)
+        arrays = (times, closes, *series_of[symbol][1:4]) if trading else (times, closes)
         for slot in engine.slots_of(symbol):
             ok = _accepted_history(engine, slot, times, closes, rejected)
-            if ok is None:  # every bar accepted: no copies
-                job: tuple = (int(slot), times, closes)
-                if trading:
-                    job += tuple(series_of[symbol][1:4])
-            else:
-                job = (int(slot), times[ok], closes[ok])
-                if trading:
-                    job += tuple(v[ok] for v in series_of[symbol][1:4])
-            jobs.append(job)
+            # every bar accepted (None): the arrays themselves, no copies
+            accepted = arrays if ok is None else tuple(v[ok] for v in arrays)
+            jobs.append((int(slot), *accepted))
     results = []
     chunk = engine.backend.warmup_chunk
     if trading:  # every bar's outputs are kept: bound them like backtest()
