@@ -64,6 +64,45 @@ def test_streams_added_later_removed_and_readded_do_not_disturb_others():
     assert_bit_identical(np.array(b_rows), reference_outputs(compute(b[100:], SHORT_8)), "B again")
 
 
+def _registry(engine: Engine):
+    store = engine.store
+    used = np.flatnonzero(store.in_use)
+    return (
+        engine.streams,
+        {k: v.tolist() for k, v in engine.symbol_slots.items()},
+        [engine.slot_of(key) for key in engine.streams],
+        used.tolist(),
+        store.ring[used],
+        store.values[used],
+        store.counters[used],
+    )
+
+
+def test_add_symbols_gives_the_slots_and_state_of_add_symbol_one_at_a_time():
+    two_sets = [ATCParams(), SHORT_8]
+    one, many = (Engine(two_sets, backend="cpu", capacity=2) for _ in range(2))
+    for engine in (one, many):  # holes below the free slots, then growth past capacity
+        engine.add_symbol("A")
+        engine.add_symbol("B")
+        engine.warmup({"A": (np.arange(40), walk(3, 40))})
+        engine.remove_symbol("A")
+    symbols = ["C", "B", "D", "E", "C"]  # B exists, C comes twice: each stream once
+    assert many.add_symbols(symbols) == [key for s in symbols for key in one.add_symbol(s)]
+    for a, b in zip(_registry(one), _registry(many), strict=True):
+        if isinstance(a, np.ndarray):
+            assert_bit_identical(a, b, "state")
+        else:
+            assert a == b
+
+
+def test_add_symbols_with_a_bad_symbol_adds_none_of_them():
+    engine = Engine(backend="cpu")
+    with pytest.raises(ValueError, match="non-empty str"):
+        engine.add_symbols(["A", ""])
+    assert engine.symbols == []
+    assert engine.add_symbols([]) == []
+
+
 def test_parameter_sweep_fans_out_one_bar_to_every_parameter_set():
     sets = [SHORT_8, ATCParams(), ATCParams(robustness="Wide", cutout=20)]
     engine = Engine(sets, backend="cpu", outputs="all")

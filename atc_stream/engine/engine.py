@@ -165,6 +165,29 @@ class Engine:
         ids = range(len(self.store.params)) if params_ids is None else list(params_ids)
         return [self.add_stream(symbol, params_id) for params_id in ids]
 
+    def add_symbols(self, symbols: Iterable[str]) -> list[StreamKey]:
+        """``add_symbol`` of each of ``symbols`` (every parameter set), in order, with their
+        new slots allocated and initialised at once; the keys of every stream."""
+        symbols = list(symbols)
+        bad = next((s for s in symbols if not is_symbol(s)), None)
+        if bad is not None:
+            raise ValueError(f"symbol must be a non-empty str without NUL, got {bad!r}")
+        keys = [
+            StreamKey(s, self.interval, p) for s in symbols for p in range(len(self.store.params))
+        ]
+        new = [key for key in dict.fromkeys(keys) if key not in self._slot_of]
+        slots = self.store.allocate_many(np.array([key.params_id for key in new], np.int64))
+        if self.store.capacity > len(self._keys_by_slot):
+            self._keys_by_slot.extend([None] * (self.store.capacity - len(self._keys_by_slot)))
+        added: dict[str, list[int]] = {}
+        for key, slot in zip(new, slots.tolist(), strict=True):
+            self._keys_by_slot[slot] = key
+            self._slot_of[key] = slot
+            added.setdefault(key.symbol, []).append(slot)
+        for symbol, symbol_slots in added.items():
+            self._set_symbol_slots(symbol, [*self._symbol_slots.get(symbol, ()), *symbol_slots])
+        return keys
+
     def add_stream(self, symbol: str, params_id: int = 0) -> StreamKey:
         if not 0 <= params_id < len(self.store.params):
             raise ValueError(f"params_id {params_id} is not a registered parameter set")

@@ -33,14 +33,15 @@ def warmup(
         history = {sym: (v[0], v[4]) for sym, v in series_of.items()}
     else:
         history = inputs.history_from(history, columns=columns, time_unit=time_unit)
-    jobs: list[tuple] = []  # (slot, times, closes[, opens, highs, lows]): accepted bars only
+    parsed_of = {}
     for symbol, series in history.items():
         parsed = parse_history(symbol, series, engine._rejecter(rejected))
-        if parsed is None:
-            continue
-        times, closes = parsed
-        if symbol not in engine.symbol_slots:
-            engine.add_symbol(symbol)
+        if parsed is not None:
+            parsed_of[symbol] = parsed
+    # the new symbols' streams, in history order, allocated and initialised at once
+    engine.add_symbols(s for s in parsed_of if s not in engine.symbol_slots)
+    jobs: list[tuple] = []  # (slot, times, closes[, opens, highs, lows]): accepted bars only
+    for symbol, (times, closes) in parsed_of.items():
         arrays = (times, closes, *series_of[symbol][1:4]) if trading else (times, closes)
         for slot in engine.slots_of(symbol):
             ok = _accepted_history(engine, slot, times, closes, rejected)
@@ -89,10 +90,9 @@ def _accepted_history(engine: Any, slot, times, closes, rejected) -> np.ndarray 
     reasons = np.zeros(times.shape[0], np.int64)
     store = engine.store
     last_time = store.counters[slot, L.LAST_TIME]
-    batch.check_history(store.in_use, slot, times, closes, last_time, reasons)
-    ok = reasons == batch.ACCEPTED
-    if ok.all():
+    if batch.check_history(store.in_use, slot, times, closes, last_time, reasons) == len(times):
         return None
+    ok = reasons == batch.ACCEPTED
     engine._report_codes(
         reasons, np.full(times.shape[0], slot), times, closes,
         np.arange(times.shape[0]), rejected,

@@ -73,6 +73,24 @@ class StrategyTable:
         return len(self.strategies)
 
 
+def _initial_values() -> np.ndarray:
+    """The values of a stream that has seen no bar (docs/spec.md initial values)."""
+    values = np.zeros(L.N_VALUE_FIELDS)  # sig, a, KAMA, DEMA seed sum start at 0
+    ma = values[L.MA_BASE : L.FAMILY_BASE].reshape(-1, L.MA_FIELDS)
+    ma[:, L.MA_PREV] = np.nan
+    ma[:, L.MA_EQUITY] = np.nan
+    fam = values[L.FAMILY_BASE : L.STREAM_BASE].reshape(-1, L.FAMILY_FIELDS)
+    fam[:, L.FAM_SIGNAL_PREV] = np.nan
+    fam[:, L.FAM_EQUITY] = np.nan
+    values[L.AVG_PREV] = np.nan
+    values[L.GROWTH] = np.nan
+    values.flags.writeable = False
+    return values
+
+
+_INITIAL_VALUES = _initial_values()
+
+
 class StateStore:
     """Host state arrays indexed ``[slot, field]``, plus slot allocation and growth."""
 
@@ -222,6 +240,27 @@ class StateStore:
         self._free_hint = slot + 1
         return slot
 
+    def allocate_many(self, param_rows: np.ndarray) -> np.ndarray:
+        """Fresh slots, one per entry of ``param_rows`` and initialised for it: the lowest
+        free ones, ascending, as ``allocate`` called for each in turn would give."""
+        param_rows = np.asarray(param_rows, np.int64)
+        bad = (param_rows < 0) | (param_rows >= len(self.params))
+        if bad.any():
+            raise ValueError(f"param_row {int(param_rows[bad][0])} is not in the parameter table")
+        n = param_rows.shape[0]
+        if n == 0:
+            return np.zeros(0, np.int64)
+        free = np.flatnonzero(~self.in_use[self._free_hint :])[:n] + self._free_hint
+        if free.shape[0] < n:  # the rest come from the new slots, which follow
+            first_new = self.capacity
+            self.reserve(self.capacity + n - free.shape[0])
+            free = np.concatenate([free, np.arange(first_new, first_new + n - free.shape[0])])
+        slots = free.astype(np.int64)
+        self.reset_slots(slots, param_rows)
+        self.in_use[slots] = True
+        self._free_hint = int(slots[-1]) + 1
+        return slots
+
     def release(self, slot: int) -> None:
         if not self.in_use[slot]:
             raise ValueError(f"slot {slot} is not in use")
@@ -231,21 +270,19 @@ class StateStore:
 
     def reset_slot(self, slot: int, param_row: int) -> None:
         """State of a stream that has seen no bar (docs/spec.md initial values)."""
-        self.ring[slot] = np.nan
-        values = self.values[slot]
-        values[:] = 0.0  # sig, a, KAMA, DEMA seed sum start at 0
-        ma = values[L.MA_BASE : L.FAMILY_BASE].reshape(-1, L.MA_FIELDS)
-        ma[:, L.MA_PREV] = np.nan
-        ma[:, L.MA_EQUITY] = np.nan
-        fam = values[L.FAMILY_BASE : L.STREAM_BASE].reshape(-1, L.FAMILY_FIELDS)
-        fam[:, L.FAM_SIGNAL_PREV] = np.nan
-        fam[:, L.FAM_EQUITY] = np.nan
-        values[L.AVG_PREV] = np.nan
-        values[L.GROWTH] = np.nan
-        counters = self.counters[slot]
-        counters[:] = 0
-        counters[L.RING_HEAD] = self.ring_capacity - 1
-        counters[L.LAST_TIME] = L.NO_TIME
-        counters[L.PARAM_ROW] = param_row
+        self.reset_slots(slice(slot, slot + 1), np.array([param_row], np.int64))
+
+    def reset_slots(self, slots: np.ndarray | slice, param_rows: np.ndarray) -> None:
+        """``reset_slot`` of each of ``slots`` (an index array, or a slice of as many
+        slots) for the parameter row beside it in ``param_rows``."""
+        self.ring[slots] = np.nan
+        self.values[slots] = _INITIAL_VALUES
+        counters = np.zeros((param_rows.shape[0], L.N_COUNTER_FIELDS), np.int64)
+        counters[:, L.RING_HEAD] = self.ring_capacity - 1
+        counters[:, L.LAST_TIME] = L.NO_TIME
+        counters[:, L.PARAM_ROW] = param_rows
+        self.counters[slots] = counters
         if len(self.strategies):
-            self._reset_strategies(slot)
+            each = range(self.capacity)[slots] if isinstance(slots, slice) else slots.tolist()
+            for slot in each:
+                self._reset_strategies(slot)

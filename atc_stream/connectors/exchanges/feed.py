@@ -158,8 +158,7 @@ class KlineClient:
         per = min(self.config.max_streams_per_connection, exchange.max_topics_per_connection)
         self.chunks = [names[i : i + per] for i in range(0, len(names), per)]
         self.stats.connections = len(self.chunks)
-        for s in names:
-            self.engine.add_symbol(s)
+        self.engine.add_symbols(names)
         self._stepper = KlineStepper(engine, names, self._ohlc)
         self._state = {s: _SymbolState(last=t) for s, t in self._engine_lasts(names).items()}
         self._engine_rejections_at_start = Counter(engine.rejections)

@@ -164,8 +164,7 @@ class BarPlayer:
         started = time.perf_counter()
         rejected_before = Counter(self.engine.rejections)
         symbols = self.source.symbol_names
-        for symbol in symbols:  # one stream per parameter set; existing streams stay
-            self.engine.add_symbol(symbol)
+        self.engine.add_symbols(symbols)  # one stream per parameter set; existing ones stay
         self.summary.symbols = len(symbols)
         warm = bool(self.warmup_bars)
         if warm:
