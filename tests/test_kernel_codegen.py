@@ -43,6 +43,7 @@ def compiled_kernels() -> None:
     times = np.arange(40, dtype=np.int64)
     engine.warmup({name: (times, 1.0 + np.arange(40) / 7) for name in "ABCDEFGHIJ"})
     engine.warmup({"K": (times, np.ones(40))})
+    engine.warmup({"L": (times[:3], np.ones(3))})  # too short for a block: the scalar driver
     engine.step_arrays(engine.slots_of("A"), [40], [2.0])
     # the lane kernel is called only from compiled code: type it through its caller
     _fresh_code(cpu.warmup_blocks_serial)

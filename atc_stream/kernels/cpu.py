@@ -88,37 +88,6 @@ def step(
             )
 
 
-def preview(
-    ring, values, counters, param_lengths, param_values, slots, times, closes, accepted, out
-):
-    """Outputs for in-progress bars without touching state: each runs on a private copy."""
-    n = slots.shape[0]
-    scratch_ring = np.empty((n, ring.shape[1]), ring.dtype)
-    scratch_values = np.empty((n, values.shape[1]), values.dtype)
-    scratch_counters = np.empty((n, counters.shape[1]), counters.dtype)
-    for u in prange(n):
-        if not accepted[u]:
-            continue
-        slot = slots[u]
-        scratch_ring[u, :] = ring[slot, :]
-        scratch_values[u, :] = values[slot, :]
-        scratch_counters[u, :] = counters[slot, :]
-        growth = stream_growth(scratch_counters, param_lengths, param_values, u)
-        update_stream(
-            scratch_ring,
-            scratch_values,
-            scratch_counters,
-            u,
-            times[u],
-            closes[u],
-            growth,
-            param_lengths,
-            param_values,
-            out,
-            u,
-        )
-
-
 def warmup(
     ring,
     values,
@@ -249,14 +218,12 @@ def plan_blocks(counters, param_lengths, slots, counts, min_block):
 
 
 step_serial, step_parallel = compile_both(step)
-preview_serial, preview_parallel = compile_both(preview)
 warmup_serial, warmup_parallel = compile_both(warmup)
 warmup_blocks_serial, warmup_blocks_parallel = compile_both(warmup_blocks)
 # the plain names stay the parallel drivers, as before the serial variants existed
-step, preview, warmup = step_parallel, preview_parallel, warmup_parallel
-DRIVERS = (step_serial, step_parallel, preview_serial, preview_parallel,
-           warmup_serial, warmup_parallel, warmup_blocks_serial, warmup_blocks_parallel,
-           growth_factor)  # fmt: skip
+step, warmup = step_parallel, warmup_parallel
+DRIVERS = (step_serial, step_parallel, warmup_serial, warmup_parallel, warmup_blocks_serial,
+           warmup_blocks_parallel, growth_factor)  # fmt: skip
 
 
 class CpuBackend:
@@ -289,32 +256,38 @@ class CpuBackend:
         order: np.ndarray,
         round_starts: np.ndarray,
     ) -> np.ndarray:
+        return self._step(self._arrays(), slots, times, closes, order, round_starts)
+
+    def _step(self, arrays, slots, times, closes, order, round_starts) -> np.ndarray:
+        """``step`` on ``arrays`` (ring, values, counters, param_lengths, param_values):
+        the store's, or the private copies of a preview."""
         out = np.full((slots.shape[0], N_OUT), np.nan)  # rows of rejected updates stay NaN
         if round_starts.shape[0] == 2 and order.shape[0] >= MIN_BLOCK:
-            order = self._step_blocks(slots, times, closes, order, out)
+            order = self._step_blocks(arrays, slots, times, closes, order, out)
             round_starts = np.array([0, order.shape[0]], np.int64)
         n_rounds = max(round_starts.shape[0] - 1, 1)
         widest = order.shape[0] if n_rounds == 1 else int(np.diff(round_starts).max())
         threading_policy.run(
             step_serial, step_parallel, self._threads(order.shape[0] // n_rounds, widest),
-            *self._arrays(), slots, times, closes, order, round_starts, out,
+            *arrays, slots, times, closes, order, round_starts, out,
         )  # fmt: skip
         return out
 
-    def _step_blocks(self, slots, times, closes, order, out) -> np.ndarray:
+    def _step_blocks(self, arrays, slots, times, closes, order, out) -> np.ndarray:
         """A one-round step in lane blocks (``plan_blocks``, one bar per stream); returns
         the updates left to the scalar driver."""
         n = slots.shape[0]
         ones = np.zeros(n, np.int64)
         ones[order] = 1
+        _ring, _values, counters, param_lengths, _param_values = arrays
         members, block_starts, scalar_rows = plan_blocks(
-            self.store.counters, self.store.params.lengths, slots, ones, MIN_BLOCK
+            counters, param_lengths, slots, ones, MIN_BLOCK
         )
         if members.shape[0]:
             threading_policy.run(
                 warmup_blocks_serial, warmup_blocks_parallel,
                 self._threads(members.shape[0], block_starts.shape[0] - 1),
-                *self._arrays(), slots, np.ascontiguousarray(times, np.int64).reshape(n, 1),
+                *arrays, slots, np.ascontiguousarray(times, np.int64).reshape(n, 1),
                 np.ascontiguousarray(closes, np.float64).reshape(n, 1), ones,
                 out.reshape(n, 1, N_OUT), False, members, block_starts,
             )  # fmt: skip
@@ -360,12 +333,18 @@ class CpuBackend:
     def preview(
         self, slots: np.ndarray, times: np.ndarray, closes: np.ndarray, accepted: np.ndarray
     ) -> np.ndarray:
-        out = np.full((slots.shape[0], N_OUT), np.nan)
-        threading_policy.run(
-            preview_serial, preview_parallel, self._threads(slots.shape[0], slots.shape[0]),
-            *self._arrays(), slots, times, closes, accepted, out,
+        """Outputs for in-progress bars without touching state: each accepted update steps
+        a private copy of its stream's state (one copy per update, so two previews of a
+        stream are both taken from its committed state), with the step's own drivers."""
+        ring, values, counters, param_lengths, param_values = self._arrays()
+        rows = np.where(accepted, slots, 0)  # a rejected update's slot may not exist
+        copies = (ring[rows], values[rows], counters[rows], param_lengths, param_values)
+        order = np.flatnonzero(accepted).astype(np.int64)
+        return self._step(
+            copies, np.arange(slots.shape[0], dtype=np.int64),
+            np.ascontiguousarray(times, np.int64), np.ascontiguousarray(closes, np.float64),
+            order, np.array([0, order.shape[0]], np.int64),
         )  # fmt: skip
-        return out
 
     def warmup(
         self,
