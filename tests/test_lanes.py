@@ -1,5 +1,5 @@
-"""The lane warmup (kernels/lanes.py through CpuBackend.warmup) against the scalar driver,
-bit for bit: every output row and the whole final state."""
+"""The lane warmup (kernels/lanes.py through CpuBackend.warmup) against the scalar core
+(the step driver, bar by bar), bit for bit: every output row and the whole final state."""
 
 from __future__ import annotations
 
@@ -45,9 +45,22 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def _scalar_warmup(store, slots, times, closes, counts, record_all=True):
+    """The scalar core bar by bar: ``cpu.step_serial`` of bar ``t`` of every stream that
+    has one, for t = 0, 1, ..."""
     rows = times.shape[1] if record_all else 1
     out = np.full((slots.shape[0], rows, N_OUT), np.nan)
-    cpu.warmup_serial(*_arrays(store), slots, times, closes, counts, out, record_all)
+    for t in range(int(counts.max(initial=0))):
+        live = np.flatnonzero(counts > t)
+        stepped = np.full((live.shape[0], N_OUT), np.nan)
+        cpu.step_serial(
+            *_arrays(store), slots[live], times[live, t], closes[live, t],
+            np.arange(live.shape[0]), np.array([0, live.shape[0]]), stepped,
+        )  # fmt: skip
+        if record_all:
+            out[live, t] = stepped
+        else:
+            last = counts[live] == t + 1
+            out[live[last], 0] = stepped[last]
     return out
 
 

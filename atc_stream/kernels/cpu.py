@@ -88,44 +88,6 @@ def step(
             )
 
 
-def warmup(
-    ring,
-    values,
-    counters,
-    param_lengths,
-    param_values,
-    slots,
-    times,
-    closes,
-    counts,
-    out,
-    record_all,
-):
-    """Apply ``counts[s]`` bars of ``times[s]``/``closes[s]`` to stream ``slots[s]``, in time order.
-
-    With ``record_all`` every bar's outputs go to ``out[s, t]``; otherwise only the last
-    bar's, to ``out[s, 0]`` (so 5,000 x 2,000 warmups need no output of that size).
-    """
-    for s in prange(slots.shape[0]):
-        slot = slots[s]
-        rows = out[s]
-        for t in range(counts[s]):
-            growth = stream_growth(counters, param_lengths, param_values, slot)
-            update_stream(
-                ring,
-                values,
-                counters,
-                slot,
-                times[s, t],
-                closes[s, t],
-                growth,
-                param_lengths,
-                param_values,
-                rows,
-                t if record_all else 0,
-            )
-
-
 def warmup_blocks(
     ring,
     values,
@@ -218,12 +180,11 @@ def plan_blocks(counters, param_lengths, slots, counts, min_block):
 
 
 step_serial, step_parallel = compile_both(step)
-warmup_serial, warmup_parallel = compile_both(warmup)
 warmup_blocks_serial, warmup_blocks_parallel = compile_both(warmup_blocks)
-# the plain names stay the parallel drivers, as before the serial variants existed
-step, warmup = step_parallel, warmup_parallel
-DRIVERS = (step_serial, step_parallel, warmup_serial, warmup_parallel, warmup_blocks_serial,
-           warmup_blocks_parallel, growth_factor)  # fmt: skip
+# the plain name stays the parallel driver, as before the serial variant existed
+step = step_parallel
+DRIVERS = (step_serial, step_parallel, warmup_blocks_serial, warmup_blocks_parallel,
+           growth_factor)  # fmt: skip
 
 
 class CpuBackend:
@@ -369,16 +330,28 @@ class CpuBackend:
                 block_starts,
             )  # fmt: skip
         if scalar_rows.shape[0]:
-            some = scalar_rows if scalar_rows.shape[0] < slots.shape[0] else slice(None)
-            part = out[some]
-            threading_policy.run(
-                warmup_serial, warmup_parallel,
-                self._threads(int(counts[some].sum()), scalar_rows.shape[0]),
-                *self._arrays(), slots[some], times[some], closes[some], counts[some],
-                part, record_all,
-            )  # fmt: skip
-            out[some] = part
+            self._warmup_as_steps(scalar_rows, slots, times, closes, counts, out, record_all)
         return out
+
+    def _warmup_as_steps(self, rows, slots, times, closes, counts, out, record_all) -> None:
+        """The histories ``rows`` the lane blocks left (a few streams, under
+        ``LONG_HISTORY`` bars each) as steps: round ``t`` applies bar ``t`` of each of
+        them that has one, so the scalar step driver serves warmups too."""
+        bars = np.arange(int(counts[rows].max()))
+        has = bars[None, :] < counts[rows][:, None]  # [row, bar]: the row has that bar
+        stream, bar = np.nonzero(has.T)[::-1]  # by bar, then row: one round a bar
+        row = rows[stream]
+        round_starts = np.searchsorted(bar, np.arange(bars.shape[0] + 1)).astype(np.int64)
+        stepped = self._step(
+            self._arrays(), slots[row], np.ascontiguousarray(times[row, bar], np.int64),
+            np.ascontiguousarray(closes[row, bar], np.float64),
+            np.arange(row.shape[0], dtype=np.int64), round_starts,
+        )  # fmt: skip
+        if record_all:
+            out[row, bar] = stepped
+        else:
+            last = bar == counts[row] - 1
+            out[row[last], 0] = stepped[last]
 
     def step_with_strategies(
         self,

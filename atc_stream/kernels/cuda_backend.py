@@ -501,7 +501,8 @@ class CudaBackend:
         counts: np.ndarray,
         record_all: bool,
     ) -> np.ndarray:
-        """Apply ``counts[s]`` bars of ``closes[s]`` to stream ``slots[s]`` (see ``cpu.warmup``).
+        """Apply ``counts[s]`` bars of ``closes[s]`` to stream ``slots[s]`` (as
+        ``CpuBackend.warmup``).
 
         Streams are taken in chunks whose device buffers (histories twice: as uploaded
         and transposed, plus outputs) fit ``warmup_memory_budget`` bytes.
