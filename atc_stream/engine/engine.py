@@ -166,19 +166,16 @@ class Engine:
         return [self.add_stream(symbol, params_id) for params_id in ids]
 
     def add_symbols(self, symbols: Iterable[str]) -> list[StreamKey]:
-        """``add_symbol`` of each of ``symbols`` (every parameter set), in order, with their
-        new slots allocated and initialised at once; the keys of every stream."""
+        """``add_symbol`` of each of ``symbols`` in order, new slots made at once; all keys."""
         symbols = list(symbols)
         bad = next((s for s in symbols if not is_symbol(s)), None)
         if bad is not None:
             raise ValueError(f"symbol must be a non-empty str without NUL, got {bad!r}")
-        keys = [
-            StreamKey(s, self.interval, p) for s in symbols for p in range(len(self.store.params))
-        ]
+        n_params = len(self.store.params)
+        keys = [StreamKey(s, self.interval, p) for s in symbols for p in range(n_params)]
         new = [key for key in dict.fromkeys(keys) if key not in self._slot_of]
         slots = self.store.allocate_many(np.array([key.params_id for key in new], np.int64))
-        if self.store.capacity > len(self._keys_by_slot):
-            self._keys_by_slot.extend([None] * (self.store.capacity - len(self._keys_by_slot)))
+        self._keys_by_slot.extend([None] * (self.store.capacity - len(self._keys_by_slot)))
         added: dict[str, list[int]] = {}
         for key, slot in zip(new, slots.tolist(), strict=True):
             self._keys_by_slot[slot] = key
@@ -199,8 +196,7 @@ class Engine:
 
     def register_slot(self, key: StreamKey, slot: int) -> None:
         """Name ``slot`` (allocated, holding its state) as stream ``key``."""
-        if self.store.capacity > len(self._keys_by_slot):
-            self._keys_by_slot.extend([None] * (self.store.capacity - len(self._keys_by_slot)))
+        self._keys_by_slot.extend([None] * (self.store.capacity - len(self._keys_by_slot)))
         self._keys_by_slot[slot] = key
         self._slot_of[key] = slot
         self._set_symbol_slots(key.symbol, [*self._symbol_slots.get(key.symbol, ()), slot])
