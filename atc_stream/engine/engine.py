@@ -175,14 +175,7 @@ class Engine:
         keys = [StreamKey(s, self.interval, p) for s in symbols for p in range(n_params)]
         new = [key for key in dict.fromkeys(keys) if key not in self._slot_of]
         slots = self.store.allocate_many(np.array([key.params_id for key in new], np.int64))
-        self._keys_by_slot.extend([None] * (self.store.capacity - len(self._keys_by_slot)))
-        added: dict[str, list[int]] = {}
-        for key, slot in zip(new, slots.tolist(), strict=True):
-            self._keys_by_slot[slot] = key
-            self._slot_of[key] = slot
-            added.setdefault(key.symbol, []).append(slot)
-        for symbol, symbol_slots in added.items():
-            self._set_symbol_slots(symbol, [*self._symbol_slots.get(symbol, ()), *symbol_slots])
+        self.register_slots(new, slots.tolist())
         return keys
 
     def add_stream(self, symbol: str, params_id: int = 0) -> StreamKey:
@@ -191,15 +184,19 @@ class Engine:
         key = StreamKey(symbol, self.interval, params_id)
         if key in self._slot_of:
             return key
-        self.register_slot(key, self.store.allocate(params_id))
+        self.register_slots([key], [self.store.allocate(params_id)])
         return key
 
-    def register_slot(self, key: StreamKey, slot: int) -> None:
-        """Name ``slot`` (allocated, holding its state) as stream ``key``."""
+    def register_slots(self, keys: list[StreamKey], slots: list[int]) -> None:
+        """Name each of ``slots`` (allocated, holding its state) as the stream beside it."""
         self._keys_by_slot.extend([None] * (self.store.capacity - len(self._keys_by_slot)))
-        self._keys_by_slot[slot] = key
-        self._slot_of[key] = slot
-        self._set_symbol_slots(key.symbol, [*self._symbol_slots.get(key.symbol, ()), slot])
+        added: dict[str, list[int]] = {}
+        for key, slot in zip(keys, slots, strict=True):
+            self._keys_by_slot[slot] = key
+            self._slot_of[key] = slot
+            added.setdefault(key.symbol, []).append(slot)
+        for symbol, symbol_slots in added.items():
+            self._set_symbol_slots(symbol, [*self._symbol_slots.get(symbol, ()), *symbol_slots])
 
     def remove_symbol(self, symbol: str) -> None:
         for slot in self._symbol_slots.get(symbol, ()):

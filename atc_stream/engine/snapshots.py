@@ -75,8 +75,7 @@ def load_state(eng: Any, snap: Snapshot, backend: str) -> None:
         store.generation += 1
         old, eng.backend = eng.backend, make_backend(backend, store, eng.threads, eng.cuda_graph)
         old.close()
-    for key, slot in h.registry.items():
-        eng.register_slot(key, slot)
+    eng.register_slots(list(h.registry), list(h.registry.values()))
     eng.rejections.update(h.rejections)
     eng.source_offsets = h.source_offsets
     eng.backend.push_state()
@@ -119,7 +118,7 @@ def import_streams(engine: Any, blob: Any) -> list[StreamKey]:
             src = slice(slot * n_strategies, (slot + 1) * n_strategies)
             for name in ("strategy_values", "strategy_counters", "strategy_entry_times"):
                 getattr(store, name)[store.strategy_rows(new)] = incoming.arrays[name][src]
-        engine.register_slot(key, new)
+        engine.register_slots([key], [new])
         added.append(key)
     engine.backend.push_state()
     return added
