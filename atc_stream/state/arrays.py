@@ -270,11 +270,10 @@ class StateStore:
 
     def reset_slot(self, slot: int, param_row: int) -> None:
         """State of a stream that has seen no bar (docs/spec.md initial values)."""
-        self.reset_slots(slice(slot, slot + 1), np.array([param_row], np.int64))
+        self.reset_slots(np.array([slot], np.int64), np.array([param_row], np.int64))
 
-    def reset_slots(self, slots: np.ndarray | slice, param_rows: np.ndarray) -> None:
-        """``reset_slot`` of each of ``slots`` (an index array, or a slice of as many
-        slots) for the parameter row beside it in ``param_rows``."""
+    def reset_slots(self, slots: np.ndarray, param_rows: np.ndarray) -> None:
+        """``reset_slot`` of each of ``slots`` for the parameter row beside it."""
         self.ring[slots] = np.nan
         self.values[slots] = _INITIAL_VALUES
         counters = np.zeros((param_rows.shape[0], L.N_COUNTER_FIELDS), np.int64)
@@ -283,6 +282,5 @@ class StateStore:
         counters[:, L.PARAM_ROW] = param_rows
         self.counters[slots] = counters
         if len(self.strategies):
-            each = range(self.capacity)[slots] if isinstance(slots, slice) else slots.tolist()
-            for slot in each:
+            for slot in slots.tolist():
                 self._reset_strategies(slot)
