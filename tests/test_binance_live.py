@@ -336,6 +336,36 @@ def test_the_garbage_collector_runs_between_bursts_not_within_them():
     asyncio.run(main())
 
 
+def test_the_start_ups_survivors_are_frozen_once_the_feed_is_quiet():
+    import gc
+
+    from atc_stream.connectors.exchanges.idle_gc import IdleCollector
+
+    async def main() -> None:
+        queue: asyncio.Queue = asyncio.Queue()
+        with IdleCollector() as collector:
+            survivors = [[i] for i in range(1000)]  # tracked containers, still referenced
+            frozen = gc.get_freeze_count()
+            collector.freeze_when_quiet()
+            queue.put_nowait("kline")
+            assert await collector.get(queue) == "kline"  # a kline waits: not in its burst
+            assert gc.get_freeze_count() == frozen
+            asyncio.get_running_loop().call_later(4 * collector.quiet, queue.put_nowait, "next")
+            assert await collector.get(queue) == "next"
+            assert gc.get_freeze_count() >= frozen + len(survivors)
+            frozen = gc.get_freeze_count()
+            later = [[i] for i in range(1000)]
+            asyncio.get_running_loop().call_later(4 * collector.quiet, queue.put_nowait, "last")
+            assert await collector.get(queue) == "last"
+            assert gc.get_freeze_count() < frozen + len(later)  # once: later ones stay young
+            del survivors, later
+
+    try:
+        asyncio.run(main())
+    finally:
+        gc.unfreeze()
+
+
 def test_rest_faults_retried_paged_and_weight_limited():
     from atc_stream.connectors.exchanges.limits import WeightLimiter
     from atc_stream.connectors.exchanges.venues.binance import BINANCE_SPOT

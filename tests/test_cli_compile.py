@@ -112,7 +112,8 @@ engine.warmup({{f"S{{i}}": (times, np.full(3, 100.0 + i)) for i in range(4000)}}
 slots = np.concatenate([engine.slots_of(f"S{{i}}") for i in range(4000)])
 engine.step_arrays(slots, np.full(4000, 3 * 60_000), np.full(4000, 101.0))
 engine.preview_arrays(slots, np.full(4000, 4 * 60_000), np.full(4000, 102.0))
-engine.step_arrays(slots[:1], [4 * 60_000], [103.0])
+engine.step_arrays(slots, np.full(4000, 4 * 60_000), np.full(4000, 102.0))  # steady
+engine.step_arrays(slots[:1], [5 * 60_000], [103.0])
 after = [len(d.signatures) for d in prepare._dispatchers()]
 print(before == after, {loaded})
 """

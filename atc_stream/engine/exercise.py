@@ -38,6 +38,10 @@ def exercise_kernels(
     tick()
     engine.preview_arrays(both, [5, 5], [5.0, 3.0])
     tick()
+    # the same streams again, each once, all accepted: the steady step's shortcut (a
+    # live feed's second bar), whose check would otherwise load in the middle of it
+    engine.step_arrays(both, [5, 5], [5.0, 3.0])
+    tick()
     engine.stream_state(engine.streams[0])
     tick()
     if strategies:

@@ -32,7 +32,10 @@ def _dispatchers(strategies: bool = True):
     ``backtest``'s too."""
     from atc_stream.kernels import backtest_cpu, batch, cpu, paper_cpu
 
-    planners = (batch.plan_rounds, batch.check_previews, batch.check_history)
+    planners = (
+        batch.plan_rounds, batch.check_unique_step, batch.check_previews,
+        batch.check_history, cpu.plan_blocks,
+    )  # fmt: skip
     if not strategies:
         return (*cpu.DRIVERS, *planners)
     return (*cpu.DRIVERS, *planners, *paper_cpu.DRIVERS, backtest_cpu.backtest_streams)
@@ -49,8 +52,8 @@ def _pool_threads() -> int:
 
 
 #: kernel calls one exercise makes (the progress bar's unit): ATC's, then the strategies'
-ATC_CALLS_PER_EXERCISE = 6
-CALLS_PER_EXERCISE = 9
+ATC_CALLS_PER_EXERCISE = 7
+CALLS_PER_EXERCISE = 10
 
 
 def kernels_loaded(strategies: bool = True) -> bool:

@@ -264,7 +264,8 @@ class KlineClient:
                     )  # fmt: skip
                     streams.append(connection)
                 fresh = self._begin_startup(io, streams)
-                consumer = asyncio.ensure_future(self._consume(io, stop, max_bars))
+                collector = IdleCollector()
+                consumer = asyncio.ensure_future(self._consume(io, stop, max_bars, collector))
                 tasks.append(consumer)
                 tasks += [asyncio.ensure_future(stream.run()) for stream in streams]
                 startup = asyncio.ensure_future(self._startup(io, fresh))
@@ -278,8 +279,9 @@ class KlineClient:
                 )  # fmt: skip
                 if startup.done():
                     startup.result()  # re-raise a failed start-up (REST unusable, a ban)
-                    gc.collect(1)  # the same for the start-up's survivors
-                    gc.freeze()
+                    # the same for the start-up's survivors, once no kline waits: now,
+                    # its collection would land in the middle of the first live bars
+                    collector.freeze_when_quiet()
                     if not (consumer.done() or stop_wait.done()):
                         await asyncio.wait(
                             [consumer, stop_wait], timeout=left(),
@@ -457,8 +459,10 @@ class KlineClient:
 
     # -- the engine side: one consumer applies everything in order -------------------------------
 
-    async def _consume(self, io: _RunIO, stop: asyncio.Event, max_bars: int | None) -> None:
-        with IdleCollector() as collector:
+    async def _consume(
+        self, io: _RunIO, stop: asyncio.Event, max_bars: int | None, collector: IdleCollector
+    ) -> None:
+        with collector:
             await self._consume_items(io, stop, max_bars, collector)
 
     async def _consume_items(

@@ -17,10 +17,20 @@ class IdleCollector:
 
     quiet = 0.05
 
+    def __init__(self) -> None:
+        self._freeze_pending = False
+
     def __enter__(self) -> IdleCollector:
         self._was_enabled = gc.isenabled()
         gc.disable()
         return self
+
+    def freeze_when_quiet(self) -> None:
+        """At the next quiet moment, collect the young generations and move the
+        survivors out of the collector's view for good (``gc.freeze``): the start-up's
+        tens of thousands of parsed klines cost a collection of a few ms, which must not
+        land between a burst's klines and its signals."""
+        self._freeze_pending = True
 
     def __exit__(self, *exc: object) -> None:
         if self._was_enabled:
@@ -44,7 +54,7 @@ class IdleCollector:
     async def get(self, queue: asyncio.Queue[Any]) -> Any:
         """The next item of ``queue``; a due collection runs while it waits, once the
         queue has been empty for ``quiet`` seconds."""
-        if not queue.empty() or not self.due():
+        if not queue.empty() or not (self.due() or self._freeze_pending):
             if self.due(overdue=True):
                 self.collect()
             return await queue.get()
@@ -57,5 +67,11 @@ class IdleCollector:
             timer.cancel()
 
     def _collect_if_empty(self, queue: asyncio.Queue[Any]) -> None:
-        if queue.empty():
+        if not queue.empty():
+            return
+        if self._freeze_pending:
+            self._freeze_pending = False
+            gc.collect(1)
+            gc.freeze()
+        elif self.due():
             self.collect()
