@@ -56,10 +56,21 @@ def writing_snapshot(snaps: Path) -> bool:
 
 
 def output_size(path: Path) -> int:
-    """Bytes of an output file, or of every file in an output directory."""
-    if path.is_dir():
-        return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
-    return path.stat().st_size if path.exists() else 0
+    """Bytes of an output file, or of every file in an output directory. The writer runs
+    meanwhile: a part it renames or removes between the listing and its ``stat`` counts 0."""
+
+    def size(file: Path) -> int:
+        try:
+            return file.stat().st_size if file.is_file() else 0
+        except FileNotFoundError:
+            return 0
+
+    try:
+        if path.is_dir():
+            return sum(size(file) for file in path.iterdir())
+    except FileNotFoundError:  # the directory itself went between the check and the listing
+        return 0
+    return size(path)
 
 
 def main() -> None:
