@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from atc_stream.connectors.exchanges.bursts import BurstClock
 from atc_stream.connectors.exchanges.config import LiveConfig, LiveStats
 from atc_stream.connectors.exchanges.exchange import Exchange, KlineConnection, KlineHistory
 from atc_stream.connectors.exchanges.idle_gc import IdleCollector
@@ -41,6 +42,8 @@ READY_GRACE_MS = 5_000
 #: Seconds between the start-up's batched warmups: the histories fetched meanwhile go
 #: through one ``Engine.warmup`` (many small calls cost ~3x the CPU of one).
 WARMUP_EVERY = 0.2
+#: Seconds a start-up warmup is assumed to take per bar of history before one was timed.
+WARMUP_SECONDS_PER_BAR = 1e-6
 
 
 @dataclass
@@ -152,6 +155,9 @@ class KlineClient:
 
         self.publisher = publisher
         self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        #: when the next burst of closed klines comes: start-up work runs around it
+        self.bursts = BurstClock(self._interval_ms, self.clock_ms)
+        self._warmup_seconds_per_bar = WARMUP_SECONDS_PER_BAR
         self.rng = random.Random(seed)
         self.stats = LiveStats(symbols=len(names))
         self.parser = exchange.parser(names, self.interval, self.stats.rejections)
@@ -264,7 +270,7 @@ class KlineClient:
                     )  # fmt: skip
                     streams.append(connection)
                 fresh = self._begin_startup(io, streams)
-                collector = IdleCollector()
+                collector = IdleCollector(self.bursts.room_s)
                 consumer = asyncio.ensure_future(self._consume(io, stop, max_bars, collector))
                 tasks.append(consumer)
                 tasks += [asyncio.ensure_future(stream.run()) for stream in streams]
@@ -398,6 +404,9 @@ class KlineClient:
                     task.result()  # a failed fetch ends the start-up
                 if ready:
                     batch, ready = ready, []
+                    bars = sum(len(klines) for _, klines in batch)
+                    # clear of the next burst: symbols already live keep their latency
+                    await self.bursts.wait_for_room(bars * self._warmup_seconds_per_bar)
                     await io.queue.put(_WarmupDone(batch))
         finally:
             for task in fetches:  # one failed: the others stop too
@@ -409,6 +418,7 @@ class KlineClient:
         """Applies fetched histories: the bars closed by ``live_from`` in one batched
         warmup, the later ones as steps (their results are emitted), then each symbol's
         held websocket klines (those REST brought too are dropped)."""
+        started = time.perf_counter()
         history = self.config.history
         histories = [h for item in done for h in item.histories]
         series, later, warm = {}, {}, {}
@@ -441,6 +451,9 @@ class KlineClient:
         self._warming -= len(histories)
         if self._warming <= 0 and self._warmed is not None:
             self._warmed.set()
+        bars = sum(len(klines) for _, klines in histories)
+        if bars:
+            self._warmup_seconds_per_bar = (time.perf_counter() - started) / bars
 
     async def _subscribed(self, symbol: str) -> None:
         """Returns once ``symbol``'s websocket is open (at most ``open_timeout`` later: a
@@ -657,7 +670,9 @@ class KlineClient:
                 lasts = self._engine_lasts({klines[i].symbol for i in rejected})
                 for symbol, last in lasts.items():
                     self._state[symbol].last = last
-            self.stats.last_bar_lag_ms = float(self.clock_ms() - next_open(newest, self.interval))
+            now = self.clock_ms()
+            self.stats.last_bar_lag_ms = float(now - next_open(newest, self.interval))
+            self.bursts.stepped(newest, now)
             if self._arrived:  # the results are handed to the publisher now
                 arrived, self._arrived = np.array(self._arrived), []
                 self.stats.kline_to_publish_seconds.observe_many(time.perf_counter() - arrived)

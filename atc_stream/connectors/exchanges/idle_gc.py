@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import math
+import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -13,12 +16,23 @@ class IdleCollector:
     then (the oldest generation past its threshold) runs once the consumer has had
     nothing to apply for ``quiet`` seconds. A burst of 200 klines otherwise triggers a
     collection of 0.1-0.4 ms on most bars, between its first kline and its signals;
-    right after a burst it would compete for the CPU with the signals' delivery."""
+    right after a burst it would compete for the CPU with the signals' delivery.
+
+    ``room()`` (``BurstClock.room_s``) says how many seconds are left before the next
+    burst: a collection runs only if it fits, by the time the last one of its
+    generation took (``UNMEASURED_S`` before any). During a start-up, a full collection
+    over the histories' klines takes 50-80 ms; started just before a close, it made the
+    first live bar that late."""
 
     quiet = 0.05
+    #: assumed duration (s) of a collection not measured yet
+    UNMEASURED_S = 0.1
 
-    def __init__(self) -> None:
+    def __init__(self, room: Callable[[], float] | None = None) -> None:
         self._freeze_pending = False
+        self._room = room or (lambda: math.inf)
+        #: seconds the last collection of each generation took (3: collect and freeze)
+        self.took = [self.UNMEASURED_S] * 4
 
     def __enter__(self) -> IdleCollector:
         self._was_enabled = gc.isenabled()
@@ -44,12 +58,22 @@ class IdleCollector:
         count, threshold = gc.get_count()[0], gc.get_threshold()[0]
         return 0 < threshold < count and (not overdue or count > 100 * threshold)
 
-    def collect(self) -> None:
+    def _generation(self) -> int:
+        """The generation CPython would collect now."""
         counts, thresholds = gc.get_count(), gc.get_threshold()
-        for generation in (2, 1, 0):
-            if generation == 0 or counts[generation] > thresholds[generation]:
-                gc.collect(generation)
-                return
+        return next(g for g in (2, 1, 0) if g == 0 or counts[g] > thresholds[g])
+
+    def collect(self, generation: int | None = None) -> None:
+        """Collects ``generation`` (default: the one due), timing it; 3 collects the
+        young generations and freezes the survivors."""
+        generation = self._generation() if generation is None else generation
+        started = time.perf_counter()
+        if generation == 3:
+            gc.collect(1)
+            gc.freeze()
+        else:
+            gc.collect(generation)
+        self.took[generation] = time.perf_counter() - started
 
     async def get(self, queue: asyncio.Queue[Any]) -> Any:
         """The next item of ``queue``; a due collection runs while it waits, once the
@@ -70,8 +94,10 @@ class IdleCollector:
         if not queue.empty():
             return
         if self._freeze_pending:
-            self._freeze_pending = False
-            gc.collect(1)
-            gc.freeze()
+            if self.took[3] <= self._room():  # else at the next quiet moment
+                self._freeze_pending = False
+                self.collect(3)
         elif self.due():
-            self.collect()
+            generation = self._generation()
+            if self.took[generation] <= self._room():
+                self.collect(generation)

@@ -1,0 +1,92 @@
+"""When the next burst of closed klines is due: start-up work and collections go between bursts."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import deque
+from collections.abc import Callable
+
+
+class BurstClock:
+    """The bar grid as the feed sees it: every symbol's closed kline comes in a burst
+    just after each close. Work that can wait (a start-up's batched warmup, a garbage
+    collection) asks :meth:`room_s` how much time is left before the next burst and
+    runs only if it fits, so the first live bars are not delayed by the last histories.
+
+    ``interval_ms`` None (calendar bars) or no bar stepped yet: no burst to keep clear
+    of, ``room_s`` is infinite. The grid's phase comes from the open times stepped
+    (weeks need not start at the epoch); a burst is taken to last until ``settle_ms``
+    after its close: the recent bursts' lag (close to step, see :meth:`stepped`) plus
+    a margin, between ``MIN_SETTLE_MS`` and half an interval.
+    """
+
+    #: ms kept clear before a close
+    margin_ms = 5
+    #: least ms after a close treated as its burst
+    MIN_SETTLE_MS = 20
+    #: bursts whose lag is remembered
+    LAGS = 8
+
+    def __init__(self, interval_ms: int | None, clock_ms: Callable[[], int]) -> None:
+        self.interval_ms = interval_ms
+        self.clock_ms = clock_ms
+        self._origin: int | None = None  #: a close on the grid (an open time stepped)
+        self._lags: deque[int] = deque(maxlen=self.LAGS)
+
+    def stepped(self, newest_open: int, now_ms: int | None = None) -> None:
+        """Closed bars up to the one opening at ``newest_open`` were stepped now: it
+        fixes the grid's phase and, when that bar is the latest closed, its lag."""
+        iv = self.interval_ms
+        if iv is None:
+            return
+        now = self.clock_ms() if now_ms is None else now_ms
+        self._origin = newest_open
+        lag = now - (newest_open + iv)
+        if 0 <= lag < iv:  # a live burst, not a backfill of older bars
+            self._lags.append(lag)
+
+    @property
+    def settle_ms(self) -> float:
+        """How long after a close its burst is taken to last."""
+        iv = self.interval_ms or 0
+        lag = max(self._lags, default=0)
+        return min(max(lag + 10, self.MIN_SETTLE_MS), iv / 2)
+
+    def _phase(self, now: int) -> float:
+        """ms since the latest close (``0 <= phase < interval``)."""
+        assert self.interval_ms is not None and self._origin is not None
+        return (now - self._origin) % self.interval_ms
+
+    def room_s(self, now_ms: int | None = None) -> float:
+        """Seconds of work that fit before the next burst: 0 while one is under way,
+        infinite when no burst is expected."""
+        iv = self.interval_ms
+        if iv is None or self._origin is None:
+            return math.inf
+        phase = self._phase(self.clock_ms() if now_ms is None else now_ms)
+        if phase < self.settle_ms:
+            return 0.0
+        return max(0.0, (iv - self.margin_ms - phase) / 1000)
+
+    async def wait_for_room(self, seconds: float) -> None:
+        """Returns once ``seconds`` of work fit before the next burst, or (work longer
+        than the room between two bursts) right after a burst; waits at most two
+        intervals."""
+        iv = self.interval_ms
+        if iv is None or self._origin is None or self.room_s() >= seconds:
+            return
+        if seconds * 1000 > iv - self.margin_ms - self.settle_ms:
+            waits = 1  # never fits: start right after the next burst
+        else:
+            waits = 2
+        for _ in range(waits):
+            if self._origin is None:
+                return
+            phase = self._phase(self.clock_ms())
+            after_burst = self.settle_ms - phase
+            if after_burst <= 0:
+                after_burst += iv
+            await asyncio.sleep(after_burst / 1000)
+            if self.room_s() >= seconds:
+                return

@@ -1,0 +1,122 @@
+"""Start-up work and garbage collection wait for room between the bursts of closed klines."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import math
+import time
+import weakref
+
+from atc_stream.connectors.exchanges.bursts import BurstClock
+from atc_stream.connectors.exchanges.idle_gc import IdleCollector
+
+IV = 1_000
+T0 = 1_700_000_000_000  # an open time on the grid
+
+
+def test_no_burst_is_expected_before_a_step_or_on_calendar_bars():
+    now = [T0 + 500]
+    assert BurstClock(IV, lambda: now[0]).room_s() == math.inf
+    months = BurstClock(None, lambda: now[0])
+    months.stepped(T0)
+    assert months.room_s() == math.inf
+
+
+def test_the_room_runs_from_the_end_of_a_burst_to_just_before_the_next_close():
+    now = [0]
+    clock = BurstClock(IV, lambda: now[0])
+    clock.stepped(T0, now_ms=T0 + IV + 3)  # the bar opening at T0 closed 3 ms ago
+    assert clock.settle_ms == BurstClock.MIN_SETTLE_MS  # 3 + 10 < the least settle
+    for phase, room_ms in [(0, 0), (5, 0), (19, 0), (20, 975), (500, 495), (994, 1),
+                           (996, 0)]:  # fmt: skip
+        now[0] = T0 + 7 * IV + phase  # any later bar: the grid's phase is what counts
+        assert math.isclose(clock.room_s(), room_ms / 1000), (phase, clock.room_s())
+
+
+def test_slow_bursts_are_given_longer_to_settle_and_backfills_do_not_count():
+    now = [0]
+    clock = BurstClock(IV, lambda: now[0])
+    clock.stepped(T0, now_ms=T0 + IV + 40)  # a burst stepped 40 ms after its close
+    assert clock.settle_ms == 50
+    clock.stepped(T0 - 100 * IV, now_ms=T0 + IV + 41)  # a backfill of old bars
+    assert clock.settle_ms == 50
+    clock.stepped(T0, now_ms=T0 + IV + 900)
+    assert clock.settle_ms == IV / 2  # at most half an interval
+    now[0] = T0 + IV + 100
+    assert clock.room_s() == 0.0
+
+
+def test_work_waits_for_the_room_after_the_next_burst():
+    iv = 200
+    clock = BurstClock(iv, lambda: int(time.time() * 1000))
+
+    async def main() -> None:
+        now = int(time.time() * 1000)
+        # the latest close was 170 ms ago: 25 ms of room left, too little for 50 ms
+        clock.stepped(now - 170 - iv, now_ms=now)
+        started = time.monotonic()
+        await clock.wait_for_room(0.05)
+        waited = time.monotonic() - started
+        assert clock.room_s() >= 0.05
+        assert 0.03 + clock.settle_ms / 1000 - 0.01 <= waited < 0.15, waited
+        # work longer than the room between two bursts starts right after one
+        started = time.monotonic()
+        await clock.wait_for_room(10.0)
+        assert time.monotonic() - started < iv / 1000 + 0.05
+        assert clock.room_s() > 0
+
+    asyncio.run(main())
+
+
+def test_a_collection_that_does_not_fit_before_the_next_burst_waits_for_one_that_does():
+    class Node:
+        pass
+
+    room = [0.001]
+    refs = []
+
+    async def main() -> None:
+        queue: asyncio.Queue = asyncio.Queue()
+        with IdleCollector(lambda: room[0]) as collector:
+            for _ in range(2 * gc.get_threshold()[0]):
+                node = Node()
+                node.self = node  # only the cyclic collector frees it
+                refs.append(weakref.ref(node))
+            del node
+            loop = asyncio.get_running_loop()
+            loop.call_later(4 * collector.quiet, queue.put_nowait, "burst")
+            assert await collector.get(queue) == "burst"  # 1 ms of room: not collected
+            assert all(r() is not None for r in refs)
+            room[0] = 0.5
+            loop.call_later(4 * collector.quiet, queue.put_nowait, "next")
+            assert await collector.get(queue) == "next"
+            assert all(r() is None for r in refs)
+            assert 0 < min(collector.took[:3]) and max(collector.took[:3]) < 0.5
+
+    asyncio.run(main())
+
+
+def test_the_freeze_waits_for_room_too():
+    room = [0.0]
+
+    async def main() -> None:
+        queue: asyncio.Queue = asyncio.Queue()
+        with IdleCollector(lambda: room[0]) as collector:
+            survivors = [[i] for i in range(1000)]
+            frozen = gc.get_freeze_count()
+            collector.freeze_when_quiet()
+            loop = asyncio.get_running_loop()
+            loop.call_later(4 * collector.quiet, queue.put_nowait, "burst")
+            assert await collector.get(queue) == "burst"
+            assert gc.get_freeze_count() == frozen
+            room[0] = 1.0
+            loop.call_later(4 * collector.quiet, queue.put_nowait, "next")
+            assert await collector.get(queue) == "next"
+            assert gc.get_freeze_count() >= frozen + len(survivors)
+            assert collector.took[3] < 1.0
+
+    try:
+        asyncio.run(main())
+    finally:
+        gc.unfreeze()
