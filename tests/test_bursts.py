@@ -41,6 +41,8 @@ def test_slow_bursts_are_given_longer_to_settle_and_backfills_do_not_count():
     assert clock.settle_ms == 50
     clock.stepped(T0 - 100 * IV, now_ms=T0 + IV + 41)  # a backfill of old bars
     assert clock.settle_ms == 50
+    clock.stepped(T0, now_ms=T0 + IV + 700, burst=False)  # histories caught up
+    assert clock.settle_ms == 50
     clock.stepped(T0, now_ms=T0 + IV + 900)
     assert clock.settle_ms == IV / 2  # at most half an interval
     now[0] = T0 + IV + 100
@@ -120,3 +122,29 @@ def test_the_freeze_waits_for_room_too():
         asyncio.run(main())
     finally:
         gc.unfreeze()
+
+
+def test_a_long_overdue_collection_also_waits_for_room():
+    class Node:
+        pass
+
+    room = [0.0]
+    refs = []
+
+    async def main() -> None:
+        queue: asyncio.Queue = asyncio.Queue()
+        with IdleCollector(lambda: room[0]) as collector:
+            for _ in range(101 * gc.get_threshold()[0]):
+                node = Node()
+                node.self = node
+                refs.append(weakref.ref(node))
+            del node
+            queue.put_nowait("kline")
+            assert await collector.get(queue) == "kline"  # a backlog, but a burst is due
+            assert all(r() is not None for r in refs)
+            room[0] = 1.0
+            queue.put_nowait("kline")
+            assert await collector.get(queue) == "kline"  # the backlog goes on: collected
+            assert all(r() is None for r in refs)
+
+    asyncio.run(main())

@@ -34,16 +34,18 @@ class BurstClock:
         self._origin: int | None = None  #: a close on the grid (an open time stepped)
         self._lags: deque[int] = deque(maxlen=self.LAGS)
 
-    def stepped(self, newest_open: int, now_ms: int | None = None) -> None:
+    def stepped(self, newest_open: int, now_ms: int | None = None, burst: bool = True) -> None:
         """Closed bars up to the one opening at ``newest_open`` were stepped now: it
-        fixes the grid's phase and, when that bar is the latest closed, its lag."""
+        fixes the grid's phase and, for a ``burst`` (klines as the websocket brought
+        them, not histories or backfills caught up later) of the latest closed bar, the
+        bursts' lag."""
         iv = self.interval_ms
         if iv is None:
             return
         now = self.clock_ms() if now_ms is None else now_ms
         self._origin = newest_open
         lag = now - (newest_open + iv)
-        if 0 <= lag < iv:  # a live burst, not a backfill of older bars
+        if burst and 0 <= lag < iv:
             self._lags.append(lag)
 
     @property

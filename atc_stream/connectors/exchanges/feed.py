@@ -672,7 +672,7 @@ class KlineClient:
                     self._state[symbol].last = last
             now = self.clock_ms()
             self.stats.last_bar_lag_ms = float(now - next_open(newest, self.interval))
-            self.bursts.stepped(newest, now)
+            self.bursts.stepped(newest, now, burst=bool(self._arrived))
             if self._arrived:  # the results are handed to the publisher now
                 arrived, self._arrived = np.array(self._arrived), []
                 self.stats.kline_to_publish_seconds.observe_many(time.perf_counter() - arrived)

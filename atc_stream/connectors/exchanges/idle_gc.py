@@ -80,7 +80,9 @@ class IdleCollector:
         queue has been empty for ``quiet`` seconds."""
         if not queue.empty() or not (self.due() or self._freeze_pending):
             if self.due(overdue=True):
-                self.collect()
+                generation = self._generation()
+                if self.took[generation] <= self._room():  # else after the next burst
+                    self.collect(generation)
             return await queue.get()
         # a timer, not wait_for: a cancelled wait_for that got its item swallows the
         # cancellation (Python < 3.12), and the consumer would never end
