@@ -437,3 +437,19 @@ def test_after_compile_paper_trading_and_backtest_compile_nothing():
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "True"]
+
+
+def test_histories_are_padded_to_the_longest_with_time_zero_and_close_one():
+    from atc_stream.engine.parsing import pad_histories
+
+    jobs = [
+        (7, np.array([10, 20, 30], np.int64), np.array([1.5, 2.5, 3.5])),
+        (3, np.array([40], np.int64), np.array([4.5])),
+        (9, np.zeros(0, np.int64), np.zeros(0)),
+    ]
+    slots, times, closes, counts = pad_histories(jobs)
+    assert slots.tolist() == [7, 3, 9] and counts.tolist() == [3, 1, 0]
+    assert times.tolist() == [[10, 20, 30], [40, 0, 0], [0, 0, 0]]
+    assert closes.tolist() == [[1.5, 2.5, 3.5], [4.5, 1.0, 1.0], [1.0, 1.0, 1.0]]
+    slots, times, closes, counts = pad_histories([(0, np.zeros(0, np.int64), np.zeros(0))])
+    assert times.tolist() == [[0]] and closes.tolist() == [[1.0]] and counts.tolist() == [0]

@@ -343,16 +343,14 @@ def history_from(
         )
     out: dict[Any, Any] = {}
     for symbol, value in history.items():
-        what = f"history of {symbol!r}"
-        if is_pandas(value, "Series"):
-            out[symbol] = series_history(value, time_unit, what)
-        elif (
-            isinstance(value, tuple) and len(value) == 2 and _needs_conversion(value[0], time_unit)
-        ):
-            out[symbol] = (
-                times_to_ms(value[0], time_unit, what=f"{what} times"),
-                closes_array(value[1]),
-            )
+        if isinstance(value, tuple):  # the usual form: checked first (thousands of symbols)
+            if len(value) == 2 and _needs_conversion(value[0], time_unit):
+                what = f"history of {symbol!r} times"
+                out[symbol] = (times_to_ms(value[0], time_unit, what=what), closes_array(value[1]))
+            else:
+                out[symbol] = value
+        elif is_pandas(value, "Series"):
+            out[symbol] = series_history(value, time_unit, f"history of {symbol!r}")
         else:
             out[symbol] = value
     return out
@@ -360,16 +358,20 @@ def history_from(
 
 def _needs_conversion(times: Any, time_unit: str | None) -> bool:
     """True unless ``times`` is already a plain integer sequence in engine ms."""
-    if (
-        time_unit is not None
-        or is_pandas(times, "Series", "Index")
-        or is_arrow(times, "Array", "ChunkedArray")
-    ):
+    if time_unit is not None:
         return True
     if isinstance(times, np.ndarray):  # anything but small integers is checked/converted
-        return times.dtype.kind in "Mf" or (
-            times.dtype.kind in "iu" and times.size > 0 and np.abs(times).max() >= _MS_LIMIT
-        )
+        kind = times.dtype.kind
+        if kind in "Mf":
+            return True
+        if kind not in "iu" or times.size == 0:
+            return False
+        if times.max() >= _MS_LIMIT:
+            return True
+        # min and max need no temporary; |x| itself only where a time is that negative
+        return bool(times.min() <= -_MS_LIMIT and np.abs(times).max() >= _MS_LIMIT)
+    if is_pandas(times, "Series", "Index") or is_arrow(times, "Array", "ChunkedArray"):
+        return True
     if isinstance(times, (list, tuple)) and times:
         return is_datetime_like(times[0])
     return False

@@ -182,9 +182,16 @@ def pad_histories(
     longest = max((len(t) for _, t, _ in jobs), default=0)
     slots = np.array([slot for slot, _, _ in jobs], np.int64)
     counts = np.array([len(t) for _, t, _ in jobs], np.int64)
-    times = np.zeros((n, max(longest, 1)), np.int64)
-    closes = np.ones((n, max(longest, 1)), np.float64)
+    width = max(longest, 1)
+    # written once each: the padding only where a history is shorter (a full-size fill
+    # first would write the ~100s of MB of a big warmup twice)
+    times = np.empty((n, width), np.int64)
+    closes = np.empty((n, width), np.float64)
     for s, (_, t, c) in enumerate(jobs):
         times[s, : len(t)] = t
         closes[s, : len(c)] = c
+        if len(t) < width:
+            times[s, len(t) :] = 0
+        if len(c) < width:
+            closes[s, len(c) :] = 1.0
     return slots, times, closes, counts
