@@ -47,6 +47,9 @@ def test_slow_bursts_are_given_longer_to_settle_and_backfills_do_not_count():
     assert clock.settle_ms == IV / 2  # at most half an interval
     now[0] = T0 + IV + 100
     assert clock.room_s() == 0.0
+    hours = BurstClock(3_600_000, lambda: now[0])
+    hours.stepped(T0, now_ms=T0 + 3_600_000 + 600_000)  # a burst stepped 10 min late
+    assert hours.settle_ms == BurstClock.MAX_SETTLE_MS
 
 
 def test_work_waits_for_the_room_after_the_next_burst():

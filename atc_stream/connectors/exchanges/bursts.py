@@ -18,13 +18,15 @@ class BurstClock:
     of, ``room_s`` is infinite. The grid's phase comes from the open times stepped
     (weeks need not start at the epoch); a burst is taken to last until ``settle_ms``
     after its close: the recent bursts' lag (close to step, see :meth:`stepped`) plus
-    a margin, between ``MIN_SETTLE_MS`` and half an interval.
+    a margin, at least ``MIN_SETTLE_MS``, at most half an interval or ``MAX_SETTLE_MS``.
     """
 
     #: ms kept clear before a close
     margin_ms = 5
     #: least ms after a close treated as its burst
     MIN_SETTLE_MS = 20
+    #: most: a consumer far behind must not hold the start-up back for half an interval
+    MAX_SETTLE_MS = 2_000
     #: bursts whose lag is remembered
     LAGS = 8
 
@@ -53,7 +55,7 @@ class BurstClock:
         """How long after a close its burst is taken to last."""
         iv = self.interval_ms or 0
         lag = max(self._lags, default=0)
-        return min(max(lag + 10, self.MIN_SETTLE_MS), iv / 2)
+        return min(max(lag + 10, self.MIN_SETTLE_MS), iv / 2, self.MAX_SETTLE_MS)
 
     def _phase(self, now: int) -> float:
         """ms since the latest close (``0 <= phase < interval``)."""
