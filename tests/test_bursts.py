@@ -74,21 +74,27 @@ def test_work_waits_for_the_room_after_the_next_burst():
     asyncio.run(main())
 
 
-def test_a_collection_that_does_not_fit_before_the_next_burst_waits_for_one_that_does():
-    class Node:
-        pass
+class _Node:
+    pass
 
-    room = [0.001]
+
+def _cycles(n: int) -> list[weakref.ref]:
+    """Weak references to ``n`` new objects that only the cyclic collector frees."""
     refs = []
+    for _ in range(n):
+        node = _Node()
+        node.self = node  # type: ignore[attr-defined]
+        refs.append(weakref.ref(node))
+    return refs
+
+
+def test_a_collection_that_does_not_fit_before_the_next_burst_waits_for_one_that_does():
+    room = [0.001]
 
     async def main() -> None:
         queue: asyncio.Queue = asyncio.Queue()
         with IdleCollector(lambda: room[0]) as collector:
-            for _ in range(2 * gc.get_threshold()[0]):
-                node = Node()
-                node.self = node  # only the cyclic collector frees it
-                refs.append(weakref.ref(node))
-            del node
+            refs = _cycles(2 * gc.get_threshold()[0])
             loop = asyncio.get_running_loop()
             loop.call_later(4 * collector.quiet, queue.put_nowait, "burst")
             assert await collector.get(queue) == "burst"  # 1 ms of room: not collected
@@ -128,20 +134,12 @@ def test_the_freeze_waits_for_room_too():
 
 
 def test_a_long_overdue_collection_also_waits_for_room():
-    class Node:
-        pass
-
     room = [0.0]
-    refs = []
 
     async def main() -> None:
         queue: asyncio.Queue = asyncio.Queue()
         with IdleCollector(lambda: room[0]) as collector:
-            for _ in range(101 * gc.get_threshold()[0]):
-                node = Node()
-                node.self = node
-                refs.append(weakref.ref(node))
-            del node
+            refs = _cycles(101 * gc.get_threshold()[0])
             queue.put_nowait("kline")
             assert await collector.get(queue) == "kline"  # a backlog, but a burst is due
             assert all(r() is not None for r in refs)
