@@ -85,8 +85,6 @@ class BurstClock:
         else:
             waits = 2
         for _ in range(waits):
-            if self._origin is None:
-                return
             phase = self._phase(self.clock_ms())
             after_burst = self.settle_ms - phase
             if after_burst <= 0:

@@ -63,10 +63,12 @@ class IdleCollector:
         counts, thresholds = gc.get_count(), gc.get_threshold()
         return next(g for g in (2, 1, 0) if g == 0 or counts[g] > thresholds[g])
 
-    def collect(self, generation: int | None = None) -> None:
-        """Collects ``generation`` (default: the one due), timing it; 3 collects the
-        young generations and freezes the survivors."""
-        generation = self._generation() if generation is None else generation
+    def collect_if_room(self, generation: int) -> bool:
+        """Collects ``generation`` if the last such collection would fit before the next
+        burst, timing it (3 collects the young generations and freezes the survivors);
+        whether it ran."""
+        if self.took[generation] > self._room():
+            return False
         started = time.perf_counter()
         if generation == 3:
             gc.collect(1)
@@ -74,15 +76,14 @@ class IdleCollector:
         else:
             gc.collect(generation)
         self.took[generation] = time.perf_counter() - started
+        return True
 
     async def get(self, queue: asyncio.Queue[Any]) -> Any:
         """The next item of ``queue``; a due collection runs while it waits, once the
         queue has been empty for ``quiet`` seconds."""
         if not queue.empty() or not (self.due() or self._freeze_pending):
             if self.due(overdue=True):
-                generation = self._generation()
-                if self.took[generation] <= self._room():  # else after the next burst
-                    self.collect(generation)
+                self.collect_if_room(self._generation())  # else after the next burst
             return await queue.get()
         # a timer, not wait_for: a cancelled wait_for that got its item swallows the
         # cancellation (Python < 3.12), and the consumer would never end
@@ -96,10 +97,7 @@ class IdleCollector:
         if not queue.empty():
             return
         if self._freeze_pending:
-            if self.took[3] <= self._room():  # else at the next quiet moment
+            if self.collect_if_room(3):  # else at the next quiet moment
                 self._freeze_pending = False
-                self.collect(3)
         elif self.due():
-            generation = self._generation()
-            if self.took[generation] <= self._room():
-                self.collect(generation)
+            self.collect_if_room(self._generation())
