@@ -1,4 +1,4 @@
-"""Start-up work and garbage collection wait for room between the bursts of closed klines."""
+"""Garbage collection and start-up work go between the bursts of closed klines, not inside them."""
 
 from __future__ import annotations
 
@@ -86,6 +86,56 @@ def _cycles(n: int) -> list[weakref.ref]:
         node.self = node  # type: ignore[attr-defined]
         refs.append(weakref.ref(node))
     return refs
+
+
+def test_the_garbage_collector_runs_between_bursts_not_within_them():
+    async def main() -> None:
+        queue: asyncio.Queue = asyncio.Queue()
+        with IdleCollector() as collector:
+            assert not gc.isenabled()
+            threshold = gc.get_threshold()[0]
+            refs = _cycles(threshold + 10)
+            queue.put_nowait("kline")
+            assert await collector.get(queue) == "kline"  # within a burst: not yet
+            assert all(r() is not None for r in refs)
+            # the queue stays empty longer than ``quiet``: collected before the next item
+            asyncio.get_running_loop().call_later(4 * collector.quiet, queue.put_nowait, "next")
+            assert await collector.get(queue) == "next"
+            assert all(r() is None for r in refs)
+            refs = _cycles(100 * threshold + 10)
+            queue.put_nowait("kline")
+            assert await collector.get(queue) == "kline"  # long overdue: collected anyway
+            assert all(r() is None for r in refs)
+        assert gc.isenabled()
+
+    assert gc.isenabled()
+    asyncio.run(main())
+
+
+def test_the_start_ups_survivors_are_frozen_once_the_feed_is_quiet():
+    async def main() -> None:
+        queue: asyncio.Queue = asyncio.Queue()
+        with IdleCollector() as collector:
+            survivors = [[i] for i in range(1000)]  # tracked containers, still referenced
+            frozen = gc.get_freeze_count()
+            collector.freeze_when_quiet()
+            queue.put_nowait("kline")
+            assert await collector.get(queue) == "kline"  # a kline waits: not in its burst
+            assert gc.get_freeze_count() == frozen
+            asyncio.get_running_loop().call_later(4 * collector.quiet, queue.put_nowait, "next")
+            assert await collector.get(queue) == "next"
+            assert gc.get_freeze_count() >= frozen + len(survivors)
+            frozen = gc.get_freeze_count()
+            later = [[i] for i in range(1000)]
+            asyncio.get_running_loop().call_later(4 * collector.quiet, queue.put_nowait, "last")
+            assert await collector.get(queue) == "last"
+            assert gc.get_freeze_count() < frozen + len(later)  # once: later ones stay young
+            del survivors, later
+
+    try:
+        asyncio.run(main())
+    finally:
+        gc.unfreeze()
 
 
 def test_a_collection_that_does_not_fit_before_the_next_burst_waits_for_one_that_does():
