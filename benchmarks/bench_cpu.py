@@ -760,7 +760,7 @@ def bench_memory(sizes: Sizes, seed: int, results: dict) -> None:
     per_stream = st.bytes_per_stream
     parts = {
         "ring (doubled)": st.ring.strides[0],
-        "values": st.values.strides[0],
+        "values": st.values.strides[0] // st.values.shape[2],  # a block holds LANES streams
         "counters": st.counters.strides[0],
         "in_use + planning scratch": st.in_use.itemsize
         + st.pending_last.itemsize

@@ -10,6 +10,7 @@ from parity_helpers import assert_bit_identical, reference_outputs
 from short_params import SHORT_8
 
 from atc_stream import ATCParams, Engine, compute
+from atc_stream.state.arrays import values_of
 from atc_stream.state.layout import GROWTH
 
 
@@ -30,7 +31,7 @@ def feed(engine: Engine, symbol: str, closes: np.ndarray, start: int = 0) -> np.
 def snapshot_of(engine: Engine, symbol: str):
     slot = engine.slots_of(symbol)[0]
     s = engine.store
-    return s.ring[slot].copy(), s.values[slot].copy(), s.counters[slot].copy()
+    return s.ring[slot].copy(), values_of(s.values, [slot])[0], s.counters[slot].copy()
 
 
 def assert_same_state(a, b):
@@ -73,7 +74,7 @@ def _registry(engine: Engine):
         [engine.slot_of(key) for key in engine.streams],
         used.tolist(),
         store.ring[used],
-        store.values[used],
+        values_of(store.values, used),
         store.counters[used],
     )
 
@@ -167,7 +168,8 @@ def test_stream_state_reports_position_and_growth():
     engine.warmup({"X": (np.arange(10) * 60_000, walk(6, 10))})
     state = engine.stream_state(engine.streams[0])
     assert state["bar_index"] == 10 and state["last_time"] == 9 * 60_000
-    assert state["growth"] == engine.store.values[engine.slot_of(engine.streams[0]), GROWTH]
+    slot = engine.slot_of(engine.streams[0])
+    assert state["growth"] == values_of(engine.store.values, [slot])[0, GROWTH]
     assert state["growth"] == pytest.approx(np.exp(0.02 / 1000 * (9 - 5)))
 
 

@@ -198,3 +198,48 @@ def test_few_long_histories_run_in_one_block_bit_identically(n):
         got = cpu.CpuBackend(lanes, threads=1).warmup(slots, times, closes, counts, True)
         assert _same(got, expected)
         _assert_same_state(scalar, lanes)
+
+
+def _in_stored_block(slots: np.ndarray) -> bool:
+    return bool((slots // cpu.LANES == slots[0] // cpu.LANES).all())
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_steps_update_stored_blocks_in_place_bit_identically(threads):
+    """Steps whose streams fill stored blocks of values wholly or in part (updated where
+    they are stored, the idle lanes left as they were) and steps that mix blocks: the
+    outputs and the whole state, idle and padding lanes included, equal the scalar
+    driver's."""
+    rng = np.random.default_rng(23)
+    n = 45  # the last stored block is part-used
+    param_rows = np.zeros(n, np.int64)
+    scalar, slots = _store(n, param_rows)
+    lanes, _ = _store(n, param_rows)
+    closes = _walks(rng, n, 180)
+    counts = np.full(n, 100, np.int64)
+    times = np.tile(np.arange(1, 101, dtype=np.int64), (n, 1))
+    for store in (scalar, lanes):
+        _scalar_warmup(store, slots, times, closes[:, :100], counts)
+    backend = cpu.CpuBackend(lanes, threads=threads)
+    seen_whole = seen_part = False
+    for t in range(100, 180):
+        chosen = np.flatnonzero(rng.random(n) < (1.0 if t % 7 == 0 else 0.7))
+        step_slots = slots[chosen]
+        members, starts, _ = cpu.plan_blocks(
+            lanes.counters, lanes.params.lengths, step_slots, np.ones(chosen.shape[0], np.int64),
+            cpu.MIN_BLOCK,
+        )  # fmt: skip
+        for a, b in zip(starts[:-1], starts[1:], strict=True):
+            if _in_stored_block(step_slots[members[a:b]]):
+                seen_whole |= b - a == cpu.LANES
+                seen_part |= b - a < cpu.LANES
+        step_times = np.full(chosen.shape[0], t + 1, np.int64)
+        order = np.arange(chosen.shape[0], dtype=np.int64)
+        round_starts = np.array([0, chosen.shape[0]], np.int64)
+        expected = np.full((chosen.shape[0], N_OUT), np.nan)
+        cpu.step_serial(*_arrays(scalar), step_slots, step_times, closes[chosen, t].copy(), order,
+                        round_starts, expected)  # fmt: skip
+        got = backend.step(step_slots, step_times, closes[chosen, t].copy(), order, round_starts)
+        assert _same(got, expected), t
+        _assert_same_state(scalar, lanes)
+    assert seen_whole and seen_part

@@ -14,6 +14,7 @@ from atc_stream import ATCParams, Engine, compute
 from atc_stream.core import output_row
 from atc_stream.core.params import N_MAS
 from atc_stream.core.reference import compute_reference
+from atc_stream.state.arrays import values_of
 
 GOLDEN = load_golden_cases()
 
@@ -37,7 +38,7 @@ def run_steps(closes: np.ndarray, params: ATCParams, warmup: int = 0):
         assert not res.rejected
         assert_bit_identical(preview.outputs, res.outputs, "preview vs step")
         rows.append(res.outputs[0])
-        sigs.append(ma_signals(engine.store.values[slot]).copy())
+        sigs.append(ma_signals(values_of(engine.store.values, [slot])[0]))
     return np.array(rows).reshape(-1, output_row.N_OUT), np.array(sigs).reshape(-1, N_MAS)
 
 

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from atc_stream import ATCParams, Engine, StreamKey
 from atc_stream.app.durability import open_snapshot_store
+from atc_stream.state.arrays import lanes_to_rows, values_of
 from atc_stream.state.snapshot import (
     FORMAT_VERSION,
     MAGIC,
@@ -86,12 +87,19 @@ def _strip(keys: list) -> list:
     return keys
 
 
+def slot_rows(store, name: str) -> np.ndarray:
+    """A state array one row per slot (values are stored in lane blocks)."""
+    if name == "values":
+        return lanes_to_rows(store.values, store.capacity)
+    return getattr(store, name)
+
+
 def assert_same_state(a: Engine, b: Engine) -> None:
     """Bitwise-equal state of every slot up to the last live stream. Free slots after it
     are not state: snapshots leave them out, so a restored engine may have fewer."""
     n = max(_live_rows(a), _live_rows(b))
     for name in STATE_ARRAYS:
-        x, y = getattr(a.store, name), getattr(b.store, name)
+        x, y = slot_rows(a.store, name), slot_rows(b.store, name)
         assert x.dtype == y.dtype and x.shape[1:] == y.shape[1:], name
         assert x.shape[0] >= n and y.shape[0] >= n, name
         x, y = x[:n], y[:n]
@@ -658,3 +666,16 @@ def test_snapshot_of_a_cuda_engine_restores_on_cpu_and_cuda():
         expected = cpu_ref.step(bars)
         for eng in (gpu, on_cpu, on_gpu):
             assert_same_outputs(expected, eng.step(bars))
+
+
+def test_snapshot_values_are_rows_per_slot_whatever_the_memory_layout():
+    """The format keeps values one row per slot (``[slot, field]``): the store's lane
+    blocks are converted on capture and back on restore."""
+    engine, _ = warmed_engine()
+    snap = decode_snapshot(engine.snapshot())
+    rows = snap.arrays["values"]
+    live = np.flatnonzero(engine.store.in_use)
+    assert rows.ndim == 2 and rows.shape[1] == engine.store.values.shape[1]
+    assert rows[live].tobytes() == values_of(engine.store.values, live).tobytes()
+    restored = Engine.restore(snap)
+    assert values_of(restored.store.values, live).tobytes() == rows[live].tobytes()

@@ -11,6 +11,7 @@ import numpy as np
 
 from atc_stream.core.results import StreamKey
 from atc_stream.engine.backends import make_backend
+from atc_stream.state.arrays import lanes_to_rows, rows_to_lanes, set_values_of
 from atc_stream.state.snapshot import (
     CapturedState,
     Snapshot,
@@ -40,7 +41,8 @@ def capture(engine: Any, source_offsets: Mapping[str, Any] | None, copy: bool) -
     return capture_state(
         params=s.params.params, interval=engine.interval, backend=engine.backend.name,
         registry={key: engine.slot_of(key) for key in engine.streams},
-        ring=s.ring[:n], values=s.values[:n], counters=s.counters[:n], in_use=s.in_use[:n],
+        ring=s.ring[:n], values=lanes_to_rows(s.values, n), counters=s.counters[:n],
+        in_use=s.in_use[:n],
         param_lengths=s.params.lengths, param_values=s.params.values,
         ring_capacity=s.ring_capacity, source_offsets=engine.source_offsets,
         rejections=engine.rejections, copy=copy, strategies=s.strategies.strategies,
@@ -65,10 +67,12 @@ def load_state(eng: Any, snap: Snapshot, backend: str) -> None:
         names += ["strategy_values", "strategy_counters", "strategy_entry_times"]
     for name in names:
         current = getattr(store, name)
-        if current.shape == snap.arrays[name].shape:
-            np.copyto(current, snap.arrays[name])  # keeps the backend's host buffers
+        # a snapshot holds values as rows [slot, field]; the store, in lane blocks
+        loaded = rows_to_lanes(snap.arrays[name]) if name == "values" else snap.arrays[name]
+        if current.shape == loaded.shape:
+            np.copyto(current, loaded)  # keeps the backend's host buffers
         else:
-            setattr(store, name, snap.arrays[name])
+            setattr(store, name, loaded)
             reshaped = True
     if reshaped:
         store.ring_capacity = h.ring_capacity
@@ -112,8 +116,9 @@ def import_streams(engine: Any, blob: Any) -> list[StreamKey]:
     added = []
     for key, slot in incoming.registry:
         new = store.allocate(key.params_id)
-        for name in ("ring", "values", "counters"):
-            getattr(store, name)[new] = incoming.arrays[name][slot]
+        store.ring[new] = incoming.arrays["ring"][slot]
+        store.counters[new] = incoming.arrays["counters"][slot]
+        set_values_of(store.values, np.array([new]), incoming.arrays["values"][slot])
         if n_strategies:
             src = slice(slot * n_strategies, (slot + 1) * n_strategies)
             for name in ("strategy_values", "strategy_counters", "strategy_entry_times"):

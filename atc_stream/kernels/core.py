@@ -26,6 +26,7 @@ from atc_stream.state.layout import (
     FAMILY_BASE,
     FAMILY_FIELDS,
     GROWTH,
+    LANES,
     LAST_TIME,
     MA_AUX1,
     MA_AUX2,
@@ -56,6 +57,18 @@ KAMA_FAST = 0.666
 KAMA_SLOW = 0.064
 EQUITY_FLOOR = 0.25
 NAN = math.nan
+
+
+# -- state access -------------------------------------------------------------------
+
+
+def value(values, slot, field):
+    """Field ``field`` of stream ``slot`` in the lane layout (``state/layout.py``)."""
+    return values[slot // LANES, field, slot % LANES]
+
+
+def set_value(values, slot, field, x):
+    values[slot // LANES, field, slot % LANES] = x
 
 
 # -- ring ---------------------------------------------------------------------------
@@ -150,11 +163,11 @@ def kama_next(ring, slot, end, length, bar_index, prev, close):
 
 def dema_next(values, slot, base, ring, end, length, bar_index, close):
     """DEMA(L) = 2*e1 - e2; updates e1 (MA_AUX1) and e2 or its seed sum (MA_AUX2)."""
-    e1 = ema_next(ring, slot, end, length, bar_index, values[slot, base + MA_AUX1], close)
-    values[slot, base + MA_AUX1] = e1
+    e1 = ema_next(ring, slot, end, length, bar_index, value(values, slot, base + MA_AUX1), close)
+    set_value(values, slot, base + MA_AUX1, e1)
     if bar_index < length - 1:
         return NAN
-    e2 = values[slot, base + MA_AUX2]
+    e2 = value(values, slot, base + MA_AUX2)
     seed_bar = 2 * length - 2
     if bar_index <= seed_bar:
         e2 += e1  # seed sum of e1, oldest first, from 0.0
@@ -163,7 +176,7 @@ def dema_next(values, slot, base, ring, end, length, bar_index, close):
     else:
         alpha = 2.0 / (length + 1)
         e2 = alpha * e1 + (1.0 - alpha) * e2
-    values[slot, base + MA_AUX2] = e2
+    set_value(values, slot, base + MA_AUX2, e2)
     if bar_index < seed_bar:
         return NAN
     return 2.0 * e1 - e2
@@ -172,8 +185,8 @@ def dema_next(values, slot, base, ring, end, length, bar_index, close):
 def ma_next(family, values, slot, base, ring, end, length, bar_index, close):
     """The MA value of this bar for one MA instance, updating its recurrence state."""
     if family == EMA:
-        m = ema_next(ring, slot, end, length, bar_index, values[slot, base + MA_AUX1], close)
-        values[slot, base + MA_AUX1] = m
+        m = ema_next(ring, slot, end, length, bar_index, value(values, slot, base + MA_AUX1), close)
+        set_value(values, slot, base + MA_AUX1, m)
         return m
     if family == HMA:
         return sma_value(ring, slot, end, length, bar_index)
@@ -183,8 +196,8 @@ def ma_next(family, values, slot, base, ring, end, length, bar_index, close):
         return dema_next(values, slot, base, ring, end, length, bar_index, close)
     if family == LSMA:
         return lsma_value(ring, slot, end, length, bar_index)
-    m = kama_next(ring, slot, end, length, bar_index, values[slot, base + MA_AUX1], close)
-    values[slot, base + MA_AUX1] = m
+    m = kama_next(ring, slot, end, length, bar_index, value(values, slot, base + MA_AUX1), close)
+    set_value(values, slot, base + MA_AUX1, m)
     return m
 
 
@@ -203,19 +216,19 @@ def crossing_signal(previous_signal, close, previous_close, m, previous_m):
 
 def equity_next(values, slot, equity_field, return_field, previous_signal, r, first, start, decay):
     """One active bar of ``eq(start, s, R)``; ``previous_signal`` is s[1] (NaN = na)."""
-    a = values[slot, return_field]
+    a = value(values, slot, return_field)
     if previous_signal > 0:
         a = r
     elif previous_signal < 0:
         a = -r
-    values[slot, return_field] = a
+    set_value(values, slot, return_field, a)
     if first:
         e = start
     else:
-        e = (values[slot, equity_field] * decay) * (1.0 + a)
+        e = (value(values, slot, equity_field) * decay) * (1.0 + a)
     if e < EQUITY_FLOOR:
         e = EQUITY_FLOOR
-    values[slot, equity_field] = e
+    set_value(values, slot, equity_field, e)
     return e
 
 
@@ -249,11 +262,11 @@ def layer1_signal(family, values, slot, ring, end, lengths, bar_index, close, pr
         k = family * LENGTHS_PER_FAMILY + j
         base = MA_BASE + k * MA_FIELDS
         m = ma_next(family, values, slot, base, ring, end, lengths[k], bar_index, close)
-        previous_signal = values[slot, base + MA_SIG]
-        previous_m = values[slot, base + MA_PREV]
+        previous_signal = value(values, slot, base + MA_SIG)
+        previous_m = value(values, slot, base + MA_PREV)
         signal = crossing_signal(previous_signal, close, prev_close, m, previous_m)
-        values[slot, base + MA_SIG] = signal
-        values[slot, base + MA_PREV] = m
+        set_value(values, slot, base + MA_SIG, signal)
+        set_value(values, slot, base + MA_PREV, m)
         if active:
             e = equity_next(
                 values,
@@ -303,8 +316,8 @@ def update_stream(
             family, values, slot, ring, end, lengths, bar_index, close, prev_close, r, decay
         )
         fam = FAMILY_BASE + family * FAMILY_FIELDS
-        previous_signal = values[slot, fam + FAM_SIGNAL_PREV]
-        values[slot, fam + FAM_SIGNAL_PREV] = signal
+        previous_signal = value(values, slot, fam + FAM_SIGNAL_PREV)
+        set_value(values, slot, fam + FAM_SIGNAL_PREV, signal)
         out[row, OUT_LAYER1 + family] = signal
         if active:
             start = param_values[param_row, PV_WEIGHT + family]
@@ -327,7 +340,7 @@ def update_stream(
     average = weighted / total if active else NAN
 
     emit_events(values, counters, slot, average, param_values, param_row, out, row)
-    values[slot, GROWTH] = growth
+    set_value(values, slot, GROWTH, growth)
     counters[slot, BAR_INDEX] = bar_index + 1
     counters[slot, LAST_TIME] = bar_time
     out[row, OUT_SIGNAL] = average
@@ -339,7 +352,7 @@ def emit_events(values, counters, slot, average, param_values, param_row, out, r
     """Long/short events on threshold crossings of the final signal (docs/spec.md, "Events")."""
     long_threshold = param_values[param_row, PV_LONG]
     short_threshold = param_values[param_row, PV_SHORT]
-    previous = values[slot, AVG_PREV]
+    previous = value(values, slot, AVG_PREV)
     direction = counters[slot, DIRECTION]
     up = average > long_threshold and previous <= long_threshold
     down = average < short_threshold and previous >= short_threshold
@@ -350,7 +363,7 @@ def emit_events(values, counters, slot, average, param_values, param_row, out, r
     if down:
         direction = -1
     counters[slot, DIRECTION] = direction
-    values[slot, AVG_PREV] = average
+    set_value(values, slot, AVG_PREV, average)
 
 
 def stream_growth(counters, param_lengths, param_values, slot):

@@ -19,7 +19,7 @@ from atc_stream.kernels.backend import Ohlc, ReadyFields
 from atc_stream.kernels.cache import cached_jit
 from atc_stream.kernels.compile import compile_both, compile_core, compile_module
 from atc_stream.kernels.paper_cpu import run_strategy_step, run_strategy_warmup
-from atc_stream.state.arrays import StateStore
+from atc_stream.state.arrays import StateStore, rows_to_lanes, values_of
 from atc_stream.state.layout import BAR_INDEX, PARAM_ROW
 
 # inline="always": numba otherwise calls each core function out of line with ~30 words of
@@ -130,13 +130,18 @@ def warmup_blocks(
 def plan_blocks(counters, param_lengths, slots, counts, min_block):
     """Group rows (warmup histories or step updates) into lane blocks: ``(members,
     block_starts, scalar_rows)``. A block holds streams of one parameter row whose bar
-    indices are equal or all steady (``lanes.steady_bar``), longest histories first so
-    a block's lanes end together; the rows of a group's last block when it would be
-    under ``min_block`` streams go to ``scalar_rows``."""
+    indices are equal or all steady (``lanes.steady_bar``). The streams of one stored
+    block of values (``state/layout.py``, LANES) with one history length make a block of
+    their own when they are the whole stored block, or at least ``min_block`` of it with
+    one bar each: ``lanes.block_warmup`` updates it where it is stored. The rest go
+    longest histories first, so a block's lanes end together; the rows of a group's last
+    block when it would be under ``min_block`` streams go to ``scalar_rows``."""
     steady = np.empty(param_lengths.shape[0], np.int64)
     for r in range(param_lengths.shape[0]):
         steady[r] = steady_bar(param_lengths[r])
     rows = np.flatnonzero(counts > 0)
+    # by slot first: the stable sort below keeps a stored block's rows neighbours
+    rows = rows[np.argsort(slots[rows], kind="mergesort")]
     n = rows.shape[0]
     longest = 0
     widest = 0
@@ -155,6 +160,7 @@ def plan_blocks(counters, param_lengths, slots, counts, min_block):
     members = np.empty(n, np.int64)
     block_starts = np.empty(n + 1, np.int64)
     scalar_rows = np.empty(n, np.int64)
+    left = np.empty(n, np.int64)
     n_members = 0
     n_blocks = 0
     n_scalar = 0
@@ -162,20 +168,48 @@ def plan_blocks(counters, param_lengths, slots, counts, min_block):
     i = 0
     while i < n:
         group = keys[i] // (longest + 1)
-        j = i
-        while j < n and keys[j] // (longest + 1) == group and j - i < LANES:
-            j += 1
-        if j - i >= min_block:
-            for k in range(i, j):
-                members[n_members] = order[k]
-                n_members += 1
-            n_blocks += 1
-            block_starts[n_blocks] = n_members
-        else:
-            for k in range(i, j):
-                scalar_rows[n_scalar] = order[k]
-                n_scalar += 1
-        i = j
+        end = i
+        while end < n and keys[end] // (longest + 1) == group:
+            end += 1
+        n_left = 0
+        k = i
+        while k < end:
+            # the run of rows in one stored block with one history length
+            run = k + 1
+            while (
+                run < end
+                and keys[run] == keys[k]
+                and slots[order[run]] // LANES == slots[order[k]] // LANES
+            ):
+                run += 1
+            # a part of a stored block only for one bar (a step): over a longer history
+            # its idle lanes would cost more than copying the values in and out
+            if run - k == LANES or (run - k >= min_block and counts[order[k]] == 1):
+                for q in range(k, run):
+                    members[n_members] = order[q]
+                    n_members += 1
+                n_blocks += 1
+                block_starts[n_blocks] = n_members
+            else:
+                for q in range(k, run):
+                    left[n_left] = order[q]
+                    n_left += 1
+            k = run
+        a = 0
+        while a < n_left:
+            b = min(a + LANES, n_left)
+            if b - a >= min_block:
+                for q in range(a, b):
+                    members[n_members] = left[q]
+                    n_members += 1
+                n_blocks += 1
+                block_starts[n_blocks] = n_members
+            else:
+                for q in range(a, b):
+                    scalar_rows[n_scalar] = left[q]
+                    n_scalar += 1
+            a = b
+        i = end
     return members[:n_members], block_starts[: n_blocks + 1], scalar_rows[:n_scalar]
 
 
@@ -188,7 +222,7 @@ DRIVERS = (step_serial, step_parallel, warmup_blocks_serial, warmup_blocks_paral
 
 
 class CpuBackend:
-    """Runs the CPU drivers directly on the store's host arrays (C order: one stream per row).
+    """Runs the CPU drivers directly on the store's host arrays.
 
     A ``kernels.backend.Backend``. ``threads``: None picks serial or parallel per call
     (``kernels/threads.py``); an int fixes the thread count (1 = the serial drivers).
@@ -299,7 +333,10 @@ class CpuBackend:
         stream are both taken from its committed state), with the step's own drivers."""
         ring, values, counters, param_lengths, param_values = self._arrays()
         rows = np.where(accepted, slots, 0)  # a rejected update's slot may not exist
-        copies = (ring[rows], values[rows], counters[rows], param_lengths, param_values)
+        copies = (
+            ring[rows], rows_to_lanes(values_of(values, rows)), counters[rows], param_lengths,
+            param_values,
+        )  # fmt: skip
         order = np.flatnonzero(accepted).astype(np.int64)
         return self._step(
             copies, np.arange(slots.shape[0], dtype=np.int64),

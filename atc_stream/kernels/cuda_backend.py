@@ -41,8 +41,8 @@ from atc_stream.kernels.cuda_paper import CELL_FLOATS, CELL_INTS, paper_signatur
 from atc_stream.kernels.cuda_state import DeviceState
 from atc_stream.kernels.paper_cpu import strategy_outputs
 from atc_stream.kernels.ptx_guard import FmaContractionError, check_no_fma, no_fma
-from atc_stream.state.arrays import StateStore
-from atc_stream.state.layout import BAR_INDEX, N_COUNTER_FIELDS, N_VALUE_FIELDS
+from atc_stream.state.arrays import StateStore, lane_blocks
+from atc_stream.state.layout import BAR_INDEX, LANES, N_COUNTER_FIELDS, N_VALUE_FIELDS
 
 log = logging.getLogger("atc_stream")
 
@@ -488,7 +488,7 @@ class CudaBackend:
                 rows=rows,
                 ring_cols=ring_cols,
                 ring=self._device_empty((rows, ring_cols), np.float64, "F"),
-                values=self._device_empty((rows, N_VALUE_FIELDS), np.float64, "F"),
+                values=self._device_empty((lane_blocks(rows), N_VALUE_FIELDS, LANES), np.float64),
                 counters=self._device_empty((rows, N_COUNTER_FIELDS), np.int64, "F"),
             )
         return sc

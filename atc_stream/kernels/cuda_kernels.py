@@ -19,6 +19,7 @@ from atc_stream.kernels.ptx_guard import kernel as ptx_kernel
 from atc_stream.state.layout import (
     BAR_INDEX,
     CUTOUT_COLUMN,
+    LANES,
     N_COUNTER_FIELDS,
     N_VALUE_FIELDS,
     PARAM_ROW,
@@ -76,7 +77,7 @@ def preview_kernel(
     ring, values, counters, param_lengths, param_values, growth_table,
     plan, m, times, closes, scratch_ring, scratch_values, scratch_counters, out,
 ):  # fmt: skip
-    """Like ``cpu.preview``: copy the slot's rows to scratch row ``k`` and update those.
+    """Like ``cpu.preview``: copy the slot's state to scratch slot ``k`` and update that.
 
     ``plan`` as in ``step_kernel`` (one round); inputs and outputs in host order.
     """
@@ -87,7 +88,7 @@ def preview_kernel(
         for f in range(ring.shape[1]):
             scratch_ring[k, f] = ring[slot, f]
         for f in range(values.shape[1]):
-            scratch_values[k, f] = values[slot, f]
+            scratch_values[k // LANES, f, k % LANES] = values[slot // LANES, f, slot % LANES]
         for f in range(counters.shape[1]):
             scratch_counters[k, f] = counters[slot, f]
         growth = table_growth(growth_table, scratch_counters, param_lengths, k)
@@ -167,12 +168,12 @@ def local_warmup_kernel(ring_columns: int) -> Any:
             slot = ints[s]
             bar_time = ints[2 * n + s]
             local_ring = cuda.local.array((1, ring_cols), np.float64)
-            local_values = cuda.local.array((1, N_VALUE_FIELDS), np.float64)
+            local_values = cuda.local.array((1, N_VALUE_FIELDS, 1), np.float64)
             local_counters = cuda.local.array((1, N_COUNTER_FIELDS), np.int64)
             for f in range(ring_cols):
                 local_ring[0, f] = ring[slot, f]
             for f in range(N_VALUE_FIELDS):
-                local_values[0, f] = values[slot, f]
+                local_values[0, f, 0] = values[slot // LANES, f, slot % LANES]
             for f in range(N_COUNTER_FIELDS):
                 local_counters[0, f] = counters[slot, f]
             rows = out.shape[0] // n
@@ -186,7 +187,7 @@ def local_warmup_kernel(ring_columns: int) -> Any:
             for f in range(ring_cols):
                 ring[slot, f] = local_ring[0, f]
             for f in range(N_VALUE_FIELDS):
-                values[slot, f] = local_values[0, f]
+                values[slot // LANES, f, slot % LANES] = local_values[0, f, 0]
             for f in range(N_COUNTER_FIELDS):
                 counters[slot, f] = local_counters[0, f]
 
@@ -261,6 +262,17 @@ def scatter_rows_kernel(dst, slots, src):
             dst[slot, f] = src[i, f]
 
 
+@_kernel
+def scatter_values_kernel(values, slots, src):
+    """``values[slots[i]] = src[i, :]`` in the lane layout: upload of host-initialised
+    slots' values."""
+    i: int = cuda.grid(1)  # type: ignore[call-arg]
+    if i < slots.shape[0]:
+        slot = slots[i]
+        for f in range(values.shape[1]):
+            values[slot // LANES, f, slot % LANES] = src[i, f]
+
+
 # -- launch signatures and PTX (PTX needs libNVVM, not a GPU) --------------------------
 
 
@@ -276,22 +288,24 @@ def kernel_signatures(local_ring_columns: int | None = 70) -> dict[str, tuple[An
     f2f = nt.Array(nt.float64, 2, "F")
     i2f = nt.Array(nt.int64, 2, "F")
     f2c = nt.Array(nt.float64, 2, "C")
+    f3c = nt.Array(nt.float64, 3, "C")
     i2c = nt.Array(nt.int64, 2, "C")
     i1 = nt.Array(nt.int64, 1, "C")
     f1 = nt.Array(nt.float64, 1, "C")
     u1 = nt.Array(nt.uint8, 1, "C")
     i64 = nt.int64
-    state = (f2f, f2f, i2f, i2c, f2c, f2c)
+    state = (f2f, f3c, i2f, i2c, f2c, f2c)
     warmup = (*state, i1, i64, f2c, f2c, nt.boolean)
     signatures = {
         "step_kernel": (step_kernel, (*state, i1, i64, i64, i64, i1, f1, f2c)),
-        "preview_kernel": (preview_kernel, (*state, i1, i64, i1, f1, f2f, f2f, i2f, f2c)),
+        "preview_kernel": (preview_kernel, (*state, i1, i64, i1, f1, f2f, f3c, i2f, f2c)),
         "warmup_kernel": (warmup_kernel, warmup),
         "transpose_kernel": (transpose_kernel, (f2c, i64, i64, f2c)),
         "last_rows_kernel": (last_rows_kernel, (f2c, i1, i64, f2c)),
         "pack_outputs_kernel": (pack_outputs_kernel, (f2c, i64, i1, i64, f1, u1, nt.boolean)),
         "scatter_rows_kernel": (scatter_rows_kernel, (f2f, i1, f2c)),
         "scatter_rows_kernel(int64)": (scatter_rows_kernel, (i2f, i1, i2c)),
+        "scatter_values_kernel": (scatter_values_kernel, (f3c, i1, f2c)),
     }
     if local_ring_columns is not None:
         name = f"local_warmup_kernel({local_ring_columns})"

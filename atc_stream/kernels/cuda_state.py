@@ -15,10 +15,10 @@ from numba import cuda
 from atc_stream.kernels import cuda_host
 from atc_stream.kernels.cuda_host import SHADOW_COLUMNS, find_changed, growth_table
 from atc_stream.kernels.cuda_io import Staging
-from atc_stream.kernels.cuda_kernels import scatter_rows_kernel
+from atc_stream.kernels.cuda_kernels import scatter_rows_kernel, scatter_values_kernel
 from atc_stream.kernels.cuda_paper import DeviceStrategies
 from atc_stream.state import layout as L
-from atc_stream.state.arrays import StateStore
+from atc_stream.state.arrays import StateStore, lanes_to_rows, set_values_of, values_of
 from atc_stream.state.layout import N_COUNTER_FIELDS
 
 #: First length of the growth table (bars after cutout); it doubles when outgrown.
@@ -94,25 +94,27 @@ class DeviceState:
         # at least two rows: a one-row F-order array is also C-contiguous, which numba
         # types as layout "C", i.e. a second specialisation of every kernel
         rows = max(s.capacity, 2)
-        shapes = (rows, s.ring.shape[1], s.values.shape[1])
+        shapes = (rows, s.ring.shape[1], s.values.shape)
         if self._mirror is None or self._mirror.shapes != shapes:
             self._mirror = types.SimpleNamespace(
                 shapes=shapes,
                 ring=cuda.pinned_array((rows, s.ring.shape[1]), np.float64, order="F"),
-                values=cuda.pinned_array((rows, s.values.shape[1]), np.float64, order="F"),
+                values=cuda.pinned_array(s.values.shape, np.float64),
                 counters=cuda.pinned_array((rows, s.counters.shape[1]), np.int64, order="F"),
             )
             self._mirror.counters[:] = 0
             self._dev = types.SimpleNamespace(
                 ring=self._device_empty((rows, s.ring.shape[1]), np.float64, "F"),
-                values=self._device_empty((rows, s.values.shape[1]), np.float64, "F"),
+                values=self._device_empty(s.values.shape, np.float64),
                 counters=self._device_empty((rows, s.counters.shape[1]), np.int64, "F"),
             )
         m, d = self._mirror, self._dev
         assert m is not None and d is not None  # allocated above
         self.stream.synchronize()  # the mirrors may still be in use by a pending copy
-        for name in ("ring", "values", "counters"):
+        np.copyto(m.values, s.values)
+        for name in ("ring", "counters"):
             np.copyto(getattr(m, name)[: s.capacity], getattr(s, name))
+        for name in ("ring", "values", "counters"):
             getattr(d, name).copy_to_device(getattr(m, name), stream=self.stream)
         lengths = s.params.lengths if len(s.params) else np.zeros((1, L.N_LENGTH_COLUMNS), np.int64)
         values = s.params.values if len(s.params) else np.zeros((1, L.N_PARAM_VALUES))
@@ -137,7 +139,8 @@ class DeviceState:
             getattr(d, name).copy_to_host(getattr(m, name), stream=self.stream)
         self.stream.synchronize()
         capacity = self.store.capacity
-        for name in ("ring", "values", "counters"):
+        np.copyto(self.store.values, m.values)
+        for name in ("ring", "counters"):
             np.copyto(getattr(self.store, name), getattr(m, name)[:capacity])
         self.strategies.pull()
 
@@ -148,7 +151,8 @@ class DeviceState:
             getattr(d, name).copy_to_host(getattr(m, name), stream=self.stream)
         self.stream.synchronize()
         rows = self.shadow.shape[0]  # the capacity the device state was laid out for
-        return np.array(m.ring[:rows]), np.array(m.values[:rows]), np.array(m.counters[:rows])
+        values = lanes_to_rows(m.values, rows)
+        return np.array(m.ring[:rows]), values, np.array(m.counters[:rows])
 
     def _relayout(self) -> None:
         """The store was rebuilt (new capacity, ring width or parameter set): merge, push.
@@ -172,7 +176,7 @@ class DeviceState:
         same = (s.counters[:rows, SHADOW_COLUMNS] == self.shadow[:rows]).all(axis=1)
         keep = np.flatnonzero(same)
         s.ring[keep] = ring[keep]
-        s.values[keep] = values[keep]
+        set_values_of(s.values, keep, values[keep])
         s.counters[keep] = counters[keep]
         self.strategies.merge_into_store(keep)
         self.push()
@@ -211,7 +215,7 @@ class DeviceState:
         self._row_counters.reserve(n * (N_COUNTER_FIELDS + 1))
         host_rows = self._rows.host[: n * floats_per_row]
         host_rows[: n * ring_cols] = s.ring[changed].ravel()
-        host_rows[n * ring_cols :] = s.values[changed].ravel()
+        host_rows[n * ring_cols :] = values_of(s.values, changed).ravel()
         host_ints = self._row_counters.host[: n * (N_COUNTER_FIELDS + 1)]
         host_ints[:n] = changed
         host_ints[n:] = s.counters[changed].ravel()
@@ -224,7 +228,7 @@ class DeviceState:
             dev_rows[: n * ring_cols].reshape(n, ring_cols),
         )  # fmt: skip
         self._launch(
-            scatter_rows_kernel, n, d.values, dev_slots,
+            scatter_values_kernel, n, d.values, dev_slots,
             dev_rows[n * ring_cols : n * floats_per_row].reshape(n, value_cols),
         )  # fmt: skip
         self._launch(

@@ -35,7 +35,6 @@ from atc_stream.kernels.simd import (
     floor,
     gather_tile,
     load,
-    scatter_tile,
     splat,
     store,
     where,
@@ -79,11 +78,13 @@ L_BAR_INDEX = 1
 L_DIRECTION = 2
 N_LANE_ROWS = 3
 # rows of the per-block ``starts[row, lane]``: where each lane's stream begins in the
-# flat ring, values and closes arrays
+# flat ring, values and closes arrays; the lane's slot; its member (-1: none)
 S_RING = 0
 S_VALUES = 1
 S_CLOSES = 2
-N_START_ROWS = 3
+S_SLOT = 3
+S_MEMBER = 4
+N_START_ROWS = 5
 
 
 def steady_bar(lengths):
@@ -439,46 +440,74 @@ def lane_bar(h, p, bar_index, lengths, pvalues, vals, lane, o, sums, diffs):
 
 def block_warmup(
     ring, values, counters, param_lengths, param_values, slots, times, closes, counts,
-    out, record_all, members, n_members, h, vals, o, lane, starts, sums, diffs,
+    out, record_all, members, n_members, h, scratch, o, lane, starts, sums, diffs,
 ):  # fmt: skip
     """Apply ``counts[s]`` bars to ``slots[s]`` for the streams ``s = members[:n_members]``
     (one parameter row; bar indices equal, or all at least ``steady_bar``), like
-    ``core.update_stream`` bar after bar; lanes past ``n_members`` repeat the last stream
-    and are never written back. Scratch, every float array ``(rows, LANES)``: ``h`` (ring
-    capacity + bars), ``vals`` (N_VALUE_FIELDS), ``o`` (N_OUT), ``lane`` (N_LANE_ROWS);
-    ``starts`` int64 ``(N_START_ROWS, LANES)``; ``sums`` (2 x LENGTHS_PER_FAMILY) and
-    ``diffs`` (ring capacity) for ``family_window_sums``.
+    ``core.update_stream`` bar after bar. Scratch, every float array ``(rows, LANES)``:
+    ``h`` (ring capacity + bars), ``scratch`` (N_VALUE_FIELDS), ``o`` (N_OUT), ``lane``
+    (N_LANE_ROWS); ``starts`` int64 ``(N_START_ROWS, LANES)``; ``sums`` (2 x
+    LENGTHS_PER_FAMILY) and ``diffs`` (ring capacity) for ``family_window_sums``.
+
+    Streams of one stored block of values (``state/layout.py``), in lane order and with
+    one history length, are updated where they are stored, each in its own lane; the
+    block's other lanes compute on a member's inputs and get their values back
+    afterwards. Any other block works on a copy of its streams' values in ``scratch``,
+    lane ``i`` for stream ``members[i]``, the lanes past ``n_members`` repeating the
+    last stream; lanes that are no member are never written back.
     """
     capacity = ring.shape[1] // 2
-    first_slot = slots[members[0]]
+    first = members[0]
+    first_slot = slots[first]
     param_row = counters[first_slot, PARAM_ROW]
     lengths = param_lengths[param_row]
     pvalues = param_values[param_row]
     cutout = lengths[CUTOUT_COLUMN]
     lam = pvalues[PV_LAM]
+    block = first_slot // LANES
     bars = 0
     same_count = True
-    for i in range(LANES):
-        s = members[min(i, n_members - 1)]
-        slot = slots[s]
+    stored = True
+    previous_slot = -1
+    for q in range(n_members):
+        s = members[q]
         bars = max(bars, counts[s])
-        same_count = same_count and counts[s] == counts[members[0]]
+        same_count = same_count and counts[s] == counts[first]
+        stored = stored and slots[s] // LANES == block and slots[s] > previous_slot
+        previous_slot = slots[s]
+    in_place = stored and same_count
+    for i in range(LANES):
+        starts[S_MEMBER, i] = -1
+    for q in range(n_members):
+        i = slots[members[q]] % LANES if in_place else q
+        starts[S_MEMBER, i] = members[q]
+    for i in range(LANES):
+        s = starts[S_MEMBER, i]
+        if s < 0:
+            s = first if in_place else members[n_members - 1]
+        slot = slots[s]
+        starts[S_SLOT, i] = slot
         starts[S_RING, i] = slot * ring.shape[1] + counters[slot, RING_HEAD] + 1
-        starts[S_VALUES, i] = slot * values.shape[1]
+        starts[S_VALUES, i] = (slot // LANES) * N_VALUE_FIELDS * LANES + slot % LANES
         starts[S_CLOSES, i] = s * closes.shape[1]
         lane[L_DIRECTION, i] = counters[slot, DIRECTION]
+    if in_place:
+        vals = values[block]
+        for f in range(N_VALUE_FIELDS):  # the lanes of streams not in this call
+            for i in range(LANES):
+                if starts[S_MEMBER, i] < 0:
+                    scratch[f, i] = vals[f, i]
+    else:
+        vals = scratch
+        gather_lanes(values, starts[S_VALUES], vals)
     gather_rows(ring, starts[S_RING], capacity, h, 0)
-    gather_rows(values, starts[S_VALUES], N_VALUE_FIELDS, vals, 0)
     gather_rows(closes, starts[S_CLOSES], bars, h, capacity)
     bar_index = counters[first_slot, BAR_INDEX]
-    # one write-back of every lane at once where all of them are streams ending together
-    together = n_members == LANES and same_count
     for t in range(bars):
         previous_index = -1
         growth = 1.0
         for i in range(LANES):
-            s = members[min(i, n_members - 1)]
-            lane_index = counters[slots[s], BAR_INDEX] + t
+            lane_index = counters[starts[S_SLOT, i], BAR_INDEX] + t
             lane[L_BAR_INDEX, i] = lane_index
             if lane_index != previous_index:  # lanes at one bar index share one exp
                 growth = 1.0
@@ -487,8 +516,10 @@ def block_warmup(
                 previous_index = lane_index
             lane[L_GROWTH, i] = growth
         lane_bar(h, capacity + t, bar_index + t, lengths, pvalues, vals, lane, o, sums, diffs)
-        for i in range(n_members):
-            s = members[i]
+        for i in range(LANES):
+            s = starts[S_MEMBER, i]
+            if s < 0:
+                continue
             count = counts[s]
             if t < count and (record_all or t == count - 1):
                 row = t if record_all else 0
@@ -496,9 +527,21 @@ def block_warmup(
                     out[s, row, c] = o[c, i]
             if t == count - 1:
                 store_lane(ring, values, counters, slots[s], times[s, t], h, capacity, t, vals,
-                           lane, i, not together)  # fmt: skip
-    if together:
-        scatter_rows(vals, 0, N_VALUE_FIELDS, values, starts[S_VALUES])
+                           lane, i, not in_place)  # fmt: skip
+    if in_place:
+        for f in range(N_VALUE_FIELDS):
+            for i in range(LANES):
+                if starts[S_MEMBER, i] < 0:
+                    vals[f, i] = scratch[f, i]
+
+
+def gather_lanes(values, lane_starts, vals):
+    """``vals[f, i] = values.flat[lane_starts[i] + f * LANES]``: each lane's stream's
+    values (``lane_starts``: where its field 0 is in the lane layout) in lane order."""
+    flat = values.reshape(values.size)
+    for f in range(N_VALUE_FIELDS):
+        for i in range(LANES):
+            vals[f, i] = flat[lane_starts[i] + f * LANES]
 
 
 def gather_rows(source, lane_starts, n, rows, row):
@@ -514,23 +557,11 @@ def gather_rows(source, lane_starts, n, rows, row):
             rows[row + j, i] = flat[lane_starts[i] + j]
 
 
-def scatter_rows(rows, row, n, target, lane_starts):
-    """The inverse of ``gather_rows``: ``target.flat[lane_starts[i] + k] = rows[row + k, i]``."""
-    k = 0
-    while k + LANES <= n:
-        scatter_tile(rows, row + k, target, lane_starts, k)
-        k += LANES
-    flat = target.reshape(target.size)
-    for i in range(LANES):
-        for j in range(k, n):
-            flat[lane_starts[i] + j] = rows[row + j, i]
-
-
 def store_lane(ring, values, counters, slot, last_time, h, capacity, t, vals, lane, i,
                with_values):  # fmt: skip
     """Write lane ``i``'s state back to ``slot`` after bar ``t`` of the block's history,
-    as ``core.ring_push`` and the update would have left it (its values only when
-    ``with_values``: otherwise the caller writes every lane's at once)."""
+    as ``core.ring_push`` and the update would have left it (its values from ``vals``
+    only when ``with_values``: otherwise they were updated where they are stored)."""
     head = counters[slot, RING_HEAD]
     pushed = t + 1
     for k in range(max(0, pushed - capacity), pushed):
@@ -543,5 +574,6 @@ def store_lane(ring, values, counters, slot, last_time, h, capacity, t, vals, la
     counters[slot, LAST_TIME] = last_time
     counters[slot, DIRECTION] = int(lane[L_DIRECTION, i])
     if with_values:
+        block = values[slot // LANES]
         for f in range(N_VALUE_FIELDS):
-            values[slot, f] = vals[f, i]
+            block[f, slot % LANES] = vals[f, i]

@@ -17,8 +17,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, overload, register_model
 
-#: streams per block: one AVX-512 register of doubles, two AVX2 ones
-LANES = 8
+from atc_stream.state.layout import LANES
 
 _DOUBLE = ir.DoubleType()
 _VECTOR = ir.VectorType(_DOUBLE, LANES)
@@ -402,36 +401,3 @@ def _gather_tile(typingctx, source, starts, offset, rows, row):
 
 
 gather_tile: Any = intrinsic(_gather_tile)
-
-
-def _scatter_tile(typingctx, rows, row, target, starts, offset):
-    """``target.flat[starts[i] + offset + t] = rows[row + t, i]`` for ``t, i < LANES``:
-    the inverse of ``gather_tile``."""
-    if (
-        _is_rows(rows)
-        and isinstance(row, types.Integer)
-        and _is_flat_source(target)
-        and _is_starts(starts)
-        and isinstance(offset, types.Integer)
-    ):
-
-        def codegen(context, builder, signature, args):
-            rows_type, row_type, target_type, starts_type, offset_type = signature.args
-            row_value = context.cast(builder, args[1], row_type, types.intp)
-            lane_rows = []
-            for t in range(LANES):
-                index = builder.add(row_value, ir.Constant(cgutils.intp_t, t))
-                pointer = _row_pointer(context, builder, rows_type, args[0], types.intp, index)
-                lane_rows.append(builder.load(pointer, align=8))
-            addresses = _lane_addresses(
-                context, builder, target_type, args[2], starts_type, args[3], offset_type, args[4]
-            )
-            for address, vector in zip(addresses, _transpose(builder, lane_rows), strict=True):
-                builder.store(vector, address, align=8)
-            return context.get_dummy_value()
-
-        return types.none(rows, row, target, starts, offset), codegen
-    return None
-
-
-scatter_tile: Any = intrinsic(_scatter_tile)

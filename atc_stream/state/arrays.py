@@ -91,8 +91,41 @@ def _initial_values() -> np.ndarray:
 _INITIAL_VALUES = _initial_values()
 
 
+def lane_blocks(slots: int) -> int:
+    """Blocks of ``LANES`` streams the values array needs for ``slots`` slots."""
+    return -(-slots // L.LANES)
+
+
+def values_of(values: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """The values of ``slots``, one row per slot (``[slot, field]``), from the lane
+    layout ``values[block, field, lane]`` (a copy)."""
+    slots = np.asarray(slots, np.int64)
+    return values[slots // L.LANES, :, slots % L.LANES]
+
+
+def set_values_of(values: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> None:
+    """``values_of``'s inverse: the rows ``rows[i]`` (or one row for all) into ``slots[i]``."""
+    slots = np.asarray(slots, np.int64)
+    values[slots // L.LANES, :, slots % L.LANES] = rows
+
+
+def rows_to_lanes(rows: np.ndarray) -> np.ndarray:
+    """Values as rows ``[slot, field]`` (the snapshot format) in the lane layout, the
+    last block's missing lanes zero."""
+    n = rows.shape[0]
+    padded = np.zeros((lane_blocks(n) * L.LANES, rows.shape[1]))
+    padded[:n] = rows
+    return np.ascontiguousarray(padded.reshape(-1, L.LANES, rows.shape[1]).transpose(0, 2, 1))
+
+
+def lanes_to_rows(values: np.ndarray, n: int) -> np.ndarray:
+    """The first ``n`` slots of lane-layout ``values`` as rows ``[slot, field]``."""
+    return values.transpose(0, 2, 1).reshape(-1, values.shape[1])[:n]
+
+
 class StateStore:
-    """Host state arrays indexed ``[slot, field]``, plus slot allocation and growth."""
+    """Host state arrays (``ring`` and ``counters`` indexed ``[slot, field]``, ``values``
+    ``[block, field, lane]``), plus slot allocation and growth."""
 
     def __init__(self, capacity: int = 64) -> None:
         if capacity < 1:
@@ -100,7 +133,7 @@ class StateStore:
         self.params = ParameterTable()
         self.ring_capacity = 1
         self.ring = np.full((capacity, 2), np.nan)
-        self.values = np.zeros((capacity, L.N_VALUE_FIELDS))
+        self.values = np.zeros((lane_blocks(capacity), L.N_VALUE_FIELDS, L.LANES))
         self.counters = np.zeros((capacity, L.N_COUNTER_FIELDS), np.int64)
         self.in_use = np.zeros(capacity, np.bool_)
         # per-slot scratch for batch planning (kernels/batch.py); always zero between calls
@@ -132,7 +165,7 @@ class StateStore:
         """State bytes one slot occupies (ring, values, counters, scratch)."""
         return (
             self.ring.strides[0]
-            + self.values.strides[0]
+            + self.values.strides[0] // L.LANES
             + self.counters.strides[0]
             + self.in_use.itemsize
             + self.pending_last.itemsize
@@ -146,7 +179,8 @@ class StateStore:
         new = max(capacity, 2 * self.capacity)
         extra = new - self.capacity
         self.ring = np.concatenate([self.ring, np.full((extra, self.ring.shape[1]), np.nan)])
-        self.values = np.concatenate([self.values, np.zeros((extra, self.values.shape[1]))])
+        blocks = lane_blocks(new) - self.values.shape[0]
+        self.values = np.concatenate([self.values, np.zeros((blocks, L.N_VALUE_FIELDS, L.LANES))])
         self.counters = np.concatenate(
             [self.counters, np.zeros((extra, self.counters.shape[1]), np.int64)]
         )
@@ -275,7 +309,7 @@ class StateStore:
     def reset_slots(self, slots: np.ndarray, param_rows: np.ndarray) -> None:
         """``reset_slot`` of each of ``slots`` for the parameter row beside it."""
         self.ring[slots] = np.nan
-        self.values[slots] = _INITIAL_VALUES
+        set_values_of(self.values, slots, _INITIAL_VALUES)
         counters = np.zeros((param_rows.shape[0], L.N_COUNTER_FIELDS), np.int64)
         counters[:, L.RING_HEAD] = self.ring_capacity - 1
         counters[:, L.LAST_TIME] = L.NO_TIME

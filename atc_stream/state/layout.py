@@ -5,6 +5,12 @@ from __future__ import annotations
 
 from atc_stream.core.params import LENGTHS_PER_FAMILY, N_FAMILIES, N_MAS
 
+# -- lane blocks ------------------------------------------------------------------------
+#: streams per block of the values array, ``values[slot // LANES, field, slot % LANES]``:
+#: one AVX-512 register of doubles, so a block's field is one vector load on the CPU and
+#: one 64-byte segment for neighbouring GPU threads
+LANES = 8
+
 # -- values: per MA instance ------------------------------------------------------
 #: previous MA value m[1] (NaN while the MA is na)
 MA_PREV = 0
