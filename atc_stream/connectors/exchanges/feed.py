@@ -172,7 +172,7 @@ class KlineClient:
         self._preview_symbols: set[str] = set()
         self._stopper: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
         self.rest: KlineHistory | None = None  #: the REST client of the latest ``run``
-        self._queue: StampedQueue | None = None  #: the latest ``run``'s, for its depth
+        self._queue: StampedQueue | None = None  #: the running ``run``'s, for its depth
         self._arrived: list[float] = []  # when the websocket klines in _pending came
         self.live_from_ms = live_from_ms
         self.rest_limiter = rest_limiter
@@ -303,6 +303,8 @@ class KlineClient:
                 for st in self._state.values():
                     st.backfill = None
                     st.warming = False
+                # a kline that came after the last bar wanted waits for nothing now
+                self._queue = None
                 if self.publisher is not None:
                     await self.publisher.aclose()
                 if frozen:
