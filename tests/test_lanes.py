@@ -107,7 +107,7 @@ def test_last_row_only_and_plan_covers_every_stream():
     counts = rng.integers(1, 201, n)
     times = np.tile(np.arange(1, 201, dtype=np.int64), (n, 1))
     for min_block in (1, cpu.MIN_BLOCK):
-        members, starts, alone = cpu.plan_blocks(
+        members, starts, alone, _ = cpu.plan_blocks(
             lanes.counters, lanes.params.lengths, slots, counts, min_block
         )
         assert sorted([*members, *alone]) == list(range(n))
@@ -192,7 +192,9 @@ def test_few_long_histories_run_in_one_block_bit_identically(n):
         closes = _walks(rng, n, 300)
         counts = np.full(n, 300, np.int64)
         times = np.tile(np.arange(1, 301, dtype=np.int64), (n, 1))
-        members, _, alone = cpu.plan_blocks(lanes.counters, lanes.params.lengths, slots, counts, 1)
+        members, _, alone, _ = cpu.plan_blocks(
+            lanes.counters, lanes.params.lengths, slots, counts, 1
+        )
         assert len(members) == n and len(alone) == 0
         expected = _scalar_warmup(scalar, slots, times, closes, counts)
         got = cpu.CpuBackend(lanes, threads=1).warmup(slots, times, closes, counts, True)
@@ -225,12 +227,12 @@ def test_steps_update_stored_blocks_in_place_bit_identically(threads):
     for t in range(100, 180):
         chosen = np.flatnonzero(rng.random(n) < (1.0 if t % 7 == 0 else 0.7))
         step_slots = slots[chosen]
-        members, starts, _ = cpu.plan_blocks(
+        members, starts, _, in_place = cpu.plan_blocks(
             lanes.counters, lanes.params.lengths, step_slots, np.ones(chosen.shape[0], np.int64),
             cpu.MIN_BLOCK,
         )  # fmt: skip
-        for a, b in zip(starts[:-1], starts[1:], strict=True):
-            if _in_stored_block(step_slots[members[a:b]]):
+        for a, b, stays in zip(starts[:-1], starts[1:], in_place, strict=True):
+            if stays:
                 seen_whole |= b - a == cpu.LANES
                 seen_part |= b - a < cpu.LANES
         step_times = np.full(chosen.shape[0], t + 1, np.int64)
@@ -243,3 +245,29 @@ def test_steps_update_stored_blocks_in_place_bit_identically(threads):
         assert _same(got, expected), t
         _assert_same_state(scalar, lanes)
     assert seen_whole and seen_part
+
+
+def test_a_part_used_stored_block_runs_in_place_only_without_its_other_streams():
+    """A block of part of a stored block computes on its idle lanes and puts them back,
+    so no other block of the same call (another thread) may hold a stream of that stored
+    block; blocks of whole stored blocks and copies are free to mix."""
+    rng = np.random.default_rng(29)
+    n = 64
+    param_rows = rng.integers(0, 2, n)
+    store, slots = _store(n, param_rows)
+    _scalar_warmup(store, slots, np.tile(np.arange(1, 3, dtype=np.int64), (n, 1)),
+                   _walks(rng, n, 2), rng.integers(0, 3, n))  # fmt: skip
+    for _ in range(50):
+        counts = rng.choice([0, 1, 1, 1, 2, 30], n)
+        for min_block in (1, cpu.MIN_BLOCK):
+            members, starts, alone, in_place = cpu.plan_blocks(
+                store.counters, store.params.lengths, slots, counts, min_block
+            )
+            assert sorted([*members, *alone]) == list(np.flatnonzero(counts > 0))
+            for a, b, stays in zip(starts[:-1], starts[1:], in_place, strict=True):
+                block_slots = slots[members[a:b]]
+                if stays:
+                    assert _in_stored_block(block_slots)
+                    stored = block_slots[0] // cpu.LANES
+                    in_call = np.flatnonzero((slots // cpu.LANES == stored) & (counts > 0))
+                    assert len(in_call) == b - a

@@ -102,6 +102,7 @@ def warmup_blocks(
     record_all,
     members,
     block_starts,
+    in_place,
 ):
     """``warmup`` of the streams ``members`` in blocks of up to LANES (``plan_blocks``),
     each block through ``lanes.block_warmup``: the same bits, LANES chains at a time.
@@ -122,18 +123,37 @@ def warmup_blocks(
             block_warmup(
                 ring, values, counters, param_lengths, param_values, slots, times, closes,
                 counts, out, record_all, members[start:block_starts[b + 1]],
-                block_starts[b + 1] - start, h, vals, o, lane, starts, sums, diffs,
+                block_starts[b + 1] - start, in_place[b], h, vals, o, lane, starts, sums, diffs,
             )  # fmt: skip
+
+
+@cached_jit(njit(cache=True))
+def append_rows(source, start, stop, target, n):
+    """``target[n : n + stop - start] = source[start:stop]``; returns the new length ``n``."""
+    for q in range(start, stop):
+        target[n] = source[q]
+        n += 1
+    return n
+
+
+@cached_jit(njit(cache=True))
+def add_block(source, start, stop, members, n_members, block_starts, n_blocks):
+    """``source[start:stop]`` as the next lane block; returns ``(n_members, n_blocks)``."""
+    n_members = append_rows(source, start, stop, members, n_members)
+    block_starts[n_blocks + 1] = n_members
+    return n_members, n_blocks + 1
 
 
 @cached_jit(njit(cache=True))
 def plan_blocks(counters, param_lengths, slots, counts, min_block):
     """Group rows (warmup histories or step updates) into lane blocks: ``(members,
-    block_starts, scalar_rows)``. A block holds streams of one parameter row whose bar
+    block_starts, scalar_rows, in_place)``. A block holds streams of one parameter row whose bar
     indices are equal or all steady (``lanes.steady_bar``). The streams of one stored
     block of values (``state/layout.py``, LANES) with one history length make a block of
-    their own when they are the whole stored block, or at least ``min_block`` of it with
-    one bar each: ``lanes.block_warmup`` updates it where it is stored. The rest go
+    their own when they are the whole stored block, or when they are at least
+    ``min_block`` streams with one bar each and the call has no other stream of that
+    stored block: ``lanes.block_warmup`` updates it where it is stored (``in_place``, one
+    flag a block). The rest go
     longest histories first, so a block's lanes end together; the rows of a group's last
     block when it would be under ``min_block`` streams go to ``scalar_rows``."""
     steady = np.empty(param_lengths.shape[0], np.int64)
@@ -143,9 +163,11 @@ def plan_blocks(counters, param_lengths, slots, counts, min_block):
     # by slot first: the stable sort below keeps a stored block's rows neighbours
     rows = rows[np.argsort(slots[rows], kind="mergesort")]
     n = rows.shape[0]
+    in_block = np.zeros(counters.shape[0] // LANES + 1, np.int64)  # rows per stored block
     longest = 0
     widest = 0
     for s in rows:
+        in_block[slots[s] // LANES] += 1
         longest = max(longest, counts[s])
         widest = max(widest, steady[counters[slots[s], PARAM_ROW]])
     keys = np.empty(n, np.int64)
@@ -160,6 +182,7 @@ def plan_blocks(counters, param_lengths, slots, counts, min_block):
     members = np.empty(n, np.int64)
     block_starts = np.empty(n + 1, np.int64)
     scalar_rows = np.empty(n, np.int64)
+    in_place = np.zeros(n, np.bool_)
     left = np.empty(n, np.int64)
     n_members = 0
     n_blocks = 0
@@ -183,34 +206,34 @@ def plan_blocks(counters, param_lengths, slots, counts, min_block):
             ):
                 run += 1
             # a part of a stored block only for one bar (a step): over a longer history
-            # its idle lanes would cost more than copying the values in and out
-            if run - k == LANES or (run - k >= min_block and counts[order[k]] == 1):
-                for q in range(k, run):
-                    members[n_members] = order[q]
-                    n_members += 1
-                n_blocks += 1
-                block_starts[n_blocks] = n_members
+            # its idle lanes would cost more than copying the values in and out. And only
+            # when no other block of this call has a stream of it: the idle lanes are
+            # computed on and put back, which another thread must not see or undo
+            block = slots[order[k]] // LANES
+            part = run - k >= min_block and counts[order[k]] == 1
+            if run - k == LANES or (part and run - k == in_block[block]):
+                n_members, n_blocks = add_block(order, k, run, members, n_members, block_starts,
+                                                n_blocks)  # fmt: skip
+                in_place[n_blocks - 1] = True
             else:
-                for q in range(k, run):
-                    left[n_left] = order[q]
-                    n_left += 1
+                n_left = append_rows(order, k, run, left, n_left)
             k = run
         a = 0
         while a < n_left:
             b = min(a + LANES, n_left)
             if b - a >= min_block:
-                for q in range(a, b):
-                    members[n_members] = left[q]
-                    n_members += 1
-                n_blocks += 1
-                block_starts[n_blocks] = n_members
+                n_members, n_blocks = add_block(left, a, b, members, n_members, block_starts,
+                                                n_blocks)  # fmt: skip
             else:
-                for q in range(a, b):
-                    scalar_rows[n_scalar] = left[q]
-                    n_scalar += 1
+                n_scalar = append_rows(left, a, b, scalar_rows, n_scalar)
             a = b
         i = end
-    return members[:n_members], block_starts[: n_blocks + 1], scalar_rows[:n_scalar]
+    return (
+        members[:n_members],
+        block_starts[: n_blocks + 1],
+        scalar_rows[:n_scalar],
+        in_place[:n_blocks],
+    )
 
 
 step_serial, step_parallel = compile_both(step)
@@ -275,7 +298,7 @@ class CpuBackend:
         ones = np.zeros(n, np.int64)
         ones[order] = 1
         _ring, _values, counters, param_lengths, _param_values = arrays
-        members, block_starts, scalar_rows = plan_blocks(
+        members, block_starts, scalar_rows, in_place = plan_blocks(
             counters, param_lengths, slots, ones, MIN_BLOCK
         )
         if members.shape[0]:
@@ -284,7 +307,7 @@ class CpuBackend:
                 self._threads(members.shape[0], block_starts.shape[0] - 1),
                 *arrays, slots, np.ascontiguousarray(times, np.int64).reshape(n, 1),
                 np.ascontiguousarray(closes, np.float64).reshape(n, 1), ones,
-                out.reshape(n, 1, N_OUT), False, members, block_starts,
+                out.reshape(n, 1, N_OUT), False, members, block_starts, in_place,
             )  # fmt: skip
         return scalar_rows
 
@@ -355,7 +378,7 @@ class CpuBackend:
         rows = times.shape[1] if record_all else 1
         out = np.full((slots.shape[0], max(rows, 1), N_OUT), np.nan)
         longest = int(counts.max()) if counts.shape[0] else 0
-        members, block_starts, scalar_rows = plan_blocks(
+        members, block_starts, scalar_rows, in_place = plan_blocks(
             self.store.counters, self.store.params.lengths, slots, counts,
             1 if longest >= LONG_HISTORY else MIN_BLOCK,
         )  # fmt: skip
@@ -364,7 +387,7 @@ class CpuBackend:
                 warmup_blocks_serial, warmup_blocks_parallel,
                 self._threads(int(counts[members].sum()), block_starts.shape[0] - 1),
                 *self._arrays(), slots, times, closes, counts, out, record_all, members,
-                block_starts,
+                block_starts, in_place,
             )  # fmt: skip
         if scalar_rows.shape[0]:
             self._warmup_as_steps(scalar_rows, slots, times, closes, counts, out, record_all)

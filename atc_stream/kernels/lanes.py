@@ -440,7 +440,7 @@ def lane_bar(h, p, bar_index, lengths, pvalues, vals, lane, o, sums, diffs):
 
 def block_warmup(
     ring, values, counters, param_lengths, param_values, slots, times, closes, counts,
-    out, record_all, members, n_members, h, scratch, o, lane, starts, sums, diffs,
+    out, record_all, members, n_members, may_stay, h, scratch, o, lane, starts, sums, diffs,
 ):  # fmt: skip
     """Apply ``counts[s]`` bars to ``slots[s]`` for the streams ``s = members[:n_members]``
     (one parameter row; bar indices equal, or all at least ``steady_bar``), like
@@ -449,12 +449,14 @@ def block_warmup(
     (N_LANE_ROWS); ``starts`` int64 ``(N_START_ROWS, LANES)``; ``sums`` (2 x
     LENGTHS_PER_FAMILY) and ``diffs`` (ring capacity) for ``family_window_sums``.
 
-    Streams of one stored block of values (``state/layout.py``), in lane order and with
-    one history length, are updated where they are stored, each in its own lane; the
-    block's other lanes compute on a member's inputs and get their values back
-    afterwards. Any other block works on a copy of its streams' values in ``scratch``,
-    lane ``i`` for stream ``members[i]``, the lanes past ``n_members`` repeating the
-    last stream; lanes that are no member are never written back.
+    With ``may_stay`` (``cpu.plan_blocks`` sets it when no other block of the call has a
+    stream of that stored block), streams of one stored block of values
+    (``state/layout.py``), in lane order and with one history length, are updated where
+    they are stored, each in its own lane; the block's other lanes compute on a member's
+    inputs and get their values back afterwards. Any other block works on a copy of its
+    streams' values in ``scratch``, lane ``i`` for stream ``members[i]``, the lanes past
+    ``n_members`` repeating the last stream; lanes that are no member are never written
+    back.
     """
     capacity = ring.shape[1] // 2
     first = members[0]
@@ -475,7 +477,7 @@ def block_warmup(
         same_count = same_count and counts[s] == counts[first]
         stored = stored and slots[s] // LANES == block and slots[s] > previous_slot
         previous_slot = slots[s]
-    in_place = stored and same_count
+    in_place = may_stay and stored and same_count
     for i in range(LANES):
         starts[S_MEMBER, i] = -1
     for q in range(n_members):
