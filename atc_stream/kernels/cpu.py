@@ -147,15 +147,15 @@ def add_block(source, start, stop, members, n_members, block_starts, n_blocks):
 @cached_jit(njit(cache=True))
 def plan_blocks(counters, param_lengths, slots, counts, min_block):
     """Group rows (warmup histories or step updates) into lane blocks: ``(members,
-    block_starts, scalar_rows, in_place)``. A block holds streams of one parameter row whose bar
-    indices are equal or all steady (``lanes.steady_bar``). The streams of one stored
-    block of values (``state/layout.py``, LANES) with one history length make a block of
-    their own when they are the whole stored block, or when they are at least
-    ``min_block`` streams with one bar each and the call has no other stream of that
-    stored block: ``lanes.block_warmup`` updates it where it is stored (``in_place``, one
-    flag a block). The rest go
-    longest histories first, so a block's lanes end together; the rows of a group's last
-    block when it would be under ``min_block`` streams go to ``scalar_rows``."""
+    block_starts, scalar_rows, in_place)``. A block holds streams of one parameter row
+    whose bar indices are equal or all steady (``lanes.steady_bar``). The streams of one
+    stored block of values (``state/layout.py``, LANES) with one history length, in slot
+    order, make a block of their own when they are the whole stored block, or when they
+    are at least ``min_block`` streams with one bar each and the call has no other stream
+    of that stored block: ``lanes.block_warmup`` updates it where it is stored
+    (``in_place``, one flag a block). The rest go longest histories first, so a block's
+    lanes end together; the rows of a group's last block when it would be under
+    ``min_block`` streams go to ``scalar_rows``."""
     steady = np.empty(param_lengths.shape[0], np.int64)
     for r in range(param_lengths.shape[0]):
         steady[r] = steady_bar(param_lengths[r])

@@ -440,7 +440,7 @@ def lane_bar(h, p, bar_index, lengths, pvalues, vals, lane, o, sums, diffs):
 
 def block_warmup(
     ring, values, counters, param_lengths, param_values, slots, times, closes, counts,
-    out, record_all, members, n_members, may_stay, h, scratch, o, lane, starts, sums, diffs,
+    out, record_all, members, n_members, in_place, h, scratch, o, lane, starts, sums, diffs,
 ):  # fmt: skip
     """Apply ``counts[s]`` bars to ``slots[s]`` for the streams ``s = members[:n_members]``
     (one parameter row; bar indices equal, or all at least ``steady_bar``), like
@@ -449,11 +449,11 @@ def block_warmup(
     (N_LANE_ROWS); ``starts`` int64 ``(N_START_ROWS, LANES)``; ``sums`` (2 x
     LENGTHS_PER_FAMILY) and ``diffs`` (ring capacity) for ``family_window_sums``.
 
-    With ``may_stay`` (``cpu.plan_blocks`` sets it when no other block of the call has a
-    stream of that stored block), streams of one stored block of values
-    (``state/layout.py``), in lane order and with one history length, are updated where
-    they are stored, each in its own lane; the block's other lanes compute on a member's
-    inputs and get their values back afterwards. Any other block works on a copy of its
+    With ``in_place`` (``cpu.plan_blocks`` sets it for streams of one stored block of
+    values, ``state/layout.py``, in slot order and with one history length, when no other
+    block of the call has a stream of that stored block), they are updated where they are
+    stored, each in its own lane; the block's other lanes compute on a member's inputs and
+    get their values back afterwards. Any other block works on a copy of its
     streams' values in ``scratch``, lane ``i`` for stream ``members[i]``, the lanes past
     ``n_members`` repeating the last stream; lanes that are no member are never written
     back.
@@ -466,18 +466,9 @@ def block_warmup(
     pvalues = param_values[param_row]
     cutout = lengths[CUTOUT_COLUMN]
     lam = pvalues[PV_LAM]
-    block = first_slot // LANES
     bars = 0
-    same_count = True
-    stored = True
-    previous_slot = -1
     for q in range(n_members):
-        s = members[q]
-        bars = max(bars, counts[s])
-        same_count = same_count and counts[s] == counts[first]
-        stored = stored and slots[s] // LANES == block and slots[s] > previous_slot
-        previous_slot = slots[s]
-    in_place = may_stay and stored and same_count
+        bars = max(bars, counts[members[q]])
     for i in range(LANES):
         starts[S_MEMBER, i] = -1
     for q in range(n_members):
@@ -494,11 +485,8 @@ def block_warmup(
         starts[S_CLOSES, i] = s * closes.shape[1]
         lane[L_DIRECTION, i] = counters[slot, DIRECTION]
     if in_place:
-        vals = values[block]
-        for f in range(N_VALUE_FIELDS):  # the lanes of streams not in this call
-            for i in range(LANES):
-                if starts[S_MEMBER, i] < 0:
-                    scratch[f, i] = vals[f, i]
+        vals = values[first_slot // LANES]
+        copy_idle_lanes(vals, scratch, starts[S_MEMBER])  # the streams not in this call
     else:
         vals = scratch
         gather_lanes(values, starts[S_VALUES], vals)
@@ -531,10 +519,16 @@ def block_warmup(
                 store_lane(ring, values, counters, slots[s], times[s, t], h, capacity, t, vals,
                            lane, i, not in_place)  # fmt: skip
     if in_place:
-        for f in range(N_VALUE_FIELDS):
-            for i in range(LANES):
-                if starts[S_MEMBER, i] < 0:
-                    vals[f, i] = scratch[f, i]
+        copy_idle_lanes(scratch, vals, starts[S_MEMBER])
+
+
+def copy_idle_lanes(source, target, lane_members):
+    """``target[f, i] = source[f, i]`` for every field of the lanes ``i`` with no member
+    (``lane_members[i] < 0``)."""
+    for f in range(N_VALUE_FIELDS):
+        for i in range(LANES):
+            if lane_members[i] < 0:
+                target[f, i] = source[f, i]
 
 
 def gather_lanes(values, lane_starts, vals):

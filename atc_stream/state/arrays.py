@@ -119,8 +119,9 @@ def rows_to_lanes(rows: np.ndarray) -> np.ndarray:
 
 
 def lanes_to_rows(values: np.ndarray, n: int) -> np.ndarray:
-    """The first ``n`` slots of lane-layout ``values`` as rows ``[slot, field]``."""
-    return values.transpose(0, 2, 1).reshape(-1, values.shape[1])[:n]
+    """The first ``n`` slots of lane-layout ``values`` as rows ``[slot, field]`` (only
+    their blocks are converted)."""
+    return values[: lane_blocks(n)].transpose(0, 2, 1).reshape(-1, values.shape[1])[:n]
 
 
 class StateStore:
