@@ -271,3 +271,47 @@ def test_a_part_used_stored_block_runs_in_place_only_without_its_other_streams()
                     stored = block_slots[0] // cpu.LANES
                     in_call = np.flatnonzero((slots // cpu.LANES == stored) & (counts > 0))
                     assert len(in_call) == b - a
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_steady_step_reuses_its_plan_only_while_it_is_the_plan(threads):
+    """The same slots stepped bar after bar reuse the last plan once every stream is
+    steady; a stream that is not steady yet, or a slot given to a steady stream of
+    another parameter set, makes a new one. Each plan used equals a fresh
+    ``plan_blocks``, and the outputs and the state equal the scalar driver's."""
+    rng = np.random.default_rng(31)
+    n = 40
+    param_rows = np.repeat([0, 1], n // 2)
+    scalar, slots = _store(n, param_rows)
+    lanes, _ = _store(n, param_rows)
+    closes = _walks(rng, n, 260)
+    counts = np.full(n, 60, np.int64)
+    times = np.tile(np.arange(1, 261, dtype=np.int64), (n, 1))
+    for store in (scalar, lanes):
+        _scalar_warmup(store, slots, times[:, :60], closes[:, :60], counts)
+    backend = cpu.CpuBackend(lanes, threads=threads)
+    ones = np.ones(n, np.int64)
+    reused = 0
+    for t in range(60, 260):
+        if t == 200:  # slot 5 now holds a new stream of another parameter set, steady
+            for store in (scalar, lanes):
+                store.reset_slot(int(slots[5]), 1)
+                _scalar_warmup(store, slots[5:6], times[5:6, :50], closes[5:6, :50],
+                               np.array([50]))  # fmt: skip
+        before = backend._last_plan
+        plan = backend._step_plan(lanes.counters, lanes.params.lengths, slots, ones)
+        fresh = cpu.plan_blocks(lanes.counters, lanes.params.lengths, slots, ones, cpu.MIN_BLOCK)
+        assert all(_same(a, b) for a, b in zip(plan, fresh, strict=True)), t
+        reused += before is not None and plan is before[3]
+        if t == 200:
+            assert plan is not before[3]
+        step_times = times[:, t]
+        order = np.arange(n, dtype=np.int64)
+        round_starts = np.array([0, n], np.int64)
+        expected = np.full((n, N_OUT), np.nan)
+        cpu.step_serial(*_arrays(scalar), slots, step_times, closes[:, t].copy(), order,
+                        round_starts, expected)  # fmt: skip
+        got = backend.step(slots, step_times, closes[:, t].copy(), order, round_starts)
+        assert _same(got, expected), t
+        _assert_same_state(scalar, lanes)
+    assert reused > 100

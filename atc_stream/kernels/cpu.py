@@ -236,6 +236,25 @@ def plan_blocks(counters, param_lengths, slots, counts, min_block):
     )
 
 
+@cached_jit(njit(cache=True))
+def steady_param_rows(counters, param_lengths, slots, counts, param_rows):
+    """``param_rows[i]``: the parameter row of ``slots[i]``. True when every row with a bar
+    (``counts[i] > 0``) is at or past its row's ``steady_bar``: ``plan_blocks`` then
+    depends only on the slots, counts and parameter rows, so a plan made while they were
+    the same, all steady, is the plan of this call too."""
+    steady = np.full(param_lengths.shape[0], -1, np.int64)
+    all_steady = True
+    for i in range(slots.shape[0]):
+        row = counters[slots[i], PARAM_ROW]
+        param_rows[i] = row
+        if counts[i] > 0:
+            if steady[row] < 0:
+                steady[row] = steady_bar(param_lengths[row])
+            if counters[slots[i], BAR_INDEX] < steady[row]:
+                all_steady = False
+    return all_steady
+
+
 step_serial, step_parallel = compile_both(step)
 warmup_blocks_serial, warmup_blocks_parallel = compile_both(warmup_blocks)
 # the plain name stays the parallel driver, as before the serial variant existed
@@ -282,6 +301,8 @@ class CpuBackend:
         out = np.full((slots.shape[0], N_OUT), np.nan)  # rows of rejected updates stay NaN
         if round_starts.shape[0] == 2 and order.shape[0] >= MIN_BLOCK:
             order = self._step_blocks(arrays, slots, times, closes, order, out)
+            if not order.shape[0]:
+                return out
             round_starts = np.array([0, order.shape[0]], np.int64)
         n_rounds = max(round_starts.shape[0] - 1, 1)
         widest = order.shape[0] if n_rounds == 1 else int(np.diff(round_starts).max())
@@ -298,8 +319,8 @@ class CpuBackend:
         ones = np.zeros(n, np.int64)
         ones[order] = 1
         _ring, _values, counters, param_lengths, _param_values = arrays
-        members, block_starts, scalar_rows, in_place = plan_blocks(
-            counters, param_lengths, slots, ones, MIN_BLOCK
+        members, block_starts, scalar_rows, in_place = self._step_plan(
+            counters, param_lengths, slots, ones
         )
         if members.shape[0]:
             threading_policy.run(
@@ -310,6 +331,27 @@ class CpuBackend:
                 out.reshape(n, 1, N_OUT), False, members, block_starts, in_place,
             )  # fmt: skip
         return scalar_rows
+
+    def _step_plan(self, counters, param_lengths, slots, counts):
+        """``plan_blocks`` of a step, or the last step's plan while the same streams step
+        again, every one steady (``steady_param_rows``): a live feed's steps are all
+        alike, and planning 1,000 streams costs about a sixth of their step."""
+        param_rows = np.empty(slots.shape[0], np.int64)
+        steady = steady_param_rows(counters, param_lengths, slots, counts, param_rows)
+        last = self._last_plan
+        if (
+            steady
+            and last is not None
+            and np.array_equal(last[0], slots)
+            and np.array_equal(last[1], counts)
+            and np.array_equal(last[2], param_rows)
+        ):
+            return last[3]
+        plan = plan_blocks(counters, param_lengths, slots, counts, MIN_BLOCK)
+        self._last_plan = (slots.copy(), counts, param_rows, plan) if steady else None
+        return plan
+
+    _last_plan: tuple | None = None
 
     def step_outputs(
         self,

@@ -525,9 +525,9 @@ def block_warmup(
 def copy_idle_lanes(source, target, lane_members):
     """``target[f, i] = source[f, i]`` for every field of the lanes ``i`` with no member
     (``lane_members[i] < 0``)."""
-    for f in range(N_VALUE_FIELDS):
-        for i in range(LANES):
-            if lane_members[i] < 0:
+    for i in range(LANES):  # lanes outermost: a whole block tests 8 flags, not 8 a field
+        if lane_members[i] < 0:
+            for f in range(N_VALUE_FIELDS):
                 target[f, i] = source[f, i]
 
 
