@@ -53,9 +53,10 @@ def test_compute_threads_setting_gives_the_same_columns():
 
 
 def test_small_batches_run_serially_and_big_ones_use_the_free_cpus():
-    assert policy.choose_threads(900, 900) == 1  # under two threads' worth of work
+    two = 2 * policy.MIN_WORK_PER_THREAD
+    assert policy.choose_threads(two - 1, two) == 1  # under two threads' worth of work
     assert policy.choose_threads(100, 100) == 1  # a small batch never wakes the pool
-    assert policy.choose_threads(1_000, 1_000) == min(policy.available_cpus(), 2)
+    assert policy.choose_threads(two, two) == min(policy.available_cpus(), 2)
     big = policy.choose_threads(100_000, 100_000)
     assert big == min(policy.available_cpus(), 100_000 // policy.MIN_WORK_PER_THREAD)
     assert policy.choose_threads(100_000, 1) == 1  # one stream cannot be split

@@ -255,6 +255,11 @@ def steady_param_rows(counters, param_lengths, slots, counts, param_rows):
     return all_steady
 
 
+def n_tasks(block_starts: np.ndarray) -> int:
+    """The parallel tasks of ``warmup_blocks`` over these blocks: what threads can share."""
+    return (block_starts.shape[0] - 1 + BLOCKS_PER_TASK - 1) // BLOCKS_PER_TASK
+
+
 step_serial, step_parallel = compile_both(step)
 warmup_blocks_serial, warmup_blocks_parallel = compile_both(warmup_blocks)
 # the plain name stays the parallel driver, as before the serial variant existed
@@ -325,7 +330,7 @@ class CpuBackend:
         if members.shape[0]:
             threading_policy.run(
                 warmup_blocks_serial, warmup_blocks_parallel,
-                self._threads(members.shape[0], block_starts.shape[0] - 1),
+                self._threads(members.shape[0], n_tasks(block_starts)),
                 *arrays, slots, np.ascontiguousarray(times, np.int64).reshape(n, 1),
                 np.ascontiguousarray(closes, np.float64).reshape(n, 1), ones,
                 out.reshape(n, 1, N_OUT), False, members, block_starts, in_place,
@@ -427,7 +432,7 @@ class CpuBackend:
         if members.shape[0]:
             threading_policy.run(
                 warmup_blocks_serial, warmup_blocks_parallel,
-                self._threads(int(counts[members].sum()), block_starts.shape[0] - 1),
+                self._threads(int(counts[members].sum()), n_tasks(block_starts)),
                 *self._arrays(), slots, times, closes, counts, out, record_all, members,
                 block_starts, in_place,
             )  # fmt: skip

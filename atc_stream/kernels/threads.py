@@ -12,13 +12,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
-#: Stream-bars of work each thread must get before a call goes parallel. A
-#: stream-bar costs ~1-1.5 us, so this is ~0.5-0.75 ms per thread, a few times the
-#: ~0.2 ms wake-up of a sleeping workqueue pool: on the quiet 2-vCPU machine 1,000
-#: streams take 1.48 ms on one thread and 0.71 ms on two, 100 streams 0.15 ms on one
-#: and 0.34 ms on two (RESULTS.md, "threads", quiet run). 4,096 (the first choice,
-#: tuned while the machine was shared) left 1,000 streams 2x slower than needed.
-MIN_WORK_PER_THREAD = 500
+#: Stream-bars of work each thread must get before a call goes parallel. In lane blocks a
+#: step costs ~0.5-0.7 us a stream and a warmup ~0.2 us a stream-bar, and on the 2-vCPU
+#: machine two threads start to beat one at ~3,000 streams a step (1,000: 0.73 ms on one,
+#: 0.77 on two; 4,000: 2.81 / 2.78; 5,000: 3.16 / 2.02 ms; RESULTS.md, "threads"): the
+#: wake-up of a sleeping workqueue pool and each thread's cold caches cost about as
+#: much as a thousand streams. Two threads' worth of work is therefore 3,000.
+MIN_WORK_PER_THREAD = 1_500
 
 
 def numba_config() -> Any:
