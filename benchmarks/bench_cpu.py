@@ -381,7 +381,7 @@ def bench_per_bar(sizes: Sizes, repeats: int, seed: int, results: dict) -> None:
 def per_bar_rows(n, history, repeats, step_repeats, seed, with_breakdown):
     """Rows of table (a) for ``n`` symbols (and the step breakdown when asked)."""
     from atc_stream import Engine, compute
-    from atc_stream.kernels import batch, cpu, threads
+    from atc_stream.kernels import batch
 
     names = symbol_names(n)
     n_bars = history + 1 + 6 * (step_repeats + 2) + 8
@@ -454,30 +454,33 @@ def per_bar_rows(n, history, repeats, step_repeats, seed, with_breakdown):
         )
     )
 
-    # kernel only: the numba step driver with pre-planned rounds and a reused output
+    # kernel only: the backend's lane blocks with pre-planned rounds
     st = eng.store
-    arrays = (st.ring, st.values, st.counters, st.params.lengths, st.params.values)
     t_first, c_first = next_bar()
     reasons = np.zeros(n, np.int64)
     order, starts = batch.plan_rounds(
         st.counters, st.in_use, st.pending_last, st.pending_count, slots, t_first, c_first, reasons
     )
-    out = eng.backend.step(slots, t_first, c_first, order, starts)  # applies that bar
+    eng.backend.step(slots, t_first, c_first, order, starts)  # applies that bar
 
-    # the driver the default threading policy picks for this batch (kernels/threads.py)
-    from atc_stream.kernels.threads import choose_threads
+    # the backend's step as the engine calls it (lane blocks, the thread count the
+    # default policy picks for this batch), without the engine
+    backend = eng.backend
+    n_threads = cpu_threads(n)
 
-    n_threads = choose_threads(n, n)
-
-    def kernel(arg, n_threads=n_threads):
-        threads.run(cpu.step_serial, cpu.step_parallel, n_threads,
-                    *arrays, slots, arg[0], arg[1], order, starts, out)  # fmt: skip
+    def kernel(arg, n_threads=None):
+        default = backend.threads
+        backend.threads = n_threads
+        try:
+            backend.step(slots, arg[0], arg[1], order, starts)
+        finally:
+            backend.threads = default
 
     t_kernel = bench(kernel, step_repeats, setup=next_bar)
     rows.append(
         Row(
             workload,
-            f"incremental, kernel only: `kernels.cpu.step` on {n_threads} thread(s), pre-planned",
+            f"incremental, kernel only: `CpuBackend.step` on {n_threads} thread(s), pre-planned",
             t_kernel,
             n,
             "signals/s",
@@ -491,10 +494,17 @@ def per_bar_rows(n, history, repeats, step_repeats, seed, with_breakdown):
     return rows, breakdown
 
 
+def cpu_threads(n: int) -> int:
+    """Threads the default policy (kernels/threads.py) gives a step of ``n`` streams in
+    full lane blocks."""
+    from atc_stream.kernels import cpu
+    from atc_stream.kernels.threads import choose_threads
+
+    return choose_threads(n, -(-n // (cpu.LANES * cpu.BLOCKS_PER_TASK)))
+
+
 def step_breakdown(eng, slots, next_bar, repeats, t_arrays, t_items, t_kernel, kernel):
     """Time each piece of ``Engine.step_arrays`` separately (same calls as the engine)."""
-    import numba
-
     from atc_stream.core import output_row
     from atc_stream.core.results import StepResult
     from atc_stream.engine.parsing import as_update_arrays
@@ -525,7 +535,6 @@ def step_breakdown(eng, slots, next_bar, repeats, t_arrays, t_items, t_kernel, k
                 st.counters, st.in_use, st.pending_last, st.pending_count, slots, tk, ck, reasons
             ),
         ),
-        ("`np.full` output (CpuBackend.step)", lambda _: np.full((n, output_row.N_OUT), np.nan)),
         ("`np.sort(order)` + 4 gathers", gather),
         ("`StepResult(...)`", lambda _: StepResult(keys, slots, tk, ck, out, [])),
     ]
@@ -536,10 +545,10 @@ def step_breakdown(eng, slots, next_bar, repeats, t_arrays, t_items, t_kernel, k
         overhead += t.median
         rows.append((name, t, ""))
     rows.append(
-        ("kernel `kernels.cpu.step` (default threads, pre-planned)", t_kernel, "the ATC math")
+        ("kernel `CpuBackend.step` (default threads, pre-planned)", t_kernel, "the ATC math")
     )
     cursor_kernel = bench(kernel, repeats, setup=next_bar)  # re-measure next to 1-thread run
-    threads = numba.get_num_threads()  # what the default run just used
+    threads = cpu_threads(n)
     t_one = bench(lambda arg: kernel(arg, n_threads=1), repeats, setup=next_bar)  # serial
     rows.append(
         (

@@ -49,6 +49,10 @@ MIN_BLOCK = 4
 #: the block interleaves its nine window sums a family (twice the scalar speed on one
 #: stream), and a few bars repay the gather and scatter
 LONG_HISTORY = 8
+#: stream-bars of lane work one update of the scalar step driver counts for in the
+#: thread choice: it costs 3-5 us a stream against 0.5-1 us in a lane block, so 1,000
+#: streams of it go parallel (bench_cpu's "kernel only" rows before the lane blocks)
+SCALAR_WORK = 3
 #: lane blocks a parallel task runs with one allocation of scratch (a step of 1,000
 #: streams is 125 blocks: enough tasks for the threads, few allocations)
 BLOCKS_PER_TASK = 8
@@ -312,7 +316,8 @@ class CpuBackend:
         n_rounds = max(round_starts.shape[0] - 1, 1)
         widest = order.shape[0] if n_rounds == 1 else int(np.diff(round_starts).max())
         threading_policy.run(
-            step_serial, step_parallel, self._threads(order.shape[0] // n_rounds, widest),
+            step_serial, step_parallel,
+            self._threads(SCALAR_WORK * (order.shape[0] // n_rounds), widest),
             *arrays, slots, times, closes, order, round_starts, out,
         )  # fmt: skip
         return out
