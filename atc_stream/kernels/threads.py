@@ -15,7 +15,7 @@ from typing import Any
 #: Stream-bars of work each thread must get before a call goes parallel. In lane blocks a
 #: step costs ~0.5-0.7 us a stream and a warmup ~0.2 us a stream-bar, and on the 2-vCPU
 #: machine two threads start to beat one at ~3,000 streams a step (1,000: 0.73 ms on one,
-#: 0.77 on two; 4,000: 2.81 / 2.78; 5,000: 3.16 / 2.02 ms; RESULTS.md, "threads"): the
+#: 0.77 on two; 4,000: 2.81 / 2.78; 5,000: 3.16 / 2.02 ms; RESULTS.md, bench_threads): the
 #: wake-up of a sleeping workqueue pool and each thread's cold caches cost about as
 #: much as a thousand streams. Two threads' worth of work is therefore 3,000.
 MIN_WORK_PER_THREAD = 1_500
