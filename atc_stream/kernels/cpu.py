@@ -241,22 +241,32 @@ def plan_blocks(counters, param_lengths, slots, counts, min_block):
 
 
 @cached_jit(njit(cache=True))
-def steady_param_rows(counters, param_lengths, slots, counts, param_rows):
-    """``param_rows[i]``: the parameter row of ``slots[i]``. True when every row with a bar
-    (``counts[i] > 0``) is at or past its row's ``steady_bar``: ``plan_blocks`` then
-    depends only on the slots, counts and parameter rows, so a plan made while they were
-    the same, all steady, is the plan of this call too."""
+def steady_param_rows(counters, param_lengths, slots, counts, param_rows, last_slots,
+                      last_counts, last_rows):  # fmt: skip
+    """``param_rows[i]``: the parameter row of ``slots[i]``. Returns ``(steady, same)``:
+    ``steady`` when every row with a bar (``counts[i] > 0``) is at or past its row's
+    ``steady_bar``, ``same`` when the slots, counts and parameter rows are ``last_slots``,
+    ``last_counts`` and ``last_rows``. ``plan_blocks`` of a steady call depends on those
+    alone, so a plan made for the same ones, all steady then too, is this call's plan."""
+    n = slots.shape[0]
+    same = last_slots.shape[0] == n
     steady = np.full(param_lengths.shape[0], -1, np.int64)
     all_steady = True
-    for i in range(slots.shape[0]):
-        row = counters[slots[i], PARAM_ROW]
+    for i in range(n):
+        slot = slots[i]
+        row = counters[slot, PARAM_ROW]
         param_rows[i] = row
+        if same and (last_slots[i] != slot or last_counts[i] != counts[i] or last_rows[i] != row):
+            same = False
         if counts[i] > 0:
             if steady[row] < 0:
                 steady[row] = steady_bar(param_lengths[row])
-            if counters[slots[i], BAR_INDEX] < steady[row]:
+            if counters[slot, BAR_INDEX] < steady[row]:
                 all_steady = False
-    return all_steady
+    return all_steady, same
+
+
+_NO_PLAN = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
 
 
 def n_tasks(block_starts: np.ndarray) -> int:
@@ -307,7 +317,9 @@ class CpuBackend:
     def _step(self, arrays, slots, times, closes, order, round_starts) -> np.ndarray:
         """``step`` on ``arrays`` (ring, values, counters, param_lengths, param_values):
         the store's, or the private copies of a preview."""
-        out = np.full((slots.shape[0], N_OUT), np.nan)  # rows of rejected updates stay NaN
+        # every update writes its whole row; only rejected updates' rows stay NaN
+        n = slots.shape[0]
+        out = np.empty((n, N_OUT)) if order.shape[0] == n else np.full((n, N_OUT), np.nan)
         if round_starts.shape[0] == 2 and order.shape[0] >= MIN_BLOCK:
             order = self._step_blocks(arrays, slots, times, closes, order, out)
             if not order.shape[0]:
@@ -347,15 +359,11 @@ class CpuBackend:
         again, every one steady (``steady_param_rows``): a live feed's steps are all
         alike, and planning 1,000 streams costs about a sixth of their step."""
         param_rows = np.empty(slots.shape[0], np.int64)
-        steady = steady_param_rows(counters, param_lengths, slots, counts, param_rows)
         last = self._last_plan
-        if (
-            steady
-            and last is not None
-            and np.array_equal(last[0], slots)
-            and np.array_equal(last[1], counts)
-            and np.array_equal(last[2], param_rows)
-        ):
+        steady, same = steady_param_rows(
+            counters, param_lengths, slots, counts, param_rows, *(last or _NO_PLAN)[:3]
+        )
+        if steady and same and last is not None:
             return last[3]
         plan = plan_blocks(counters, param_lengths, slots, counts, MIN_BLOCK)
         self._last_plan = (slots.copy(), counts, param_rows, plan) if steady else None
