@@ -64,6 +64,20 @@ def _scalar_warmup(store, slots, times, closes, counts, record_all=True):
     return out
 
 
+def _warmed_pair(rng, param_rows: np.ndarray, bars: int, warm: int):
+    """Two equal stores (one for the scalar driver, one for the lanes) of random walks
+    of ``bars`` bars, the first ``warm`` applied by the scalar core: ``(scalar, lanes,
+    slots, times, closes)``, times 1, 2, ... for every stream."""
+    n = param_rows.shape[0]
+    scalar, slots = _store(n, param_rows)
+    lanes, _ = _store(n, param_rows)
+    closes = _walks(rng, n, bars)
+    times = np.tile(np.arange(1, bars + 1, dtype=np.int64), (n, 1))
+    for store in (scalar, lanes):
+        _scalar_warmup(store, slots, times[:, :warm], closes[:, :warm], np.full(n, warm))
+    return scalar, lanes, slots, times, closes
+
+
 def _assert_same_state(a: StateStore, b: StateStore) -> None:
     assert _same(a.values, b.values)
     assert _same(a.ring, b.ring)
@@ -214,14 +228,7 @@ def test_steps_update_stored_blocks_in_place_bit_identically(threads):
     driver's."""
     rng = np.random.default_rng(23)
     n = 45  # the last stored block is part-used
-    param_rows = np.zeros(n, np.int64)
-    scalar, slots = _store(n, param_rows)
-    lanes, _ = _store(n, param_rows)
-    closes = _walks(rng, n, 180)
-    counts = np.full(n, 100, np.int64)
-    times = np.tile(np.arange(1, 101, dtype=np.int64), (n, 1))
-    for store in (scalar, lanes):
-        _scalar_warmup(store, slots, times, closes[:, :100], counts)
+    scalar, lanes, slots, _, closes = _warmed_pair(rng, np.zeros(n, np.int64), 180, 100)
     backend = cpu.CpuBackend(lanes, threads=threads)
     seen_whole = seen_part = False
     for t in range(100, 180):
@@ -281,14 +288,7 @@ def test_a_steady_step_reuses_its_plan_only_while_it_is_the_plan(threads):
     ``plan_blocks``, and the outputs and the state equal the scalar driver's."""
     rng = np.random.default_rng(31)
     n = 40
-    param_rows = np.repeat([0, 1], n // 2)
-    scalar, slots = _store(n, param_rows)
-    lanes, _ = _store(n, param_rows)
-    closes = _walks(rng, n, 260)
-    counts = np.full(n, 60, np.int64)
-    times = np.tile(np.arange(1, 261, dtype=np.int64), (n, 1))
-    for store in (scalar, lanes):
-        _scalar_warmup(store, slots, times[:, :60], closes[:, :60], counts)
+    scalar, lanes, slots, times, closes = _warmed_pair(rng, np.repeat([0, 1], n // 2), 260, 60)
     backend = cpu.CpuBackend(lanes, threads=threads)
     ones = np.ones(n, np.int64)
     reused = 0
