@@ -51,7 +51,7 @@ MIN_BLOCK = 4
 LONG_HISTORY = 8
 #: stream-bars of lane work one update of the scalar step driver counts for in the
 #: thread choice: it costs 3-5 us a stream against 0.5-1 us in a lane block, so 1,000
-#: streams of it go parallel (bench_cpu's "kernel only" rows before the lane blocks)
+#: streams of it go parallel, as before the lane blocks (RESULTS.md, bench_threads)
 SCALAR_WORK = 3
 #: lane blocks a parallel task runs with one allocation of scratch (a step of 1,000
 #: streams is 125 blocks: enough tasks for the threads, few allocations)
@@ -356,8 +356,8 @@ class CpuBackend:
 
     def _step_plan(self, counters, param_lengths, slots, counts):
         """``plan_blocks`` of a step, or the last step's plan while the same streams step
-        again, every one steady (``steady_param_rows``): a live feed's steps are all
-        alike, and planning 1,000 streams costs about a sixth of their step."""
+        again, every one steady (``steady_param_rows``): a loop over the same slots plans
+        once, where planning 1,000 streams cost about a sixth of their step."""
         param_rows = np.empty(slots.shape[0], np.int64)
         last = self._last_plan
         steady, same = steady_param_rows(
