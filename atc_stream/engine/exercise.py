@@ -17,13 +17,13 @@ def exercise_kernels(
     """Every CPU kernel an engine calls, once, with the argument types of real calls
     (``kernels.prepare``'s exercise: ``kernels.prepare.CALLS_PER_EXERCISE`` calls, or
     ``ATC_CALLS_PER_EXERCISE`` without the ``strategies`` kernels)."""
-    from atc_stream.kernels.cpu import LANES, MIN_BLOCK
+    from atc_stream.kernels.cpu import BLOCKS_PER_TASK, LANES, MIN_BLOCK
 
     engine = engine_cls(backend="cpu", capacity=2, threads=threads)
     times = np.arange(3, dtype=np.int64)
-    # streams of one phase in two lane blocks (16 + 4): with one block, every call runs
-    # (and loads) only the serial block driver
-    names = [f"S{i}" for i in range(LANES + MIN_BLOCK)]
+    # streams of one phase in two parallel tasks of lane blocks (64 + 4): with one task,
+    # every call runs (and loads) only the serial block driver
+    names = [f"S{i}" for i in range(LANES * BLOCKS_PER_TASK + MIN_BLOCK)]
     engine.warmup({name: (times, np.array([1.0, 2.0, 3.0])) for name in names})
     tick()
     # two short histories, fewer than a lane block: the scalar warmup drivers
