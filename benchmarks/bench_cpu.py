@@ -500,7 +500,7 @@ def cpu_threads(n: int) -> int:
     from atc_stream.kernels import cpu
     from atc_stream.kernels.threads import choose_threads
 
-    return choose_threads(n, -(-n // (cpu.LANES * cpu.BLOCKS_PER_TASK)))
+    return choose_threads(n, cpu.n_tasks(-(-n // cpu.LANES)))
 
 
 def step_breakdown(eng, slots, next_bar, repeats, t_arrays, t_items, t_kernel, kernel):

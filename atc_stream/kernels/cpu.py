@@ -269,9 +269,10 @@ def steady_param_rows(counters, param_lengths, slots, counts, param_rows, last_s
 _NO_PLAN = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
 
 
-def n_tasks(block_starts: np.ndarray) -> int:
-    """The parallel tasks of ``warmup_blocks`` over these blocks: what threads can share."""
-    return (block_starts.shape[0] - 1 + BLOCKS_PER_TASK - 1) // BLOCKS_PER_TASK
+def n_tasks(n_blocks: int) -> int:
+    """The parallel tasks of ``warmup_blocks`` over ``n_blocks`` lane blocks: what threads
+    can share."""
+    return (n_blocks + BLOCKS_PER_TASK - 1) // BLOCKS_PER_TASK
 
 
 step_serial, step_parallel = compile_both(step)
@@ -347,7 +348,7 @@ class CpuBackend:
         if members.shape[0]:
             threading_policy.run(
                 warmup_blocks_serial, warmup_blocks_parallel,
-                self._threads(members.shape[0], n_tasks(block_starts)),
+                self._threads(members.shape[0], n_tasks(block_starts.shape[0] - 1)),
                 *arrays, slots, np.ascontiguousarray(times, np.int64).reshape(n, 1),
                 np.ascontiguousarray(closes, np.float64).reshape(n, 1), ones,
                 out.reshape(n, 1, N_OUT), False, members, block_starts, in_place,
@@ -445,7 +446,7 @@ class CpuBackend:
         if members.shape[0]:
             threading_policy.run(
                 warmup_blocks_serial, warmup_blocks_parallel,
-                self._threads(int(counts[members].sum()), n_tasks(block_starts)),
+                self._threads(int(counts[members].sum()), n_tasks(block_starts.shape[0] - 1)),
                 *self._arrays(), slots, times, closes, counts, out, record_all, members,
                 block_starts, in_place,
             )  # fmt: skip
