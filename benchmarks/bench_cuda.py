@@ -743,7 +743,8 @@ def main(argv=None) -> int:
         help="only the host-side per-step costs (before/after; no GPU needed), then stop",
     )  # fmt: skip
     parser.add_argument(
-        "--threads", default="", help="with a GPU: also time the step at these threads/block"
+        "--threads", default="",
+        help="with a GPU: also time the step at these threads/block (sizes up to --variants-up-to)",
     )
     parser.add_argument("--gpu-tests", action="store_true", help="run and record the GPU tests")
     parser.add_argument(
@@ -822,7 +823,7 @@ def main(argv=None) -> int:
         if have_gpu and variants:
             for variant in ("double-buffered", "cuda graph", "cuda graph, double-buffered"):
                 step += step_rows(n, "cuda", args.repeats, variant=variant)
-        if have_gpu:
+        if have_gpu and variants:
             for threads in [int(x) for x in args.threads.split(",") if x.strip()]:
                 step += step_rows(n, "cuda", args.repeats, threads)
     set_ratios(step)

@@ -2,11 +2,12 @@
 # Every check that needs a real NVIDIA GPU, in one run of at most ~9 minutes: versions, the
 # CPU kernels compiled once (4 processes in parallel, one shared cache), the GPU tests and the
 # CUDA kernel tests on the device, compute-sanitizer (memcheck, racecheck) over every kernel,
-# scripts/gpu_diagnose.py (the parity gate's verdict, SASS op counts, elementwise arithmetic)
-# and benchmarks/bench_cuda.py. Tests and benchmarks run with the parity gate off, so that they
-# show the differences rather than a refusal. Logs and the JSON record (7 files) go to
-# OUTDIR (default $OUT); the summary is printed last. Python packages the machine lacks (msgspec, tenacity,
-# pytest-timeout; numba-cuda 0.30 where it has another release) may travel as wheels in .whl/.
+# scripts/gpu_diagnose.py (the parity gate's verdict, SASS op counts, elementwise arithmetic),
+# Nsight Compute on one 10,000-stream step (scripts/gpu_profile.py) and benchmarks/bench_cuda.py.
+# Tests and benchmarks run with the parity gate off, so that they show the differences rather
+# than a refusal. Logs and the JSON record (8 files) go to OUTDIR (default $OUT); the summary
+# is printed last. Python packages the machine lacks (msgspec, tenacity, pytest-timeout;
+# numba-cuda 0.30 where it has another release) may travel as wheels in .whl/.
 #
 #   bash scripts/gpu_check.sh [OUTDIR] [BUDGET_SECONDS]
 set -u
@@ -64,7 +65,7 @@ compile_pids=()
 for part in "atc 1" "atc 16" "strategy 1" "strategy 16"; do
   # shellcheck disable=SC2086
   set -- $part
-  $PY - "$1" "$2" >>/tmp/atc-compile.log 2>&1 <<'EOF' &
+  timeout 240 $PY - "$1" "$2" >>/tmp/atc-compile.log 2>&1 <<'EOF' &
 import sys, time
 from atc_stream import Engine
 from atc_stream.engine import exercise
@@ -85,6 +86,17 @@ cat /tmp/atc-compile.log
 timeout 200 $PY scripts/gpu_diagnose.py >"$OUT_DIR/diagnosis.txt" 2>&1 &
 diagnosis_pid=$!
 export ATC_STREAM_CUDA_PARITY_CHECK=off
+
+# Nsight Compute on one steady 10,000-stream step kernel (registers, occupancy, throughput;
+# beside the untimed tests, so its durations are not the benchmark's)
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+if [ -n "$NCU" ]; then
+  (timeout 150 "$NCU" --clock-control none --kernel-name regex:step_kernel --launch-skip 1 \
+    --launch-count 1 --section SpeedOfLight --section LaunchStats --section Occupancy \
+    --section MemoryWorkloadAnalysis --section SchedulerStats --section WarpStateStats \
+    $PY scripts/gpu_profile.py 10000 >"$OUT_DIR/ncu.txt" 2>&1; echo "ncu rc $?" >>"$OUT_DIR/ncu.txt") &
+  ncu_pid=$!
+fi
 
 stamp "GPU and CUDA kernel tests on the device; memcheck and racecheck beside them"
 sanitizer_pids=()
@@ -114,10 +126,11 @@ fi
 
 wait "$diagnosis_pid"
 diagnosis_rc=$?
+[ -n "${ncu_pid:-}" ] && wait "$ncu_pid"
 
 stamp "bench_cuda.py ($(left) s left)"
 timeout "$(left)" $PY benchmarks/bench_cuda.py --no-host-costs --repeats 5 \
-  --step-sizes 1000,10000,100000,1000000 --backtest-sweep 2500,4,5000 \
+  --step-sizes 1000,10000,100000,1000000 --threads 32,64,256 --backtest-sweep 2500,4,5000 \
   --json "$OUT_DIR/bench_cuda.json" >"$OUT_DIR/bench.log" 2>&1
 bench_rc=$?
 
@@ -126,4 +139,5 @@ echo "== diagnosis (rc $diagnosis_rc)"; grep -v Warning "$OUT_DIR/diagnosis.txt"
 echo "== tests (rc $tests_rc)"; tail -25 "$OUT_DIR/gpu_tests.log"
 echo "== memcheck (rc $memcheck_rc)"; tail -6 "$OUT_DIR/memcheck.log" 2>/dev/null
 echo "== racecheck (rc $racecheck_rc)"; tail -6 "$OUT_DIR/racecheck.log" 2>/dev/null
+echo "== ncu"; grep -E "Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Memory Throughput|DRAM Throughput|Block Limit|Waves Per SM|Stall|ncu rc" "$OUT_DIR/ncu.txt" 2>/dev/null | head -24
 echo "== bench (rc $bench_rc)"; grep -v "^$" "$OUT_DIR/bench.log" | tail -60
