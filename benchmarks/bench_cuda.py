@@ -744,8 +744,8 @@ def main(argv=None) -> int:
     )  # fmt: skip
     parser.add_argument(
         "--threads", default="",
-        help="with a GPU: also time the step at these threads/block (sizes up to --variants-up-to)",
-    )
+        help="with a GPU: also time the step at these threads/block (up to --variants-up-to)",
+    )  # fmt: skip
     parser.add_argument("--gpu-tests", action="store_true", help="run and record the GPU tests")
     parser.add_argument(
         "--step-sizes", default="",
