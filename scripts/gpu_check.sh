@@ -130,7 +130,7 @@ diagnosis_rc=$?
 
 stamp "bench_cuda.py ($(left) s left)"
 timeout "$(left)" $PY benchmarks/bench_cuda.py --no-host-costs --repeats 5 \
-  --step-sizes 1000,10000,100000,1000000 --threads 32,64,256 --backtest-sweep 2500,4,5000 \
+  --step-sizes 1000,10000,100000,1000000 --backtest-sweep 2500,4,5000 \
   --json "$OUT_DIR/bench_cuda.json" >"$OUT_DIR/bench.log" 2>&1
 bench_rc=$?
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import types
 
 import pytest
@@ -28,6 +30,10 @@ FLOAT_KERNELS = ("step_kernel", "preview_kernel", "warmup_kernel", "local_warmup
 def _ptx_toolchain() -> str:
     """'' when numba can compile PTX here (libNVVM + NVRTC), else why not."""
     from numba import cuda
+
+    from atc_stream.kernels.ptx_guard import restore_numpy_names_numba_cuda_uses
+
+    restore_numpy_names_numba_cuda_uses()  # the tests below compile without the guard too
 
     def probe(out):
         out[0] = 1.0
@@ -83,6 +89,33 @@ def test_fma_hook_control_ptx(toolchain, guard):
         ptx = cuda.compile_ptx(_contractible, _SIG, cc=(9, 0))[0]
     assert not guard.ptx_has_fma(ptx)
     assert "mul.rn.f64" in ptx and "add.rn.f64" in ptx
+
+
+def test_ptx_compiles_with_a_numpy_that_lacks_row_stack(toolchain):
+    """numpy 2.5 removed ``np.row_stack``, which numba-cuda 0.30 registers at its first
+    compile: without the alias every compile fails (seen on a device with numpy 2.5). The
+    name is removed in a fresh process, where numba-cuda has not compiled yet."""
+    code = (
+        "import numpy as np, sys\n"
+        "del np.row_stack\n"
+        "sys.path.insert(0, 'tests')\n"
+        "from numba import cuda\n"
+        "def probe(out):\n"
+        "    out[0] = 1.0\n"
+        "try:\n"
+        "    cuda.compile_ptx(probe, 'void(float64[:])', cc=(8, 0))\n"
+        "except AttributeError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise SystemExit('the control compiled: numba-cuda no longer needs row_stack')\n"
+        "from test_cuda_ptx import _ptx_toolchain\n"
+        "raise SystemExit(_ptx_toolchain() or None)\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("cc", CCS)

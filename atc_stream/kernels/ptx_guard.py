@@ -34,10 +34,12 @@ class _NoFmaCompileIr:
         return self.original(llvmir, **options)
 
 
-def _alias_numpy_names_numba_cuda_registers() -> None:
+def restore_numpy_names_numba_cuda_uses() -> None:
     """numba-cuda 0.30 registers an overload of ``np.row_stack`` when its CUDA target first
     compiles; numpy 2.5 removed that name (an alias of ``np.vstack``), so every compile
-    failed there with an AttributeError. Restore the alias for it."""
+    failed there with an AttributeError. Restore the alias for it. Called before any
+    compile through this module; a caller compiling with numba-cuda directly (the PTX
+    tests) calls it first."""
     import numpy as np
 
     if not hasattr(np, "row_stack"):
@@ -46,7 +48,7 @@ def _alias_numpy_names_numba_cuda_registers() -> None:
 
 def _install_no_fma_hook() -> None:
     """Wrap ``nvvm.compile_ir`` (once) so that compiles inside ``no_fma()`` pass ``-fma=0``."""
-    _alias_numpy_names_numba_cuda_registers()
+    restore_numpy_names_numba_cuda_uses()
     from numba.cuda.cudadrv import nvvm
 
     if not isinstance(nvvm.compile_ir, _NoFmaCompileIr):
