@@ -5,9 +5,11 @@ a plain sweep never imports ray."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -85,7 +87,7 @@ def test_ray_sweep_replaces_a_one_process_trades_file(local_ray, files, tmp_path
 @pytest.mark.parametrize(
     ("address", "says"),
     [
-        ("127.0.0.1:1", "cannot reach the Ray cluster at 127.0.0.1:1"),
+        ("127.0.0.1:1", "cannot reach the Ray cluster at '127.0.0.1:1'"),
         ("no-port", "is not HOST:PORT"),
         ("host:99999", "is not HOST:PORT"),
     ],
@@ -97,6 +99,30 @@ def test_a_bad_or_unreachable_ray_address_is_one_line(capsys, tmp_path, files, a
     code, _, err = run_cli(capsys, [*args, "--ray", "--ray-address", address])
     assert code == 2
     assert says in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_address_where_no_ray_head_answers_is_one_line(capsys, tmp_path, files):
+    """A server that accepts the connection but does not speak gRPC (Ray would retry it
+    for minutes)."""
+    pytest.importorskip("ray")
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def answer_like_http_1():
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(64)
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+    threading.Thread(target=answer_like_http_1, daemon=True).start()
+    address = f"127.0.0.1:{server.getsockname()[1]}"
+    data, grid = files
+    args = ["sweep", str(data), "--grid", str(grid), "-o", str(tmp_path), "--no-progress"]
+    try:
+        code, _, err = run_cli(capsys, [*args, "--ray", "--ray-address", address])
+    finally:
+        server.close()
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "does not answer like a Ray head" in err
 
 
 def test_ray_address_needs_ray(capsys, tmp_path, files):

@@ -4,13 +4,13 @@ route an input stream to the shard streams, reshard (docs/design/cluster.md)."""
 from __future__ import annotations
 
 import signal
-import socket
 from pathlib import Path
 from typing import Any
 
 from atc_stream.app.console import RunError, err, log_warnings, param_sets_option
 from atc_stream.app.durability import check_backend
 from atc_stream.app.extras import require
+from atc_stream.app.ray_connect import connect
 
 
 def _client(redis_url: str):
@@ -45,50 +45,15 @@ def _shard_count(client, prefix: str, shards: int | None) -> int:
 
 
 def connect_ray(address: str | None, shards: int) -> None:
-    """Connect to the Ray cluster at ``address`` (None: start a local one); one
-    ``RunError`` line when it cannot be reached."""
-    require("ray", "atc-stream cluster")
-    import ray
+    """Join the Ray cluster at ``address`` (None: start a local one with one logical CPU
+    per shard at least, so that every actor is placed); one ``RunError`` line when it
+    cannot be reached."""
+    import os
 
-    if address not in (None, "auto", "local"):
-        why = _not_grpc(address)
-        if why is not None:
-            raise RunError(
-                f"cannot reach the Ray cluster at {address!r} ({why}): give the head's "
-                "address (`ray start --head` prints it), or leave out --ray-address for a "
-                "local one"
-            )
     options: dict[str, Any] = {"logging_level": "WARNING"}
     if address in (None, "local"):
-        # a local cluster: one logical CPU per shard at least, so every actor is placed
-        import os
-
-        options.update(num_cpus=max(os.cpu_count() or 1, shards), include_dashboard=False)
-    try:
-        ray.init(address=address, **options)
-    except Exception as exc:  # Ray raises several kinds; the first line says what failed
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise RunError(f"cannot connect to Ray at {address!r}: {first}") from None
-
-
-#: An HTTP/2 client preface and an empty SETTINGS frame: a gRPC server (Ray's GCS) answers
-#: with a SETTINGS frame of its own.
-_HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
-
-
-def _not_grpc(address: str, timeout: float = 3.0) -> str | None:
-    """Why ``address`` (``host:port``, ``ray://host:port``) is no gRPC server such as Ray's
-    head; None when it is one. Ray itself would retry a wrong address for minutes."""
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    try:
-        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout) as sock:
-            sock.sendall(_HTTP2_HELLO)
-            reply = sock.recv(9)
-    except (OSError, ValueError) as exc:
-        return str(exc) or type(exc).__name__
-    if len(reply) < 4 or reply[3] != 4:  # the 4th byte of a frame header is its type
-        return "it does not answer like a Ray head (no gRPC)"
-    return None
+        options["num_cpus"] = max(os.cpu_count() or 1, shards)
+    connect(address, "atc-stream cluster", **options)
 
 
 def run_cluster(

@@ -5,7 +5,6 @@ one-process sweep's, row for row (docs/design/resharding-and-sweeps.md)."""
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,17 +15,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from atc_stream.app.console import RunError
-from atc_stream.app.extras import require
 from atc_stream.app.grid import Grid
 from atc_stream.app.ranking import KEYS
+from atc_stream.app.ray_connect import connect
 from atc_stream.app.sweep_blocks import sweep_block, symbol_groups
 from atc_stream.core.errors import first_line
 from atc_stream.io.ohlc import OhlcTable
 from atc_stream.kernels.threads import numba_config, set_default_threads
-
-#: Seconds a ``--ray-address`` has to accept a TCP connection before the run gives up
-#: (``ray.init`` itself retries an unreachable address for minutes).
-CONNECT_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -89,43 +84,6 @@ def _shift_ids(table: pa.Table, first_ids: tuple[int, int]) -> pa.Table:
     return table
 
 
-def check_address(address: str | None) -> None:
-    """``RunError`` (one line) unless ``address`` is one ``ray.init`` can use at once:
-    None or ``auto``/``local``, or a ``[ray://]host:port`` that accepts a connection."""
-    if address is None or address in ("auto", "local"):
-        return
-    hostport = address.removeprefix("ray://")
-    host, _, port = hostport.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise RunError(f"--ray-address {address!r} is not HOST:PORT, ray://HOST:PORT or auto")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), CONNECT_TIMEOUT_S).close()
-    except OSError as exc:
-        raise RunError(
-            f"cannot reach the Ray cluster at {address}: {first_line(exc) or type(exc).__name__}"
-        ) from None
-
-
-def connect(address: str | None) -> bool:
-    """Ray initialised for this run (a local instance without ``address``); whether this
-    call started it (then the run shuts it down)."""
-    require("ray", "atc-stream sweep --ray")
-    check_address(address)
-    import ray
-
-    if ray.is_initialized():
-        return False
-    try:
-        ray.init(
-            address=address, include_dashboard=False, logging_level=logging.ERROR,
-            log_to_driver=False,
-        )  # fmt: skip
-    except Exception as exc:  # ray raises many types for a cluster it cannot join
-        where = f" at {address}" if address else ""
-        raise RunError(f"cannot start or join the Ray cluster{where}: {first_line(exc)}") from None
-    return True
-
-
 def sweep_on_ray(
     bars: OhlcTable, sets: Grid, split: int | None, backend: str, chunk: int,
     address: str | None, trades_dir: Path, progress: Callable[[int], Any],
@@ -133,7 +91,9 @@ def sweep_on_ray(
     """Run every block on Ray; each block's trades go to ``trades_dir`` as
     ``part-NNNNN.parquet`` (block order, so the dataset reads in the one-process order).
     The number of trades and the metrics (the one-process sweep's table)."""
-    started = connect(address)
+    started = connect(
+        address, "atc-stream sweep --ray", logging_level=logging.ERROR, log_to_driver=False
+    )
     import ray
 
     try:
