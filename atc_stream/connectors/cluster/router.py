@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from atc_stream.connectors.redis.resp import fail_fast_client, pack_command, send_packed
+from atc_stream.connectors.redis.resp import client_of, pack_command, send_packed
 from atc_stream.connectors.retry import DEFAULT_BACKOFF, Backoff, BackoffSchedule
 from atc_stream.core.shards import bars_stream, check_shards, shard_of
 
@@ -83,11 +83,7 @@ class Router:
         self.shards = check_shards(shards)
         if not isinstance(batch, int) or batch < 1:
             raise ValueError(f"batch must be an int >= 1, got {batch!r}")
-        self.client = (
-            fail_fast_client(redis_url_or_client, 10.0, connect_timeout=2.0)
-            if isinstance(redis_url_or_client, str)
-            else redis_url_or_client
-        )
+        self.client = client_of(redis_url_or_client, 10.0, connect_timeout=2.0)
         self.prefix = prefix
         self.batch = batch
         self.maxlen = maxlen
@@ -243,11 +239,7 @@ class StreamRouter:
         if not isinstance(input_stream, str) or not input_stream or input_stream in self.streams:
             raise ValueError(f"input_stream must be a non-empty str and no shard stream: "
                              f"{input_stream!r}")  # fmt: skip
-        self.client = (
-            fail_fast_client(redis_url_or_client, max(10.0, 5 * block_ms / 1000), 5.0)
-            if isinstance(redis_url_or_client, str)
-            else redis_url_or_client
-        )
+        self.client = client_of(redis_url_or_client, max(10.0, 5 * block_ms / 1000), 5.0)
         self.input_stream = input_stream
         self.group = group
         self.consumer = consumer

@@ -49,6 +49,18 @@ def fail_fast_client(
     )
 
 
+def client_of(
+    url_or_client: str | redis.Redis,
+    socket_timeout: float | None = None,
+    connect_timeout: float | None = None,
+) -> redis.Redis:
+    """``url_or_client`` when it is a client (the caller's own settings), else a
+    ``fail_fast_client`` of the URL with these timeouts."""
+    if isinstance(url_or_client, str):
+        return fail_fast_client(url_or_client, socket_timeout, connect_timeout)
+    return url_or_client
+
+
 def send_packed(client: redis.Redis, commands: Sequence[bytes]) -> list[Any]:
     """Send pre-packed commands in one write and read their replies (a raw pipeline).
 

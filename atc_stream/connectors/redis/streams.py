@@ -19,7 +19,7 @@ import msgspec
 import numpy as np
 import redis
 
-from atc_stream.connectors.redis.resp import fail_fast_client, pack_command, send_packed
+from atc_stream.connectors.redis.resp import client_of, pack_command, send_packed
 from atc_stream.connectors.redis.stream_output import (
     OutputStreams,
     format_id,
@@ -223,13 +223,10 @@ class RedisStreamRunner:
         self.engine = engine
         #: with strategies, entries carry open/high/low too (``MISSING_OHLC`` without)
         self._ohlc = bool(engine.strategies)
-        if isinstance(redis_url_or_client, str):
-            # no hidden retries: a lost XREADGROUP reply must surface (see _check_pending)
-            self.client = fail_fast_client(
-                redis_url_or_client, max(10.0, 5 * block_ms / 1000), connect_timeout=5.0
-            )
-        else:
-            self.client = redis_url_or_client
+        # no hidden retries: a lost XREADGROUP reply must surface (see _check_pending)
+        self.client = client_of(
+            redis_url_or_client, max(10.0, 5 * block_ms / 1000), connect_timeout=5.0
+        )
         self.input_stream = input_stream
         self.group = group
         self.consumer = consumer
