@@ -314,4 +314,9 @@ def test_a_steady_step_reuses_its_plan_only_while_it_is_the_plan(threads):
         got = backend.step(slots, step_times, closes[:, t].copy(), order, round_starts)
         assert _same(got, expected), t
         _assert_same_state(scalar, lanes)
+        if t % 20 == 0:  # a preview plans its private copies without touching the kept plan
+            kept, some = backend._last_plan, slots[: n - 10]
+            backend.preview(some, step_times[: n - 10] + 1, closes[: n - 10, t] * 1.01,
+                            np.ones(n - 10, bool))  # fmt: skip
+            assert backend._last_plan is kept, t
     assert reused > 100

@@ -315,14 +315,17 @@ class CpuBackend:
     ) -> np.ndarray:
         return self._step(self._arrays(), slots, times, closes, order, round_starts)
 
-    def _step(self, arrays, slots, times, closes, order, round_starts) -> np.ndarray:
+    def _step(
+        self, arrays, slots, times, closes, order, round_starts, keep_plan=True
+    ) -> np.ndarray:
         """``step`` on ``arrays`` (ring, values, counters, param_lengths, param_values):
-        the store's, or the private copies of a preview."""
+        the store's, or the private copies of a preview (``keep_plan`` False: the
+        copies' plan is not the store's, so it neither uses nor replaces the kept one)."""
         # every update writes its whole row; only rejected updates' rows stay NaN
         n = slots.shape[0]
         out = np.empty((n, N_OUT)) if order.shape[0] == n else np.full((n, N_OUT), np.nan)
         if round_starts.shape[0] == 2 and order.shape[0] >= MIN_BLOCK:
-            order = self._step_blocks(arrays, slots, times, closes, order, out)
+            order = self._step_blocks(arrays, slots, times, closes, order, out, keep_plan)
             if not order.shape[0]:
                 return out
             round_starts = np.array([0, order.shape[0]], np.int64)
@@ -335,15 +338,17 @@ class CpuBackend:
         )  # fmt: skip
         return out
 
-    def _step_blocks(self, arrays, slots, times, closes, order, out) -> np.ndarray:
+    def _step_blocks(self, arrays, slots, times, closes, order, out, keep_plan) -> np.ndarray:
         """A one-round step in lane blocks (``plan_blocks``, one bar per stream); returns
         the updates left to the scalar driver."""
         n = slots.shape[0]
         ones = np.zeros(n, np.int64)
         ones[order] = 1
         _ring, _values, counters, param_lengths, _param_values = arrays
-        members, block_starts, scalar_rows, in_place = self._step_plan(
-            counters, param_lengths, slots, ones
+        members, block_starts, scalar_rows, in_place = (
+            self._step_plan(counters, param_lengths, slots, ones)
+            if keep_plan
+            else plan_blocks(counters, param_lengths, slots, ones, MIN_BLOCK)
         )
         if members.shape[0]:
             threading_policy.run(
@@ -425,7 +430,7 @@ class CpuBackend:
         return self._step(
             copies, np.arange(slots.shape[0], dtype=np.int64),
             np.ascontiguousarray(times, np.int64), np.ascontiguousarray(closes, np.float64),
-            order, np.array([0, order.shape[0]], np.int64),
+            order, np.array([0, order.shape[0]], np.int64), False,
         )  # fmt: skip
 
     def warmup(
