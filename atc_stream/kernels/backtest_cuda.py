@@ -13,6 +13,7 @@ from atc_stream.kernels.backtest_cpu import (
     with_room_for_every_trade,
 )
 from atc_stream.kernels.compile import compile_module
+from atc_stream.kernels.cuda_launch import configure
 from atc_stream.kernels.ptx_guard import check_no_fma, no_fma
 from atc_stream.kernels.ptx_guard import kernel as ptx_kernel
 
@@ -79,7 +80,8 @@ def run_backtest_cuda(
         outputs = [cuda.to_device(host[name]) for name in names]
         blocks = (n_streams + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK
         with no_fma():
-            backtest_kernel[blocks, THREADS_PER_BLOCK](*shared, *per_stream, *table, *outputs)
+            launch = configure(backtest_kernel, blocks, THREADS_PER_BLOCK)
+            launch(*shared, *per_stream, *table, *outputs)
         check_no_fma(backtest_kernel, "backtest_kernel")
         for name, array in zip(names, outputs, strict=True):
             host[name] = array.copy_to_host()

@@ -37,6 +37,7 @@ from atc_stream.kernels.cuda_kernels import (
     transpose_kernel,
     warmup_kernel,
 )
+from atc_stream.kernels.cuda_launch import Launches
 from atc_stream.kernels.cuda_paper import CELL_FLOATS, CELL_INTS, paper_signatures
 from atc_stream.kernels.cuda_state import DeviceState
 from atc_stream.kernels.paper_cpu import strategy_outputs
@@ -110,6 +111,7 @@ class CudaBackend:
             made = make_graphs(self._cupy)
             if made is not None:
                 self.graphs, self.stream = made
+        self._launches = Launches(self.stream)
         self._ints = self._staging(np.int64)
         self._floats = self._staging(np.float64)
         self._warm_out = self._staging(np.float64)  # warmup output rows
@@ -191,8 +193,9 @@ class CudaBackend:
         if count <= 0:
             return
         blocks, threads = _launch_shape(count, self.threads_per_block)
+        launch = self._launches(kernel, blocks, threads)
         with no_fma():
-            kernel[blocks, threads, self.stream](*args)
+            launch(*args)
         check_no_fma(kernel)  # a specialisation compiled by this launch is read once
 
     def _timer_start(self):
