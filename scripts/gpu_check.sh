@@ -17,7 +17,7 @@ BUDGET=${2:-540}
 mkdir -p "$OUT_DIR"
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
-stamp() { echo "[$SECONDS s] $*"; }
+stamp() { echo "[$SECONDS s] $*" | tee -a "$OUT_DIR/machine.txt"; }
 left() { echo $((BUDGET - SECONDS)); }
 
 if compgen -G ".whl/*.whl" >/dev/null; then
