@@ -345,10 +345,8 @@ class CpuBackend:
         ones = np.zeros(n, np.int64)
         ones[order] = 1
         _ring, _values, counters, param_lengths, _param_values = arrays
-        members, block_starts, scalar_rows, in_place = (
-            self._step_plan(counters, param_lengths, slots, ones)
-            if keep_plan
-            else plan_blocks(counters, param_lengths, slots, ones, MIN_BLOCK)
+        members, block_starts, scalar_rows, in_place = self._step_plan(
+            counters, param_lengths, slots, ones, keep_plan
         )
         if members.shape[0]:
             threading_policy.run(
@@ -360,10 +358,14 @@ class CpuBackend:
             )  # fmt: skip
         return scalar_rows
 
-    def _step_plan(self, counters, param_lengths, slots, counts):
+    def _step_plan(self, counters, param_lengths, slots, counts, keep=True):
         """``plan_blocks`` of a step, or the last step's plan while the same streams step
         again, every one steady (``steady_param_rows``): a loop over the same slots plans
-        once, where planning 1,000 streams cost about a sixth of their step."""
+        once, where planning 1,000 streams cost about a sixth of their step. ``keep``
+        False (a preview's copies): planned apart, the kept plan neither used nor
+        replaced."""
+        if not keep:
+            return plan_blocks(counters, param_lengths, slots, counts, MIN_BLOCK)
         param_rows = np.empty(slots.shape[0], np.int64)
         last = self._last_plan
         steady, same = steady_param_rows(

@@ -3,6 +3,7 @@ route an input stream to the shard streams, reshard (docs/design/cluster.md)."""
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -48,8 +49,6 @@ def connect_ray(address: str | None, shards: int) -> None:
     """Join the Ray cluster at ``address`` (None: start a local one with one logical CPU
     per shard at least, so that every actor is placed); one ``RunError`` line when it
     cannot be reached."""
-    import os
-
     options: dict[str, Any] = {"logging_level": "WARNING"}
     if address in (None, "local"):
         options["num_cpus"] = max(os.cpu_count() or 1, shards)
