@@ -54,18 +54,26 @@ def claim_shards(client: redis.Redis, prefix: str, shards: int) -> int:
 
 
 def record_start(client: redis.Redis, prefix: str, shard: int, fields: dict[str, Any]) -> int:
-    """A shard actor starts: count it (``starts``) and record ``fields``; the count."""
+    """A shard actor starts: count it (``starts``) and record ``fields`` in one
+    transaction, so that no reader sees the new count beside the previous actor's state
+    and pid; the count."""
     key = heartbeat_key(prefix, shard)
-    starts = int(client.hincrby(key, "starts", 1))
-    beat(client, prefix, shard, fields)
-    return starts
+    pipe = client.pipeline(transaction=True)
+    pipe.hincrby(key, "starts", 1)
+    pipe.hset(key, mapping=_beat_values(fields))
+    starts, _ = pipe.execute()
+    return int(starts)
 
 
 def beat(client: redis.Redis, prefix: str, shard: int, fields: dict[str, Any]) -> None:
     """Write a shard's heartbeat (``heartbeat_ms`` = now) with ``fields``."""
+    client.hset(heartbeat_key(prefix, shard), mapping=_beat_values(fields))
+
+
+def _beat_values(fields: dict[str, Any]) -> dict[Any, Any]:
     values: dict[Any, Any] = {k: ("" if v is None else v) for k, v in fields.items()}
     values["heartbeat_ms"] = int(time.time() * 1000)
-    client.hset(heartbeat_key(prefix, shard), mapping=values)
+    return values
 
 
 @dataclass
