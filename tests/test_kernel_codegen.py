@@ -13,7 +13,7 @@ from numba import njit
 
 from atc_stream.engine import Engine
 from atc_stream.kernels import cpu
-from atc_stream.kernels.simd import LANES
+from atc_stream.kernels.simd import LANES, SUM_PARTS
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -58,14 +58,19 @@ def test_cpu_kernels_contain_no_fma(compiled_kernels):
 
 def test_lane_kernel_is_vectorized(compiled_kernels):
     """The lane kernel's additions, multiplications and divisions are LLVM vector ops of
-    LANES doubles, and its window sums add a memory row to a register accumulator."""
+    LANES doubles, its window sums run on vectors of a row's part (``simd.SUM_PARTS``),
+    and they add a memory row to a register accumulator."""
     ir, asm = _fresh_code(cpu.block_warmup)
     vector = f"<{LANES} x double>"
+    sum_vector = f"<{LANES // SUM_PARTS} x double>"
     for operation in ("fadd", "fsub", "fmul", "fdiv"):
         count = len(re.findall(rf"= {operation} {re.escape(vector)} ", ir))
         assert count >= 6, f"{operation} on {vector}: {count} in the lane kernel's IR"
+    # the nine chains of the plain and of the weighted family sums
+    sum_adds = len(re.findall(rf"= fadd {re.escape(sum_vector)} ", ir))
+    assert sum_adds >= 18, f"fadd on {sum_vector}: {sum_adds} in the lane kernel's IR"
     scalar_adds = len(re.findall(r"= fadd double ", ir))
-    vector_adds = len(re.findall(rf"= fadd {re.escape(vector)} ", ir))
+    vector_adds = len(re.findall(r"= fadd <\d+ x double> ", ir))
     assert vector_adds > 4 * scalar_adds, (vector_adds, scalar_adds)
     if platform.machine() in ("x86_64", "AMD64"):
         assert len(PACKED_ASM.findall(asm)) >= 50, "few packed-double instructions"

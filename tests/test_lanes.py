@@ -320,3 +320,72 @@ def test_a_steady_step_reuses_its_plan_only_while_it_is_the_plan(threads):
                             np.ones(n - 10, bool))  # fmt: skip
             assert backend._last_plan is kept, t
     assert reused > 100
+
+
+def _family_sums_in_parts(parts: int):
+    """``lanes.family_sums`` compiled with its window sums in ``parts`` parts of a row
+    (``simd.SUM_PARTS``: the host's choice is one of them; both are tested here)."""
+    from numba import njit
+
+    from atc_stream.kernels import lanes, simd
+    from atc_stream.kernels.compile import compile_module
+
+    load, store, splat = (
+        (simd.load_whole, simd.store_whole, simd.splat_whole)
+        if parts == 1
+        else (simd.load_half, simd.store_half, simd.splat_half)
+    )
+    variant = compile_module(
+        lanes,
+        njit(error_model="numpy", inline="always"),
+        compiled_imports={"SUM_PARTS": parts, "load_sum": load, "store_sum": store,
+                          "splat_sum": splat},
+    )  # fmt: skip
+    family_sums = variant.family_sums
+
+    @njit(error_model="numpy")
+    def run(x, first, last, lengths, k0, weight, sums, row, weights):
+        family_sums(x, first, last, lengths, k0, weight, sums, row, weights)
+
+    return run
+
+
+def _python_window_sum(column, first, last, length, weight) -> float:
+    """One lane's window sum the canonical way: from 0.0, oldest row first."""
+    total = 0.0
+    for n, k in enumerate(range(last - length + 1, last + 1)):
+        y = float(column[k - first])
+        total += y if weight < 0 else float(n + weight) * y
+    return total
+
+
+@pytest.mark.parametrize("parts", [1, 2])
+def test_family_sums_in_row_parts_add_each_chain_in_the_canonical_order(parts):
+    from atc_stream.core.params import LENGTHS_PER_FAMILY
+    from atc_stream.kernels.simd import LANES
+
+    rng = np.random.default_rng(parts)
+    run = _family_sums_in_parts(parts)
+    x = np.ascontiguousarray(_walks(rng, LANES, 80).T)  # rows: positions, columns: lanes
+    x[5:40:3] *= 1.0 + 1e-9 * rng.standard_normal((12, LANES))  # bits beyond the grid too
+    weights = np.repeat(np.arange(80.0)[:, None], LANES, axis=1)
+    length_sets = (
+        [28, 19, 37, 23, 33, 17, 39, 14, 42],  # the default lengths, unordered
+        [1, 2, 3, 4, 5, 6, 7, 8, 9],
+        [9, 9, 9, 9, 9, 9, 9, 9, 9],  # no older part at all
+        [60, 1, 30, 2, 45, 3, 50, 4, 61],
+    )
+    for lengths in length_sets:
+        for weight in (-1, 0, 1):
+            for first, last in ((0, 79), (10, 70)):
+                sums = np.full((2 * LENGTHS_PER_FAMILY, LANES), np.nan)
+                lengths_row = np.array([0] * 9 + lengths, np.int64)
+                run(x[first:], first, last, lengths_row, 9, weight, sums, 9, weights)
+                for j, length in enumerate(lengths):
+                    if last - length + 1 < first:
+                        continue  # a window longer than the rows: never read
+                    expected = [
+                        _python_window_sum(x[first:, i], first, last, length, weight)
+                        for i in range(LANES)
+                    ]
+                    assert sums[9 + j].tolist() == expected, (lengths, weight, j)

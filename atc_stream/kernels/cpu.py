@@ -122,12 +122,16 @@ def warmup_blocks(
         starts = np.empty((lane_source.N_START_ROWS, LANES), np.int64)
         sums = np.empty((2 * LENGTHS_PER_FAMILY, LANES))
         diffs = np.empty((capacity, LANES))
+        weights = np.empty((capacity, LANES))
+        for i in range(capacity):
+            weights[i, :] = float(i)
         for b in range(task * BLOCKS_PER_TASK, min(n_blocks, (task + 1) * BLOCKS_PER_TASK)):
             start = block_starts[b]
             block_warmup(
                 ring, values, counters, param_lengths, param_values, slots, times, closes,
                 counts, out, record_all, members[start:block_starts[b + 1]],
                 block_starts[b + 1] - start, in_place[b], h, vals, o, lane, starts, sums, diffs,
+                weights,
             )  # fmt: skip
 
 

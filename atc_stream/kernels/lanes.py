@@ -32,11 +32,15 @@ from atc_stream.kernels.core import (
 )
 from atc_stream.kernels.simd import (
     LANES,
+    SUM_PARTS,
     floor,
     gather_tile,
     load,
+    load_sum,
     splat,
+    splat_sum,
     store,
+    store_sum,
     where,
 )
 from atc_stream.state.layout import (
@@ -185,10 +189,28 @@ def chain_sum(x, first, start, stop, weight):
     return acc
 
 
-def family_sums(x, first, last, lengths, k0, weight, sums, row):
+def part_chain_sum(x, first, start, stop, weight, part):
+    """``chain_sum`` of one part of the rows (``simd.SUM_PARTS``)."""
+    acc = splat_sum(0.0)
+    w = float(weight)
+    for k in range(start, stop):
+        if weight < 0:
+            acc = acc + load_sum(x, k - first, part)
+        else:
+            acc = acc + w * load_sum(x, k - first, part)
+            w += 1.0
+    return acc
+
+
+def family_sums(x, first, last, lengths, k0, weight, sums, row, weights):
     """``sums[row + j]``: the sum from 0.0, oldest first, of the window of ``lengths[k0 + j]``
     rows of ``x`` ending at position ``last`` (position ``i`` is row ``i - first``), each
-    row times its 1-based (``weight`` 1), 0-based (0) or no (-1) position weight."""
+    row times its 1-based (``weight`` 1), 0-based (0) or no (-1) position weight.
+
+    Runs on ``SUM_PARTS`` parts of the lanes one after the other, so that the nine chains
+    of a part stay in registers. Over the common rows a row's weight is read from
+    ``weights`` (row ``i`` holds ``i`` in every lane): one load a chain and row instead of
+    counting nine weights up, the same integer, so the same double."""
     shortest = lengths[k0]
     for j in range(1, LENGTHS_PER_FAMILY):
         shortest = min(shortest, lengths[k0 + j])
@@ -202,66 +224,49 @@ def family_sums(x, first, last, lengths, k0, weight, sums, row):
     s6 = last - lengths[k0 + 6] + 1
     s7 = last - lengths[k0 + 7] + 1
     s8 = last - lengths[k0 + 8] + 1
-    a0 = chain_sum(x, first, s0, common, weight)
-    a1 = chain_sum(x, first, s1, common, weight)
-    a2 = chain_sum(x, first, s2, common, weight)
-    a3 = chain_sum(x, first, s3, common, weight)
-    a4 = chain_sum(x, first, s4, common, weight)
-    a5 = chain_sum(x, first, s5, common, weight)
-    a6 = chain_sum(x, first, s6, common, weight)
-    a7 = chain_sum(x, first, s7, common, weight)
-    a8 = chain_sum(x, first, s8, common, weight)
-    if weight < 0:
-        for k in range(common, last + 1):
-            y = load(x, k - first)
-            a0 = a0 + y
-            a1 = a1 + y
-            a2 = a2 + y
-            a3 = a3 + y
-            a4 = a4 + y
-            a5 = a5 + y
-            a6 = a6 + y
-            a7 = a7 + y
-            a8 = a8 + y
-    else:
-        w0 = splat(float(common - s0 + weight))
-        w1 = splat(float(common - s1 + weight))
-        w2 = splat(float(common - s2 + weight))
-        w3 = splat(float(common - s3 + weight))
-        w4 = splat(float(common - s4 + weight))
-        w5 = splat(float(common - s5 + weight))
-        w6 = splat(float(common - s6 + weight))
-        w7 = splat(float(common - s7 + weight))
-        w8 = splat(float(common - s8 + weight))
-        for k in range(common, last + 1):
-            y = load(x, k - first)
-            a0 = a0 + w0 * y
-            a1 = a1 + w1 * y
-            a2 = a2 + w2 * y
-            a3 = a3 + w3 * y
-            a4 = a4 + w4 * y
-            a5 = a5 + w5 * y
-            a6 = a6 + w6 * y
-            a7 = a7 + w7 * y
-            a8 = a8 + w8 * y
-            w0 = w0 + 1.0
-            w1 = w1 + 1.0
-            w2 = w2 + 1.0
-            w3 = w3 + 1.0
-            w4 = w4 + 1.0
-            w5 = w5 + 1.0
-            w6 = w6 + 1.0
-            w7 = w7 + 1.0
-            w8 = w8 + 1.0
-    store(sums, row, a0)
-    store(sums, row + 1, a1)
-    store(sums, row + 2, a2)
-    store(sums, row + 3, a3)
-    store(sums, row + 4, a4)
-    store(sums, row + 5, a5)
-    store(sums, row + 6, a6)
-    store(sums, row + 7, a7)
-    store(sums, row + 8, a8)
+    for part in range(SUM_PARTS):
+        a0 = part_chain_sum(x, first, s0, common, weight, part)
+        a1 = part_chain_sum(x, first, s1, common, weight, part)
+        a2 = part_chain_sum(x, first, s2, common, weight, part)
+        a3 = part_chain_sum(x, first, s3, common, weight, part)
+        a4 = part_chain_sum(x, first, s4, common, weight, part)
+        a5 = part_chain_sum(x, first, s5, common, weight, part)
+        a6 = part_chain_sum(x, first, s6, common, weight, part)
+        a7 = part_chain_sum(x, first, s7, common, weight, part)
+        a8 = part_chain_sum(x, first, s8, common, weight, part)
+        if weight < 0:
+            for k in range(common, last + 1):
+                y = load_sum(x, k - first, part)
+                a0 = a0 + y
+                a1 = a1 + y
+                a2 = a2 + y
+                a3 = a3 + y
+                a4 = a4 + y
+                a5 = a5 + y
+                a6 = a6 + y
+                a7 = a7 + y
+                a8 = a8 + y
+        else:
+            for k in range(common, last + 1):
+                y = load_sum(x, k - first, part)
+                a0 = a0 + load_sum(weights, k - s0 + weight, part) * y
+                a1 = a1 + load_sum(weights, k - s1 + weight, part) * y
+                a2 = a2 + load_sum(weights, k - s2 + weight, part) * y
+                a3 = a3 + load_sum(weights, k - s3 + weight, part) * y
+                a4 = a4 + load_sum(weights, k - s4 + weight, part) * y
+                a5 = a5 + load_sum(weights, k - s5 + weight, part) * y
+                a6 = a6 + load_sum(weights, k - s6 + weight, part) * y
+                a7 = a7 + load_sum(weights, k - s7 + weight, part) * y
+                a8 = a8 + load_sum(weights, k - s8 + weight, part) * y
+        store_sum(sums, row, part, a0)
+        store_sum(sums, row + 1, part, a1)
+        store_sum(sums, row + 2, part, a2)
+        store_sum(sums, row + 3, part, a3)
+        store_sum(sums, row + 4, part, a4)
+        store_sum(sums, row + 5, part, a5)
+        store_sum(sums, row + 6, part, a6)
+        store_sum(sums, row + 7, part, a7)
+        store_sum(sums, row + 8, part, a8)
 
 
 def longest_length(lengths, k0):
@@ -271,23 +276,23 @@ def longest_length(lengths, k0):
     return longest
 
 
-def family_window_sums(family, h, p, lengths, sums, diffs):
+def family_window_sums(family, h, p, lengths, sums, diffs, weights):
     """The window quantities of a family's nine MAs into ``sums`` (see ``lane_sma``,
     ``lane_wma``, ``lane_lsma``, ``lane_kama``); EMA and DEMA need none."""
     k0 = family * LENGTHS_PER_FAMILY
     if family == HMA:
-        family_sums(h, 0, p, lengths, k0, -1, sums, 0)
+        family_sums(h, 0, p, lengths, k0, -1, sums, 0, weights)
     elif family == WMA:
-        family_sums(h, 0, p, lengths, k0, 1, sums, 0)
+        family_sums(h, 0, p, lengths, k0, 1, sums, 0, weights)
     elif family == LSMA:
-        family_sums(h, 0, p, lengths, k0, -1, sums, 0)
-        family_sums(h, 0, p, lengths, k0, 0, sums, LENGTHS_PER_FAMILY)
+        family_sums(h, 0, p, lengths, k0, -1, sums, 0, weights)
+        family_sums(h, 0, p, lengths, k0, 0, sums, LENGTHS_PER_FAMILY, weights)
     elif family == KAMA:
         # noise: the sum of |close[k + 1] - close[k]| over the window ending at k = p - 1
         first = p - longest_length(lengths, k0)
         for k in range(first, p):
             store(diffs, k - first, abs(load(h, k + 1) - load(h, k)))
-        family_sums(diffs, first, p - 1, lengths, k0, -1, sums, 0)
+        family_sums(diffs, first, p - 1, lengths, k0, -1, sums, 0, weights)
 
 
 def lane_dema(h, p, length, bar_index, vals, base, close):
@@ -344,10 +349,11 @@ def lane_equity(vals, equity_field, return_field, previous_signal, r, first, sta
 
 
 def lane_layer1(
-    family, h, p, lengths, bar_index, vals, decay, close, previous_close, r, sums, diffs
-):
+    family, h, p, lengths, bar_index, vals, decay, close, previous_close, r, sums, diffs,
+    weights,
+):  # fmt: skip
     """``core.layer1_signal``: the family's layer-1 signal (NaN while inactive)."""
-    family_window_sums(family, h, p, lengths, sums, diffs)
+    family_window_sums(family, h, p, lengths, sums, diffs, weights)
     cutout = lengths[CUTOUT_COLUMN]
     active = bar_index >= cutout
     first = bar_index == cutout
@@ -374,7 +380,7 @@ def lane_layer1(
     return floor((weighted / total) * 100.0 + 0.5) / 100.0
 
 
-def lane_bar(h, p, bar_index, lengths, pvalues, vals, lane, o, sums, diffs):
+def lane_bar(h, p, bar_index, lengths, pvalues, vals, lane, o, sums, diffs, weights):
     """One bar of every lane: ``core.update_stream`` with the outputs in ``o[column]``.
 
     ``bar_index`` decides every branch (all lanes share them); ``lane[L_BAR_INDEX]`` and
@@ -398,8 +404,9 @@ def lane_bar(h, p, bar_index, lengths, pvalues, vals, lane, o, sums, diffs):
     total = splat(0.0)
     for family in range(N_FAMILIES):
         signal = lane_layer1(
-            family, h, p, lengths, bar_index, vals, decay, close, previous_close, r, sums, diffs
-        )
+            family, h, p, lengths, bar_index, vals, decay, close, previous_close, r, sums, diffs,
+            weights,
+        )  # fmt: skip
         fam = FAMILY_BASE + family * FAMILY_FIELDS
         previous_signal = load(vals, fam + FAM_SIGNAL_PREV)
         store(vals, fam + FAM_SIGNAL_PREV, signal)
@@ -441,13 +448,15 @@ def lane_bar(h, p, bar_index, lengths, pvalues, vals, lane, o, sums, diffs):
 def block_warmup(
     ring, values, counters, param_lengths, param_values, slots, times, closes, counts,
     out, record_all, members, n_members, in_place, h, scratch, o, lane, starts, sums, diffs,
+    weights,
 ):  # fmt: skip
     """Apply ``counts[s]`` bars to ``slots[s]`` for the streams ``s = members[:n_members]``
     (one parameter row; bar indices equal, or all at least ``steady_bar``), like
     ``core.update_stream`` bar after bar. Scratch, every float array ``(rows, LANES)``:
     ``h`` (ring capacity + bars), ``scratch`` (N_VALUE_FIELDS), ``o`` (N_OUT), ``lane``
     (N_LANE_ROWS); ``starts`` int64 ``(N_START_ROWS, LANES)``; ``sums`` (2 x
-    LENGTHS_PER_FAMILY) and ``diffs`` (ring capacity) for ``family_window_sums``.
+    LENGTHS_PER_FAMILY), ``diffs`` (ring capacity) and ``weights`` (ring capacity, row ``i``
+    holding ``i`` in every lane) for ``family_window_sums``.
 
     With ``in_place`` (``cpu.plan_blocks`` sets it for streams of one stored block of
     values, ``state/layout.py``, in slot order and with one history length, when no other
@@ -505,7 +514,9 @@ def block_warmup(
                     growth = growth_factor(lam, lane_index, cutout)
                 previous_index = lane_index
             lane[L_GROWTH, i] = growth
-        lane_bar(h, capacity + t, bar_index + t, lengths, pvalues, vals, lane, o, sums, diffs)
+        lane_bar(
+            h, capacity + t, bar_index + t, lengths, pvalues, vals, lane, o, sums, diffs, weights
+        )
         for i in range(LANES):
             s = starts[S_MEMBER, i]
             if s < 0:

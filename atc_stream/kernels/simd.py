@@ -12,9 +12,11 @@ bit-identical to the scalar kernel's; nothing here allows contraction or reassoc
 import operator
 from typing import Any
 
+import llvmlite.binding as llvm
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
+from numba.core import config as numba_config
 from numba.extending import intrinsic, models, overload, register_model
 
 from atc_stream.state.layout import LANES
@@ -39,14 +41,31 @@ class LaneMask(types.Type):
         super().__init__(name=f"LaneMask({LANES})")
 
 
+class HalfVector(types.Type):
+    """``LANES // 2`` doubles: the streams of one half of a block."""
+
+    def __init__(self) -> None:
+        super().__init__(name=f"HalfVector({LANES // 2})")
+
+
 lane_vector = LaneVector()
 lane_mask = LaneMask()
+half_vector = HalfVector()
+_HALF = ir.VectorType(_DOUBLE, LANES // 2)
+#: the LLVM vector each vector type is
+_IR_VECTOR = {lane_vector: _VECTOR, half_vector: _HALF}
 
 
 @register_model(LaneVector)
 class _LaneVectorModel(models.PrimitiveModel):
     def __init__(self, dmm, fe_type):
         super().__init__(dmm, fe_type, _VECTOR)
+
+
+@register_model(HalfVector)
+class _HalfVectorModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _HALF)
 
 
 @register_model(LaneMask)
@@ -69,25 +88,29 @@ def _is_rows(ary) -> bool:
     return _c_array(ary, types.float64, 2)
 
 
-def _row_pointer(context, builder, array_type, array, row_type, row):
-    """Address of ``array[row, 0]`` as a pointer to a lane vector (rows hold LANES doubles)."""
+def _row_pointer(context, builder, array_type, array, row_type, row, vector=_VECTOR, column=None):
+    """Address of ``array[row, column]`` (default ``array[row, 0]``) as a pointer to a
+    ``vector`` (rows hold LANES doubles; ``column`` an intp value)."""
     rows = context.make_array(array_type)(context, builder, array)
     row = context.cast(builder, row, row_type, types.intp)
     stride = builder.extract_value(rows.strides, 0)
     address = builder.add(builder.ptrtoint(rows.data, cgutils.intp_t), builder.mul(row, stride))
-    return builder.inttoptr(address, _VECTOR.as_pointer())
+    if column is not None:
+        address = builder.add(address, builder.mul(column, ir.Constant(cgutils.intp_t, 8)))
+    return builder.inttoptr(address, vector.as_pointer())
 
 
-def _splat_value(context, builder, value_type, value):
-    """A scalar (float or integer, converted as numba converts it) broadcast to a vector."""
-    if value_type == lane_vector:
+def _splat_value(context, builder, value_type, value, vector=_VECTOR):
+    """A scalar (float or integer, converted as numba converts it) broadcast to a
+    ``vector``; a vector is returned as it is."""
+    if value_type in _IR_VECTOR:
         return value
     scalar = context.cast(builder, value, value_type, types.float64)
-    undef = ir.Constant(_VECTOR, ir.Undefined)
+    undef = ir.Constant(vector, ir.Undefined)
     first = builder.insert_element(undef, scalar, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(
-        first, undef, ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES)
-    )
+    width = vector.count
+    zeros = ir.Constant(ir.VectorType(_I32, width), [0] * width)
+    return builder.shuffle_vector(first, undef, zeros)
 
 
 def _scalar(value_type) -> bool:
@@ -96,6 +119,15 @@ def _scalar(value_type) -> bool:
 
 def _operand(value_type) -> bool:
     return value_type == lane_vector or _scalar(value_type)
+
+
+def _vector_type(a, b):
+    """The vector type of an operation on ``a`` and ``b`` (one vector type, or that type
+    and a scalar); None for anything else."""
+    kinds = {t for t in (a, b) if t in _IR_VECTOR}
+    if len(kinds) != 1 or not all(t in kinds or _scalar(t) for t in (a, b)):
+        return None
+    return kinds.pop()
 
 
 def _load(typingctx, rows, row):
@@ -148,16 +180,103 @@ def _splat(typingctx, value):
 splat: Any = intrinsic(_splat)
 
 
-def _binary(instruction) -> Any:
-    def vector_op(typingctx, a, b):
-        if _operand(a) and _operand(b) and lane_vector in (a, b):
+# -- parts of a row: the window sums' vectors ----------------------------------------
+
+
+def _part_intrinsics(kind) -> tuple[Any, Any, Any]:
+    """``load``, ``store`` and ``splat`` of ``kind`` vectors, where a row of LANES doubles
+    holds ``LANES // width`` of them: ``load(rows, row, part)`` is ``rows[row, part *
+    width : (part + 1) * width]``."""
+    vector = _IR_VECTOR[kind]
+    width = vector.count
+
+    def pointer(context, builder, signature, args):
+        part = context.cast(builder, args[2], signature.args[2], types.intp)
+        column = builder.mul(part, ir.Constant(cgutils.intp_t, width))
+        return _row_pointer(
+            context, builder, signature.args[0], args[0], signature.args[1], args[1], vector,
+            column,
+        )  # fmt: skip
+
+    def load_part(typingctx, rows, row, part):
+        if _is_rows(rows) and isinstance(row, types.Integer) and isinstance(part, types.Integer):
 
             def codegen(context, builder, signature, args):
-                x = _splat_value(context, builder, signature.args[0], args[0])
-                y = _splat_value(context, builder, signature.args[1], args[1])
+                return builder.load(pointer(context, builder, signature, args), align=8)
+
+            return kind(rows, row, part), codegen
+        return None
+
+    def store_part(typingctx, rows, row, part, value):
+        if (
+            _is_rows(rows)
+            and isinstance(row, types.Integer)
+            and isinstance(part, types.Integer)
+            and (value == kind or _scalar(value))
+        ):
+
+            def codegen(context, builder, signature, args):
+                value = _splat_value(context, builder, signature.args[3], args[3], vector)
+                builder.store(value, pointer(context, builder, signature, args), align=8)
+                return context.get_dummy_value()
+
+            return types.none(rows, row, part, value), codegen
+        return None
+
+    def splat_part(typingctx, value):
+        if _scalar(value):
+
+            def codegen(context, builder, signature, args):
+                return _splat_value(context, builder, signature.args[0], args[0], vector)
+
+            return kind(value), codegen
+        return None
+
+    for function in (load_part, store_part, splat_part):
+        function.__name__ = function.__qualname__ = f"{function.__name__}_{width}"
+    return intrinsic(load_part), intrinsic(store_part), intrinsic(splat_part)
+
+
+#: a row as one part (``part`` 0): lane vectors
+load_whole, store_whole, splat_whole = _part_intrinsics(lane_vector)
+#: a row as two parts, the block's first and second half of streams
+load_half, store_half, splat_half = _part_intrinsics(half_vector)
+
+
+def _target_features() -> str:
+    """The CPU features numba compiles for (as numba's codegen reads them)."""
+    features = getattr(numba_config, "CPU_FEATURES", None)  # set by numba at import
+    if features is not None:
+        return features
+    try:
+        return llvm.get_host_cpu_features().flatten()
+    except RuntimeError:  # a host LLVM cannot describe: assume the narrow registers
+        return ""
+
+
+#: Parts of a row the nine window sums of a family run in (``lanes.family_sums``): their
+#: nine accumulators fit AVX-512's 32 registers as lane vectors, but a lane vector takes
+#: two of AVX2's 16 (four of SSE2's), and they spilled to the stack on every row; as
+#: halves they fit. Each lane's operations are the same either way.
+SUM_PARTS = 1 if "+avx512f" in _target_features() else 2
+if SUM_PARTS == 1:
+    load_sum, store_sum, splat_sum = load_whole, store_whole, splat_whole
+else:
+    load_sum, store_sum, splat_sum = load_half, store_half, splat_half
+
+
+def _binary(instruction) -> Any:
+    def vector_op(typingctx, a, b):
+        kind = _vector_type(a, b)
+        if kind is not None:
+
+            def codegen(context, builder, signature, args):
+                vector = _IR_VECTOR[signature.return_type]
+                x = _splat_value(context, builder, signature.args[0], args[0], vector)
+                y = _splat_value(context, builder, signature.args[1], args[1], vector)
                 return getattr(builder, instruction)(x, y)
 
-            return lane_vector(a, b), codegen
+            return kind(a, b), codegen
         return None
 
     return intrinsic(vector_op)
@@ -271,10 +390,10 @@ def _vector_operands(a, b) -> bool:
     return _operand(a) and _operand(b) and lane_vector in (a, b)
 
 
-def _overload_binary(python_operator, vector_function):
+def _overload_binary(python_operator, vector_function, operands=_vector_operands):
     @overload(python_operator)
     def _overloaded(a, b):
-        if _vector_operands(a, b):
+        if operands(a, b):
             return lambda a, b: vector_function(a, b)
         return None
 
@@ -284,6 +403,9 @@ for _python, _vector in (
     (operator.sub, subtract),
     (operator.mul, multiply),
     (operator.truediv, divide),
+):
+    _overload_binary(_python, _vector, lambda a, b: _vector_type(a, b) is not None)
+for _python, _vector in (
     (operator.lt, less),
     (operator.le, less_equal),
     (operator.gt, greater),
