@@ -269,6 +269,24 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def kernel_target() -> str:
+    """What numba compiles the kernels for: the CPU name, its widest vector extension, and
+    the parts the lane kernel's window sums run in (``simd.SUM_PARTS``)."""
+    import llvmlite.binding as llvm
+    from numba.core import config as numba_config
+
+    from atc_stream.kernels import simd
+
+    features = simd.target_features()
+    widest = next(
+        (name for flag, name in (("+avx512f", "AVX-512"), ("+avx2", "AVX2"), ("+avx", "AVX"))
+         if flag in features),
+        "no AVX",
+    )  # fmt: skip
+    cpu = numba_config.CPU_NAME or llvm.get_host_cpu_name()
+    return f"{cpu} ({widest}; window sums in {simd.SUM_PARTS} part(s) of a lane block)"
+
+
 def machine_info() -> dict[str, Any]:
     import numba
 
@@ -297,6 +315,7 @@ def machine_info() -> dict[str, Any]:
         "numpy": np.__version__,
         "numba": numba.__version__,
         "platform": platform.platform(),
+        "kernels_compiled_for": kernel_target(),
         "load_average": os.getloadavg(),
     }
 
@@ -948,7 +967,8 @@ def main(argv: list[str] | None = None) -> int:
         f"({info['usable_cpus']} usable), {info['memory_gib']} GiB; "
         f"numba {info['numba']} with {info['numba_threads']} threads "
         f"({info['numba_threading_layer']} layer); numpy {info['numpy']}, "
-        f"Python {info['python']}; load average at start "
+        f"Python {info['python']}; kernels compiled for {info['kernels_compiled_for']}; "
+        f"load average at start "
         f"{' / '.join(f'{x:.2f}' for x in info['load_average'])} (1 / 5 / 15 min)"
     )
     print(

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+from bench_cpu import kernel_target
 
 import atc_stream
 from atc_stream import ATCParams, Engine
@@ -107,7 +108,8 @@ def main() -> None:
     rows.append((f"compute() of {series} bars", "threads=1", t, series, t / t_talib))
     rows.append((f"54 MAs of {series} bars", "TA-Lib", t_talib, series, 1.0))
     load = os.getloadavg()[0]
-    print(f"one CPU thread unless noted; load average {load:.2f}; medians of {args.repeats}")
+    print(f"one CPU thread unless noted; load average {load:.2f}; medians of {args.repeats}; "
+          f"kernels compiled for {kernel_target()}")  # fmt: skip
     print("| workload | path | time | stream-bars/s | ratio to TA-Lib |")
     print("|---|---|---|---|---|")
     for workload, path, seconds, stream_bars, ratio in rows:

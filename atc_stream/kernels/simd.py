@@ -243,7 +243,7 @@ load_whole, store_whole, splat_whole = _part_intrinsics(lane_vector)
 load_half, store_half, splat_half = _part_intrinsics(half_vector)
 
 
-def _target_features() -> str:
+def target_features() -> str:
     """The CPU features numba compiles for (as numba's codegen reads them)."""
     features = getattr(numba_config, "CPU_FEATURES", None)  # set by numba at import
     if features is not None:
@@ -258,7 +258,7 @@ def _target_features() -> str:
 #: nine accumulators fit AVX-512's 32 registers as lane vectors, but a lane vector takes
 #: two of AVX2's 16 (four of SSE2's), and they spilled to the stack on every row; as
 #: halves they fit. Each lane's operations are the same either way.
-SUM_PARTS = 1 if "+avx512f" in _target_features() else 2
+SUM_PARTS = 1 if "+avx512f" in target_features() else 2
 if SUM_PARTS == 1:
     load_sum, store_sum, splat_sum = load_whole, store_whole, splat_whole
 else:
