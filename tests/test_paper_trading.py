@@ -19,6 +19,7 @@ from atc_stream import ATCParams, Engine, Strategy, backtest
 from atc_stream.core.backtest_result import TRADE_COLUMNS
 from atc_stream.core.strategy_outputs import POSITION_COLUMNS, StrategyRows
 from atc_stream.engine.paper import BAD_OHLC, MISSING_OHLC, parse_ohlc_bars
+from atc_stream.state.layout import LANES, RING_HEAD
 from atc_stream.state.snapshot import FORMAT_VERSION, decode_snapshot
 
 BASE_TIME = 1_700_000_000_000
@@ -339,9 +340,21 @@ def test_a_format_1_snapshot_loads_and_continues_like_a_fresh_engine():
     assert old.strategies == [] and old.source_offsets == {"file": 40}
     rng = np.random.default_rng(7)  # the series the golden snapshot was taken of
     closes = 100 * np.exp(np.cumsum(rng.normal(0, 0.01, 41)))
+    # numpy's exp differs by an ulp between its AVX-512 and AVX2 code (2 of these 41
+    # closes): the closes the snapshot's ring remembers are the ones it was taken of
+    slot = old.slots_of("AAA")[0]
+    capacity = old.store.ring.shape[1] // 2
+    head = old.store.counters[slot, RING_HEAD]
+    ring = old.store.ring[slot]
+    closes[40 - capacity : 40] = [ring[(head + 1 + k) % capacity] for k in range(capacity)]
     times = np.arange(41, dtype=np.int64) * 60_000
     fresh = Engine(ATCParams(), backend="cpu")
     fresh.warmup({"AAA": (times[:40], closes[:40])})
+    fresh_slot = fresh.slots_of("AAA")[0]
+    assert np.array_equal(
+        old.store.values[slot // LANES, :, slot % LANES].view(np.int64),
+        fresh.store.values[fresh_slot // LANES, :, fresh_slot % LANES].view(np.int64),
+    )
     a = old.step([("AAA", int(times[40]), float(closes[40]))])
     b = fresh.step([("AAA", int(times[40]), float(closes[40]))])
     assert np.array_equal(a.signal.view(np.int64), b.signal.view(np.int64))
