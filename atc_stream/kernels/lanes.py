@@ -108,7 +108,7 @@ def lane_ema(h, p, length, bar_index, vals, field, close):
     if bar_index < length - 1:
         m = splat(NAN)
     elif bar_index == length - 1:
-        m = chain_sum(h, 0, p - length + 1, p + 1, -1) / length  # the SMA seed
+        m = chain_sum(h, 0, p - length + 1, p + 1) / length  # the SMA seed
     else:
         alpha = 2.0 / (length + 1)
         m = alpha * close + (1.0 - alpha) * load(vals, field)
@@ -175,22 +175,19 @@ if LENGTHS_PER_FAMILY != 9:
     raise ImportError("the family sums below are written for 9 lengths a family")
 
 
-def chain_sum(x, first, start, stop, weight):
-    """The sum from 0.0 of ``x[start:stop]``, each row times its weight (``weight`` for the
-    row at ``start``, one more per row; ``weight < 0`` for plain rows)."""
+def chain_sum(x, first, start, stop):
+    """The sum from 0.0 of ``x[start:stop]`` (position ``i`` is row ``i - first``),
+    oldest row first."""
     acc = splat(0.0)
-    w = float(weight)
     for k in range(start, stop):
-        if weight < 0:
-            acc = acc + load(x, k - first)
-        else:
-            acc = acc + w * load(x, k - first)
-            w += 1.0
+        acc = acc + load(x, k - first)
     return acc
 
 
 def part_chain_sum(x, first, start, stop, weight, part):
-    """``chain_sum`` of one part of the rows (``simd.SUM_PARTS``)."""
+    """The sum from 0.0 of one part (``simd.SUM_PARTS``) of ``x[start:stop]``, oldest row
+    first, each row times its weight (``weight`` for the row at ``start``, one more per
+    row; ``weight < 0`` for plain rows)."""
     acc = splat_sum(0.0)
     w = float(weight)
     for k in range(start, stop):
