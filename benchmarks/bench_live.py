@@ -89,7 +89,10 @@ class WallClockExchange(FakeExchange):
         next_tick = (self.t0 + (self.cursor + 1) * IMS) / 1000  # the bar's close on the clock
         for i in range(self.cursor, self.n_bars):
             t = self.t0 + i * IMS
-            # messages are built before the tick: only their sending is timed
+            # messages are built before the tick, half an interval before it: only their
+            # sending is timed, and building them (~2 ms of CPU for 200) does not compete
+            # with the clients for the two cores while they apply the last bar
+            await asyncio.sleep(max(0.0, next_tick - IMS / 2000 - time.time()))
             messages = {s: self.ws_message(s, i, self.closes[s][i], True) for s in self.closes}
             await asyncio.sleep(max(0.0, next_tick - time.time()))
             next_tick += IMS / 1000

@@ -23,6 +23,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("websockets")
 pytest.importorskip("aiohttp")
@@ -519,7 +521,7 @@ def test_parser_fast_path_agrees_with_the_full_parser():
         good.replace('"s": "BTCUSDT"', '"s": "btcusdt"'),  # lower-case symbol: accepted
         good.replace("btcusdt@kline_1m", "BTCUSDT@KLINE_1M"),  # stream name in capitals too
         good.replace('"s": "BTCUSDT"', '"s": "ETHUSDT"', 1),  # the event's symbol disagrees
-        good.replace('"c": "10.5"', '"c": 10.5'),  # a JSON number: full parser only
+        good.replace('"c": "10.5"', '"c": 10.5'),  # a JSON number: accepted by both
         good.replace('"c": "10.5"', '"c": "0"'),
         good.replace('"c": "10.5"', '"c": "nan"'),
         good.replace('"c": "10.5"', '"c": "abc"'),
@@ -530,6 +532,20 @@ def test_parser_fast_path_agrees_with_the_full_parser():
         good.replace('"T": 1700000099999', '"T": 1700000000000'),
         good.replace("BTCUSDT", "XRPUSDT"),
         json.dumps(json.loads(good)["data"]),  # raw-stream format: full parser only
+        # what msgspec's lax mode would coerce, and the full parser rejects
+        good.replace('"t": 1700000040000', '"t": 1700000040000.0'),
+        good.replace('"t": 1700000040000', '"t": "1700000040000"'),
+        good.replace('"x": true', '"x": 1'),
+        good.replace('"x": true', '"x": "1"'),
+        good.replace('"s": "BTCUSDT"', '"s": null', 1),
+        good.replace('"s": "BTCUSDT"', '"s": "null"', 1),
+        good.replace('"c": "10.5"', '"c": "NaN"'),
+        good.replace('"c": "10.5"', '"c": "Infinity"'),
+        good.replace('"c": "10.5"', '"c": " 10.5"'),
+        good.replace('"c": "10.5"', '"c": "1e-400"'),
+        good.replace('"c": "10.5"', '"c": "1e400"'),
+        good.replace('"c": "10.5"', '"c": true'),
+        good.replace('"c": "10.5"', '"c": null'),
     ]
     fast_hits = 0
     for raw in variants:
@@ -537,7 +553,29 @@ def test_parser_fast_path_agrees_with_the_full_parser():
         full = parser._parse(raw)
         assert fast is None or fast == full, raw
         fast_hits += fast is not None
-    assert fast_hits == 4  # the four well-formed combined-stream klines
+    assert fast_hits == 5  # the five well-formed combined-stream klines
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    text=st.one_of(
+        st.floats().map(repr),
+        st.decimals(allow_nan=False).map(str),
+        st.text(alphabet="0123456789.eE+-_ infatyINFxX", max_size=12),
+    )
+)
+def test_parser_fast_path_reads_prices_as_float_does(text):
+    """The fast path's lax decode turns a price string into the float ``float()`` makes of
+    it, or declines it; it never accepts a string the full parser rejects."""
+    parser = BinanceParser(["BTCUSDT"], "1m", Counter())
+    ex = FakeExchange({"BTCUSDT": np.array([10.0, 11.0])}, 1)
+    raw = ex.ws_message("BTCUSDT", 0, 10.5, True).replace(
+        '"c": "10.5"', json.dumps({"c": text})[1:-1]
+    )
+    fast = parser._parse_usual(raw)
+    assert fast is None or fast == parser._parse(raw)
+    if fast is not None:
+        assert fast.close == float(text)
 
 
 def test_cli_live_streams_to_file(tmp_path):

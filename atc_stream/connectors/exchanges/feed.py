@@ -9,14 +9,15 @@ import random
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
 from atc_stream.connectors.exchanges.bursts import BurstClock
 from atc_stream.connectors.exchanges.config import LiveConfig, LiveStats
 from atc_stream.connectors.exchanges.exchange import Exchange, KlineConnection, KlineHistory
+from atc_stream.connectors.exchanges.feed_items import BackfillDone, RunIO, SymbolState, WarmupDone
 from atc_stream.connectors.exchanges.idle_gc import IdleCollector
 from atc_stream.connectors.exchanges.kline_steps import KlineStepper
 from atc_stream.connectors.exchanges.klines import Kline, same_grid
@@ -44,40 +45,6 @@ READY_GRACE_MS = 5_000
 WARMUP_EVERY = 0.2
 #: Seconds a start-up warmup is assumed to take per bar of history before one was timed.
 WARMUP_SECONDS_PER_BAR = 1e-6
-
-
-@dataclass
-class _SymbolState:
-    last: int | None = None  #: open time of the last applied closed bar
-    filled_until: int | None = None  #: REST was asked about every bar opening before this
-    held: deque = field(default_factory=deque)  #: closed klines waiting for REST
-    held_preview: Kline | None = None
-    preview: Kline | None = None  #: newest in-progress kline of this batch
-    backfill: asyncio.Task[None] | None = None
-    failures: int = 0  #: backfills of this symbol that failed in a row
-    warming: bool = False  #: its history is being fetched for the warmup
-
-
-class _BackfillDone(NamedTuple):
-    symbol: str
-    start: int
-    bound: int | None  #: exclusive end (a later bar's open time); None: up to the clock
-    bars: list[Kline]  #: empty when ``error`` is set
-    error: BaseException | None
-
-
-class _WarmupDone(NamedTuple):
-    #: (symbol, REST's klines from before ``live_from`` up to the fetch) of each symbol
-    histories: list[tuple[str, list[Kline]]]
-
-
-class _RunIO(NamedTuple):
-    """Where one ``run`` gets bars from: made inside its event loop, passed down."""
-
-    rest: KlineHistory
-    #: websocket klines, fetched histories and finished backfills, in the order the
-    #: engine takes them
-    queue: StampedQueue
 
 
 class KlineClient:
@@ -166,7 +133,7 @@ class KlineClient:
         self.stats.connections = len(self.chunks)
         self.engine.add_symbols(names)
         self._stepper = KlineStepper(engine, names, self._ohlc)
-        self._state = {s: _SymbolState(last=t) for s, t in self._engine_lasts(names).items()}
+        self._state = {s: SymbolState(last=t) for s, t in self._engine_lasts(names).items()}
         self._engine_rejections_at_start = Counter(engine.rejections)
         self._pending: list[Kline] = []  # closed klines for the next step, in order
         self._preview_symbols: set[str] = set()
@@ -249,7 +216,7 @@ class KlineClient:
                 limiter=self.rest_limiter,
             )  # fmt: skip
             self.rest = rest
-            io = _RunIO(rest, StampedQueue(maxsize=self.config.max_queue))
+            io = RunIO(rest, StampedQueue(maxsize=self.config.max_queue))
             try:
                 if self.publisher is not None:
                     await self.publisher.start()
@@ -362,7 +329,7 @@ class KlineClient:
 
     # -- startup: warmup fresh symbols, backfill restored ones -------------------------------
 
-    def _begin_startup(self, io: _RunIO, streams: Sequence[KlineConnection]) -> list[str]:
+    def _begin_startup(self, io: RunIO, streams: Sequence[KlineConnection]) -> list[str]:
         """Before any kline comes: marks the symbols to warm up (their klines are held
         until their history is applied) and starts the backfills of restored ones (each
         once its websocket is open). Returns the symbols to warm up."""
@@ -383,7 +350,7 @@ class KlineClient:
             self._warmed.set()
         return fresh
 
-    async def _startup(self, io: _RunIO, fresh: Sequence[str]) -> None:
+    async def _startup(self, io: RunIO, fresh: Sequence[str]) -> None:
         """Fetches each fresh symbol's history in one request (when it fits a page) once
         its websocket is open, and returns when every one is applied (``_on_warmups``).
         Histories are passed on together every ``WARMUP_EVERY`` s: one batched warmup."""
@@ -409,14 +376,14 @@ class KlineClient:
                     bars = sum(len(klines) for _, klines in batch)
                     # clear of the next burst: symbols already live keep their latency
                     await self.bursts.wait_for_room(bars * self._warmup_seconds_per_bar)
-                    await io.queue.put(_WarmupDone(batch))
+                    await io.queue.put(WarmupDone(batch))
         finally:
             for task in fetches:  # one failed: the others stop too
                 task.cancel()
         assert self._warmed is not None
         await self._warmed.wait()
 
-    def _on_warmups(self, io: _RunIO, done: Sequence[_WarmupDone]) -> None:
+    def _on_warmups(self, io: RunIO, done: Sequence[WarmupDone]) -> None:
         """Applies fetched histories: the bars closed by ``live_from`` in one batched
         warmup, the later ones as steps (their results are emitted), then each symbol's
         held websocket klines (those REST brought too are dropped)."""
@@ -475,13 +442,13 @@ class KlineClient:
     # -- the engine side: one consumer applies everything in order -------------------------------
 
     async def _consume(
-        self, io: _RunIO, stop: asyncio.Event, max_bars: int | None, collector: IdleCollector
+        self, io: RunIO, stop: asyncio.Event, max_bars: int | None, collector: IdleCollector
     ) -> None:
         with collector:
             await self._consume_items(io, stop, max_bars, collector)
 
     async def _consume_items(
-        self, io: _RunIO, stop: asyncio.Event, max_bars: int | None, collector: IdleCollector
+        self, io: RunIO, stop: asyncio.Event, max_bars: int | None, collector: IdleCollector
     ) -> None:
         queue = self._queue = io.queue
         max_batch = self.config.max_batch
@@ -492,14 +459,13 @@ class KlineClient:
             # one clock read a batch: a closed kline opening after this is from the future
             self._future_after = self.clock_ms() + self._interval_bound
             # histories that came together are warmed up in one batch, where the first is
-            warmups = [item for item in items if isinstance(item, _WarmupDone)]
+            warmups = [item for item in items if isinstance(item, WarmupDone)]
+            arrivals = self._arrived
             for item, arrived in zip(items, queue.taken, strict=True):
                 if isinstance(item, Kline):
-                    pending = len(self._pending)
-                    self._dispatch(io, item)
-                    if len(self._pending) > pending:  # stepped in this batch
-                        self._arrived.append(arrived)
-                elif isinstance(item, _BackfillDone):
+                    if self._dispatch(io, item):  # stepped in this batch
+                        arrivals.append(arrived)
+                elif isinstance(item, BackfillDone):
                     self._on_backfill_done(io, item)
                 elif warmups:
                     self._on_warmups(io, warmups)
@@ -509,22 +475,46 @@ class KlineClient:
                 stop.set()
             await asyncio.sleep(0)
 
-    def _dispatch(self, io: _RunIO, k: Kline, released: bool = False) -> None:
-        st = self._state[k.symbol]
+    def _dispatch(self, io: RunIO, k: Kline, released: bool = False) -> bool:
+        """Applies ``k`` to its symbol's state: queued for the next step (True), held for
+        a backfill, kept as the preview, or rejected (counted)."""
+        symbol, open_time, _, _, _, _, _, _, closed = k
+        st = self._state[symbol]
+        last, step = st.last, self._interval_ms
+        if (
+            closed
+            and step
+            and last is not None
+            and open_time == last + step
+            and open_time <= self._future_after
+            and st.backfill is None
+            and not st.warming
+            and (st.filled_until is None or st.filled_until <= open_time)
+        ):  # the usual kline, the next bar of a live symbol: what the checks below accept
+            self._pending.append(k)
+            st.last = open_time
+            self.stats.closed_klines += 1
+            if st.preview is not None and st.preview.open_time <= open_time:
+                st.preview = None
+            return True
+        return self._dispatch_checked(io, k, st, released)
+
+    def _dispatch_checked(self, io: RunIO, k: Kline, st: SymbolState, released: bool) -> bool:
+        """``_dispatch`` of any kline, every check in turn."""
         if k.closed and k.open_time > self._future_after:
             # a closed bar cannot open more than one interval after now; applying one
             # would make every later bar of the symbol out of order (a frozen symbol)
             self.parser.reject("future_kline", k)
-            return
+            return False
         if st.backfill is not None or st.warming:
             self._hold(st, k)
-            return
+            return False
         last = st.last
         if last is not None:
             if k.open_time <= last:
                 if released:  # held while REST was asked, which brought this bar: expected
                     self.stats.backfill_overlap += 1
-                    return
+                    return False
                 if not k.closed:
                     reason = "stale_preview"
                 elif k.open_time == last:
@@ -532,7 +522,7 @@ class KlineClient:
                 else:
                     reason = "out_of_order_kline"
                 self.parser.reject(reason, k)
-                return
+                return False
             step = self._interval_ms  # None for months (calendar bars)
             if not (
                 (k.open_time - last) % step == 0
@@ -541,25 +531,27 @@ class KlineClient:
             ):
                 # an open time between two bar times would be applied as an extra bar
                 self.parser.reject("off_grid_kline", k)
-                return
+                return False
             expected = last + step if step else next_open(last, self.interval)
             if st.filled_until is not None and st.filled_until > expected:
                 expected = st.filled_until
             if k.open_time > expected:  # bars between were missed: fetch them first
                 self._start_backfill(io, k.symbol, st, expected, k.open_time)
                 self._hold(st, k)
-                return
+                return False
         if k.closed:
             self._pending.append(k)
             st.last = k.open_time
             self.stats.closed_klines += 1
             if st.preview is not None and st.preview.open_time <= k.open_time:
                 st.preview = None
-        elif self.config.previews:
+            return True
+        if self.config.previews:
             if st.preview is not None:
                 self.stats.previews_superseded += 1
             st.preview = k
             self._preview_symbols.add(k.symbol)
+        return False
 
     def _bar(self, k: Kline) -> tuple:
         """The engine's update of an in-progress kline: with strategies, its OHLC too."""
@@ -575,7 +567,7 @@ class KlineClient:
         prices = (np.array([getattr(k, f) for k in klines], np.float64) for f in fields)
         return (times, *prices)
 
-    def _hold(self, st: _SymbolState, k: Kline) -> None:
+    def _hold(self, st: SymbolState, k: Kline) -> None:
         if not k.closed:
             if st.held_preview is not None:
                 self.stats.previews_superseded += 1
@@ -586,13 +578,13 @@ class KlineClient:
             self.parser.reject("held_overflow", st.held.popleft())
 
     def _start_backfill(
-        self, io: _RunIO, symbol: str, st: _SymbolState, start: int, bound: int | None
+        self, io: RunIO, symbol: str, st: SymbolState, start: int, bound: int | None
     ) -> None:
         self.stats.backfills += 1
         st.backfill = asyncio.ensure_future(self._backfill(io, symbol, start, bound, 0.0))
 
     async def _backfill(
-        self, io: _RunIO, symbol: str, start: int, bound: int | None, delay: float
+        self, io: RunIO, symbol: str, start: int, bound: int | None, delay: float
     ) -> None:
         """Fetches the closed bars of ``symbol`` from ``start`` up to ``bound`` (exclusive;
         None: up to the clock, asked once its websocket is open) and queues them for the
@@ -613,14 +605,14 @@ class KlineClient:
                     break
                 if attempt < self.config.gap_confirm_retries:
                     await asyncio.sleep(self.config.gap_confirm_delay)
-            done = _BackfillDone(symbol, start, bound, bars, None)
+            done = BackfillDone(symbol, start, bound, bars, None)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            done = _BackfillDone(symbol, start, bound, [], exc)
+            done = BackfillDone(symbol, start, bound, [], exc)
         await io.queue.put(done)
 
-    def _on_backfill_done(self, io: _RunIO, done: _BackfillDone) -> None:
+    def _on_backfill_done(self, io: RunIO, done: BackfillDone) -> None:
         st = self._state[done.symbol]
         st.backfill = None
         if isinstance(done.error, RestBanned):  # retrying would prolong the ban: stop
@@ -647,7 +639,7 @@ class KlineClient:
             st.filled_until = max(st.filled_until or done.bound, done.bound)
         self._release(io, st)
 
-    def _release(self, io: _RunIO, st: _SymbolState) -> None:
+    def _release(self, io: RunIO, st: SymbolState) -> None:
         """Dispatches the klines held while REST was asked, in order (those it brought
         are dropped as overlap)."""
         held, st.held = st.held, deque()

@@ -109,24 +109,28 @@ _new_tuple = tuple.__new__
 
 
 class _TypedKline(msgspec.Struct, gc=False):
-    """The ``k`` object as the exchange sends it (prices as strings); for the fast path."""
+    """The ``k`` object of the fast path, decoded in msgspec's lax mode so that the prices,
+    sent as decimal strings, arrive as floats (msgspec's parse, correctly rounded like
+    ``float()``). The unions keep what lax mode would coerce: a time or ``x`` of another
+    JSON type decodes as that type, which the fast path then declines."""
 
-    t: int
-    T: int
+    t: int | float | str
+    T: int | float | str
     s: str
     i: str
-    o: str
-    h: str
-    l: str  # noqa: E741  (the exchange's name)
-    c: str
-    v: str
-    x: bool
+    o: float
+    h: float
+    l: float  # noqa: E741  (the exchange's name)
+    c: float
+    v: float
+    x: bool | int | float | str
 
 
 class _TypedEvent(msgspec.Struct, gc=False):
     e: str
     k: _TypedKline
-    s: str | None = None
+    #: absent or the symbol; a JSON null is declined here as in ``_parse``
+    s: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class _TypedCombined(msgspec.Struct, gc=False):
@@ -148,7 +152,7 @@ class BinanceParser(MessageParser):
             stream = f"{s.lower()}@kline_{interval.lower()}"
             if s.upper() == s and stream.lower() == stream:
                 self._streams[s] = stream
-        self._typed_decoder = msgspec.json.Decoder(_TypedCombined)
+        self._typed_decoder = msgspec.json.Decoder(_TypedCombined, strict=False)
 
     def parse(self, raw: str | bytes) -> Kline | None:
         """The kline in ``raw``, or None (counted by reason) when it holds none."""
@@ -168,6 +172,9 @@ class BinanceParser(MessageParser):
             return None
         data = msg.data
         k = data.k
+        t, close_time, closed = k.t, k.T, k.x
+        if type(t) is not int or type(close_time) is not int or type(closed) is not bool:
+            return None
         symbol = k.s
         stream = self._streams.get(symbol)
         if stream is None:  # not a subscribed symbol as the exchange writes them
@@ -177,21 +184,19 @@ class BinanceParser(MessageParser):
                 return None
         if data.e != "kline" or k.i != self.interval:
             return None
-        if data.s is not None and data.s != symbol and data.s.upper() != symbol:
+        outer = data.s
+        if outer is not msgspec.UNSET and outer != symbol and outer.upper() != symbol:
             return None
         if msg.stream != stream and msg.stream.lower() != stream:
             return None
-        if not 0 <= k.t <= k.T < MAX_TIME_MS:
+        if not 0 <= t <= close_time < MAX_TIME_MS:
             return None
-        try:  # the struct holds str: float() is what _number does with them
-            o, h, lo, c, v = float(k.o), float(k.h), float(k.l), float(k.c), float(k.v)
-        except ValueError:
-            return None
+        o, h, lo, c, v = k.o, k.h, k.l, k.c, k.v
         if not (v >= 0 and c > 0 and o > 0 and h > 0 and lo > 0):  # False for NaN too
             return None
         if not (v < _INF and c < _INF and o < _INF and h < _INF and lo < _INF):
             return None
-        return _new_tuple(Kline, (symbol, k.t, k.T, o, h, lo, c, v, k.x))
+        return _new_tuple(Kline, (symbol, t, close_time, o, h, lo, c, v, closed))
 
     def _parse(self, raw: str | bytes) -> Kline | None:
         msg = self.decode_object(raw)
