@@ -460,11 +460,10 @@ class KlineClient:
             self._future_after = self.clock_ms() + self._interval_bound
             # histories that came together are warmed up in one batch, where the first is
             warmups = [item for item in items if isinstance(item, WarmupDone)]
-            arrivals = self._arrived
             for item, arrived in zip(items, queue.taken, strict=True):
                 if isinstance(item, Kline):
                     if self._dispatch(io, item):  # stepped in this batch
-                        arrivals.append(arrived)
+                        self._arrived.append(arrived)
                 elif isinstance(item, BackfillDone):
                     self._on_backfill_done(io, item)
                 elif warmups:
@@ -481,7 +480,7 @@ class KlineClient:
         symbol, open_time, _, _, _, _, _, _, closed = k
         st = self._state[symbol]
         last, step = st.last, self._interval_ms
-        if (
+        usual = (  # the next bar of a live symbol: what the checks of ``_admits`` accept
             closed
             and step
             and last is not None
@@ -490,17 +489,19 @@ class KlineClient:
             and st.backfill is None
             and not st.warming
             and (st.filled_until is None or st.filled_until <= open_time)
-        ):  # the usual kline, the next bar of a live symbol: what the checks below accept
-            self._pending.append(k)
-            st.last = open_time
-            self.stats.closed_klines += 1
-            if st.preview is not None and st.preview.open_time <= open_time:
-                st.preview = None
-            return True
-        return self._dispatch_checked(io, k, st, released)
+        )
+        if not usual and not self._admits(io, k, st, released):
+            return False
+        self._pending.append(k)
+        st.last = open_time
+        self.stats.closed_klines += 1
+        if st.preview is not None and st.preview.open_time <= open_time:
+            st.preview = None
+        return True
 
-    def _dispatch_checked(self, io: RunIO, k: Kline, st: SymbolState, released: bool) -> bool:
-        """``_dispatch`` of any kline, every check in turn."""
+    def _admits(self, io: RunIO, k: Kline, st: SymbolState, released: bool) -> bool:
+        """Whether closed ``k`` is to be stepped, every check in turn; any other kline is
+        held for a backfill, kept as the preview or rejected (counted), and False."""
         if k.closed and k.open_time > self._future_after:
             # a closed bar cannot open more than one interval after now; applying one
             # would make every later bar of the symbol out of order (a frozen symbol)
@@ -540,11 +541,6 @@ class KlineClient:
                 self._hold(st, k)
                 return False
         if k.closed:
-            self._pending.append(k)
-            st.last = k.open_time
-            self.stats.closed_klines += 1
-            if st.preview is not None and st.preview.open_time <= k.open_time:
-                st.preview = None
             return True
         if self.config.previews:
             if st.preview is not None:
