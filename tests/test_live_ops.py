@@ -330,6 +330,10 @@ def test_cli_config_file_with_flags_winning_and_json_logs(tmp_path):
         ("symbols = 'BTCUSDT'\nlog_format = 'xml'\n", "key 'log_format'"),
         ("symbols = 'BTCUSDT'\n[live]\nhistory = 3\n", "unknown key 'live'"),
         ("symbols = \n", "cannot read config file"),
+        (
+            "symbols = 'BTCUSDT'\nmax_bars = 3\nmax-bars = 6\n",
+            "'max-bars' gives the option 'max_bars' a second time",
+        ),
     ],
 )
 def test_cli_config_file_refuses_a_bad_key_in_one_line(tmp_path, run_main, text, named):
@@ -351,3 +355,14 @@ def test_cli_metrics_port_without_the_metrics_extra_names_it(tmp_path, run_main,
     code, stderr = run_main(["live", "--symbols", "BTCUSDT", "--metrics-port", "9",
                              "--max-seconds", "1"])  # fmt: skip
     assert code == 2 and "atc-stream[metrics]" in stderr and len(stderr.splitlines()) == 1
+
+
+def test_cli_json_logs_carry_the_commands_own_refusal_of_a_flag(run_main):
+    """A value the command itself refuses (not click's parser) is a JSON line too."""
+    code, stderr = run_main(
+        ["live", "--symbols", "BTCUSDT", "--interval", "7x", "--log-format", "json"]
+    )
+    (line,) = stderr.strip().splitlines()
+    record = json.loads(line)
+    assert code == 2 and record["level"] == "error"
+    assert record["message"].startswith("Invalid value: interval must look like 1s")

@@ -218,7 +218,7 @@ def test_bad_ohlc_rows_are_counted_with_file_and_line(capsys, tmp_path):
     )
     result = replay(str(path), "-o", str(tmp_path / "s.jsonl"), "--strategy", "stop=0.1")
     assert result.exit_code == 0, result.output
-    assert "rejected inputs  duplicate_bar=1" in result.output
+    assert "rejected inputs  bad_ohlc=2, bad_open=1, duplicate_bar=1" in result.output
     assert "rejected rows: bad_ohlc=2, bad_open=1" in result.output
     assert "bars.csv:3: bad_ohlc: open=10 high=9 low=11 close=10" in result.output
     assert "bars.csv:5: bad_open: 'x'" in result.output

@@ -78,7 +78,7 @@ def test_plot_command_renders_a_png(tmp_path, signal_files, kind):
 def test_plot_command_errors_are_one_clear_line(tmp_path, signal_files):
     out = tmp_path / "chart.png"
     result = runner.invoke(app, ["plot", str(signal_files[0]), "-o", str(out)])
-    assert result.exit_code == 2 and "pick one with symbol" in result.output
+    assert result.exit_code == 2 and "pick one with --symbol" in result.output
     result = runner.invoke(app, ["plot", str(signal_files[0]), "--symbol", "NOPE", "-o", str(out)])
     assert result.exit_code == 2 and "no rows for symbol 'NOPE'" in result.output
     result = runner.invoke(app, ["plot", str(tmp_path / "missing.parquet"), "-o", str(out)])

@@ -3,6 +3,10 @@ stdout, the train/test split, and the chart of one backtested stream."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -10,10 +14,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from atc_stream.app.grid import GridError, load_grid, parse_grid
+from atc_stream.app.jobs.sweep import run_sweep
 from atc_stream.app.ranking import Curves, period_metrics
-from atc_stream.core.params import ATCParams
+from atc_stream.core.params import MAX_LENGTH, ATCParams
 from atc_stream.core.reference_backtest import backtest_series
-from atc_stream.core.strategy import Strategy
+from atc_stream.core.strategy import (
+    Strategy,
+    load_strategies,
+    parse_strategy,
+    strategies_from_specs,
+)
 from atc_stream.engine.backtest import backtest
 from atc_stream.io.ohlc import read_ohlc
 from atc_stream.io.readers import InputError
@@ -90,9 +100,12 @@ def test_grid_is_the_product_of_the_lists_last_key_fastest():
     assert grid.strategies_table().column("stop").to_pylist() == [0.0, 0.02]
 
 
-def test_a_missing_table_is_the_defaults():
-    grid = parse_grid({})
+def test_a_missing_or_empty_table_is_the_defaults_but_an_empty_grid_is_refused():
+    grid = parse_grid({"atc": {}})
     assert grid.params == [ATCParams()] and grid.strategies == [Strategy()]
+    assert parse_grid({"strategy": {"stop": 0.1}}).params == [ATCParams()]
+    with pytest.raises(GridError, match="the grid is empty"):
+        parse_grid({}, where="g.toml")
 
 
 @pytest.mark.parametrize(
@@ -108,6 +121,12 @@ def test_a_missing_table_is_the_defaults():
         ({"strategy": {"stop": [-0.1]}}, "stop"),
         ({"atc": {"ema_len": [[10]]}}, "ema_len"),
         ({"atc": [1, 2]}, "[atc]"),
+        ({"title": "x", "zz": 1, "atc": {}}, "'title', 'zz'"),
+        ({"atc": {"wma_len": 10**12}}, "wma_len must be <= 10000"),
+        ({"strategy": {"fee_bps": 10_000}}, "fee_bps must be < 10000"),
+        ({"strategy": {"fee_bps": [5, 5.0]}}, "fee_bps repeats"),
+        ({"strategy": {"stop": [0, 0.0]}}, "stop repeats"),
+        ({"strategy": {"stop": [0.0, -0.0]}}, "stop repeats"),
     ],
 )
 def test_grid_errors_name_the_key(document, named):
@@ -311,6 +330,150 @@ def test_sweep_reports_a_bad_grid_or_unreadable_data_in_one_line(capsys, tmp_pat
     code, _, stderr = run_cli(capsys, ["sweep", str(broken), "--grid", str(grid)])
     assert code == 2 and "cannot read Parquet" in stderr
     assert len(stderr.strip().splitlines()) == 1
+
+
+def test_sweep_refuses_a_length_beyond_the_maximum_in_one_line(capsys, tmp_path, sweep_files):
+    data, _ = sweep_files
+    assert ATCParams(ema_len=MAX_LENGTH).max_length == MAX_LENGTH + 6
+    with pytest.raises(ValueError, match=f"ema_len must be <= {MAX_LENGTH}"):
+        ATCParams(ema_len=MAX_LENGTH + 1)
+    grid = tmp_path / "big.toml"
+    grid.write_text("[atc]\nwma_len = 1000000000000\n")
+    code, _, stderr = run_cli(
+        capsys, ["sweep", str(data), "--grid", str(grid), "-o", str(tmp_path)]
+    )
+    assert code == 2 and len(stderr.strip().splitlines()) == 1
+    assert "wma_len must be <= 10000" in stderr
+
+
+def test_sweep_backend_cuda_without_cuda_is_one_line(capsys, tmp_path, sweep_files):
+    from atc_stream.kernels import cuda_available
+
+    if cuda_available(allow_simulator=True)[0]:
+        pytest.skip("CUDA runs here")
+    data, grid = sweep_files
+    args = ["sweep", str(data), "--grid", str(grid), "-o", str(tmp_path), "--backend", "cuda"]
+    code, _, stderr = run_cli(capsys, args)
+    assert code == 2 and len(stderr.strip().splitlines()) == 1
+    assert stderr.startswith("atc-stream: error: --backend cuda")
+
+
+@pytest.mark.parametrize("where", ["data", "grid", "beside"])
+def test_sweep_refuses_an_output_over_its_inputs_before_reading(
+    capsys, tmp_path, sweep_files, where
+):
+    data, grid = sweep_files
+    before = (data.read_bytes(), grid.read_text())
+    outdir = {"data": data, "grid": grid, "beside": data.parent / "out"}[where]
+    source = data.parent if where == "beside" else data  # a directory DATA holds the output
+    code, _, stderr = run_cli(
+        capsys, ["sweep", str(source), "--grid", str(grid), "-o", str(outdir)]
+    )
+    assert code == 2 and len(stderr.strip().splitlines()) == 1, stderr
+    assert stderr.startswith(f"atc-stream: error: -o {outdir} ") and "choose another path" in stderr
+    assert (data.read_bytes(), grid.read_text()) == before and not (data.parent / "out").exists()
+
+
+def test_sweep_says_it_compiles_before_a_first_run_compile(tmp_path, sweep_files):
+    """With an empty kernel cache the first line on stderr says so (killed right then:
+    the compile itself takes minutes)."""
+    data, grid = sweep_files
+    env = {**os.environ, "ATC_STREAM_CACHE_DIR": str(tmp_path / "cache")}
+    command = [sys.executable, "-m", "atc_stream", "sweep", str(data), "--grid", str(grid),
+               "-o", str(tmp_path / "out"), "--no-progress", "--backend", "cpu"]  # fmt: skip
+    with subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            first = proc.stderr.readline()
+        finally:
+            proc.kill()
+    assert first.startswith("atc-stream: compiling kernels (first run only)"), first
+
+
+def test_sweep_labels_rows_with_the_bars_interval(capsys, tmp_path):
+    hourly = ohlc_frame(symbols=("AAA", "BBB"), bars=200)
+    times = pc.add(pc.multiply(pc.subtract(hourly.column("time"), START), 60), START)
+    data = tmp_path / "hourly.parquet"
+    pq.write_table(hourly.set_column(1, "time", times), data)
+    grid = tmp_path / "g.toml"
+    grid.write_text("[strategy]\nstop = 0.02\n")
+    args = ["sweep", str(data), "--grid", str(grid), "--no-progress"]
+    code, _, stderr = run_cli(capsys, [*args, "-o", str(tmp_path / "a")])
+    assert code == 0, stderr
+    assert "of 1h bars" in stderr
+    for name in ("metrics", "trades"):
+        table = pq.read_table(tmp_path / "a" / f"{name}.parquet")
+        assert set(table.column("interval").to_pylist()) == {"1h"}, name
+    code, _, stderr = run_cli(capsys, [*args, "-o", str(tmp_path / "b"), "--interval", "1h"])
+    assert code == 0, stderr
+    code, _, stderr = run_cli(capsys, [*args, "-o", str(tmp_path / "c"), "--interval", "1m"])
+    assert code == 2 and len(stderr.strip().splitlines()) == 1
+    assert "--interval 1m does not match the bars, which are 1h apart" in stderr
+    assert not (tmp_path / "c").exists()
+
+
+def test_train_until_averages_only_the_symbols_with_bars_in_the_period(tmp_path, capsys):
+    """DDD's bars all come before the split: no test metrics of its own, and the test
+    averages are those of the other symbols. The metrics do not depend on the chunking."""
+    bars = pa.concat_tables(
+        [ohlc_frame(symbols=("AAA", "BBB", "CCC"), bars=240), ohlc_frame(("DDD",), bars=100)]
+    )
+    data = tmp_path / "bars.parquet"
+    pq.write_table(bars, data)
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID)
+    outs = []
+    for chunk in (4096, 1):
+        outs.append(tmp_path / f"out{chunk}")
+        assert run_sweep(
+            data=data, grid=grid, outdir=outs[-1], train_until="2024-01-01T02:30:00Z", top=3,
+            rank_by="total_return", backend="cpu", progress=False, chunk_streams=chunk,
+        ) == 0  # fmt: skip
+    capsys.readouterr()
+    metrics = pq.read_table(outs[0] / "metrics.parquet")
+    assert metrics.equals(pq.read_table(outs[1] / "metrics.parquet"))
+    assert metrics.column("period").to_pylist() == ["train"] * 16 + ["test"] * 16
+    keys = [(r["symbol"], r["params_id"], r["strategy_id"]) for r in metrics.to_pylist()]
+    assert keys[:16] == sorted(keys[:16]) and keys[16:] == sorted(keys[16:])
+    rows = metrics.to_pylist()
+    ddd = [r for r in rows if r["symbol"] == "DDD" and r["period"] == "test"]
+    assert len(ddd) == 4
+    assert all(r["total_return"] is None and r["trades"] == 0 for r in ddd)
+    ranking = pq.read_table(outs[0] / "ranking.parquet").to_pylist()
+    for row in ranking:
+        mine = [r for r in rows if (r["params_id"], r["strategy_id"]) == (row["params_id"],
+                row["strategy_id"])]  # fmt: skip
+        test = [r["total_return"] for r in mine if r["period"] == "test" and r["symbol"] != "DDD"]
+        assert row["test.symbols"] == 3 and row["train.symbols"] == 4
+        assert row["test.total_return"] == pytest.approx(np.mean(test), rel=1e-12)
+
+
+def test_an_empty_strategy_spec_or_a_stray_key_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="an empty strategy"):
+        strategies_from_specs([""])
+    with pytest.raises(ValueError, match="fee_bps must be < 10000"):
+        parse_strategy("fee_bps=10000")
+    path = tmp_path / "s.toml"
+    path.write_text('title = "x"\n[[strategy]]\nstop = 0.1\n')
+    with pytest.raises(ValueError, match="unknown key.*title"):
+        load_strategies(path)
+    path.write_text("")
+    with pytest.raises(ValueError, match="no strategy"):
+        load_strategies(path)
+    path.write_text("[[strategy]]\n")  # an empty table: the defaults, said so in the docs
+    assert load_strategies(path) == [Strategy()]
+
+
+def test_strategy_help_shows_the_table_name_and_replay_interval_default():
+    from typer.testing import CliRunner
+
+    from atc_stream.app.cli import app
+
+    runner = CliRunner(env={"COLUMNS": "240", "TERMINAL_WIDTH": "240", "NO_COLOR": "1"})
+    for command in ("replay", "live", "run-stream"):
+        text = runner.invoke(app, [command, "--help"]).output
+        assert "TOML file of [[strategy]] tables" in text, command
+    text = runner.invoke(app, ["replay", "--help"]).output
+    assert "inferred from their spacing" in text and "default 1m" not in text
 
 
 # -- the chart ---------------------------------------------------------------------------

@@ -82,6 +82,12 @@ def test_ray_sweep_replaces_a_one_process_trades_file(local_ray, files, tmp_path
     sweep(data, grid, tmp_path, ray=True, chunk_streams=1)  # more parts, none left over
     assert (tmp_path / "trades.parquet").is_dir()
     assert pq.read_table(tmp_path / "trades.parquet").equals(one)
+    whole_set = sorted(["_SUCCESS", *(f"{t}.parquet" for t in (*TABLES, "trades"))])
+    assert sorted(p.name for p in tmp_path.iterdir()) == whole_set  # nothing staged is left
+    sweep(data, grid, tmp_path)  # and a one-process table replaces the dataset
+    assert (tmp_path / "trades.parquet").is_file()
+    assert pq.read_table(tmp_path / "trades.parquet").equals(one)
+    assert sorted(p.name for p in tmp_path.iterdir()) == whole_set
 
 
 @pytest.mark.parametrize(

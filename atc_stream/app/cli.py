@@ -16,7 +16,7 @@ import typer
 
 from atc_stream.app.cluster_cli import cluster_app
 from atc_stream.app.config_file import load_config_file
-from atc_stream.app.console import PROGRAM, OptionError, RunError, err, error
+from atc_stream.app.console import PROGRAM, OptionError, RunError, err, error, lines_are_logged
 from atc_stream.app.defaults import INTERVAL, REDIS_PREFIX
 from atc_stream.app.logs import LogFormat, use_log_format
 from atc_stream.app.options import (
@@ -39,6 +39,7 @@ from atc_stream.app.options import (
     TradesOption,
     WarmupOption,
     check_speed,
+    redis_option,
 )
 
 app = typer.Typer(
@@ -118,7 +119,12 @@ def _run_job(job, *, logs: AbstractContextManager | None = None, **options) -> N
         try:
             status = job(**options)
         except OptionError as exc:
-            raise typer.BadParameter(str(exc), param_hint=exc.param_hint) from None
+            if not lines_are_logged():
+                raise typer.BadParameter(str(exc), param_hint=exc.param_hint) from None
+            # click would print it after the log format is undone: log it as a line
+            hint = f" for '{exc.param_hint}'" if exc.param_hint else ""
+            error(f"Invalid value{hint}: {exc}")
+            raise typer.Exit(2) from None
     if status:
         raise typer.Exit(status)
 
@@ -150,17 +156,11 @@ def replay(
         ),
     ] = "skip",
     symbol_column: Annotated[str, typer.Option(help="Column with the symbol.")] = "symbol",
-    time_column: Annotated[
-        str, typer.Option(help="Column with the bar time (int or ISO).")
-    ] = "time",
+    time_column: Annotated[str, typer.Option(help="Column with the bar time (int/ISO).")] = "time",
     close_column: Annotated[str, typer.Option(help="Column with the close.")] = "close",
-    open_column: Annotated[
-        str, typer.Option(help="With --strategy: column with the open.")
-    ] = "open",
-    high_column: Annotated[
-        str, typer.Option(help="With --strategy: column with the high.")
-    ] = "high",
-    low_column: Annotated[str, typer.Option(help="With --strategy: column with the low.")] = "low",
+    open_column: Annotated[str, typer.Option(help="Column with the open (--strategy).")] = "open",
+    high_column: Annotated[str, typer.Option(help="Column with the high (--strategy).")] = "high",
+    low_column: Annotated[str, typer.Option(help="Column with the low (--strategy).")] = "low",
     symbol: Annotated[
         str | None,
         typer.Option(help="Symbol for a file without a symbol column (default: file stem)."),
@@ -192,7 +192,7 @@ def replay(
         ),
     ] = TimeUnit.auto,
     strict: Annotated[
-        bool, typer.Option("--strict", help="Exit 2 when any input row was rejected.")
+        bool, typer.Option("--strict", help="Exit 2 when any input row was rejected (above).")
     ] = False,
     events_before_ready: EventsBeforeReadyOption = False,
     strategy: StrategyOption = None,
@@ -213,7 +213,9 @@ def replay(
     """Feed bars (or ticks aggregated to bars) through the engine; one signal row per
     (stream, bar). With --strategy, paper trading on bars with open/high/low/close (the
     file's columns, or each interval's ticks). With --shard-snapshots N --snapshot-to
-    TARGET, a backfill: one snapshot per shard at the end, where live shards start."""
+    TARGET, a backfill: one snapshot per shard at the end, where live shards start.
+    With --strict, a row the reader rejects stops the run before any output; a bar the
+    engine rejects (duplicate, out of order, close <= 0) exits 2 after a complete output."""
     from atc_stream.app.jobs.replay import run_replay
 
     _run_job(
@@ -314,7 +316,7 @@ def live(
         ),
     ] = False,
     status_every: Annotated[
-        float, typer.Option(help="Status line on stderr every SECONDS (0: none).")
+        float, typer.Option(min=0, help="Status line on stderr every SECONDS (0: none).")
     ] = 1.0,
     params: ParamsOption = None,
     backend: BackendOption = "auto",
@@ -365,8 +367,8 @@ def live(
 
 @app.command()
 def demo(
-    symbols: Annotated[int, typer.Option(help="Number of random-walk symbols.")] = 20,
-    bars: Annotated[int, typer.Option(help="Bars per symbol.")] = 3000,
+    symbols: Annotated[int, typer.Option(min=1, help="Number of random-walk symbols.")] = 20,
+    bars: Annotated[int, typer.Option(min=1, help="Bars per symbol.")] = 3000,
     seed: Annotated[int, typer.Option(help="Random seed (the data set is deterministic).")] = 7,
     warmup: WarmupOption = 1000,
     output: OutputOption = "atc_demo_signals.jsonl",
@@ -395,7 +397,7 @@ def demo(
 
 @app.command()
 def subscribe(
-    redis: Annotated[str, typer.Option("--redis", help="Redis URL of the publisher.")],
+    redis: Annotated[str, redis_option("Redis URL of the publisher.")],
     symbols: Annotated[
         list[str] | None,
         typer.Option("--symbols", help="Symbols to follow (repeat or comma-separate)."),
@@ -441,7 +443,7 @@ def subscribe(
 
 @app.command("run-stream")
 def run_stream(
-    redis: Annotated[str, typer.Option("--redis", help="Redis URL holding the streams.")],
+    redis: Annotated[str, redis_option("Redis URL holding the streams.")],
     input_stream: Annotated[
         str, typer.Option("--input-stream", help="Stream of bars (fields symbol, time, close).")
     ],
@@ -535,9 +537,7 @@ shown beside them.
 @app.command(help=SWEEP_HELP)
 def sweep(
     data: Annotated[Path, typer.Argument(help="OHLC bars: a CSV/Parquet file or a directory.")],
-    grid: Annotated[
-        Path, typer.Option("--grid", help="TOML grid of \\[atc] x \\[strategy] lists.")
-    ],
+    grid: Annotated[Path, typer.Option("--grid", help="TOML grid: \\[atc] x \\[strategy] lists.")],
     outdir: Annotated[
         Path, typer.Option("--output", "-o", help="Directory of the Parquet tables.")
     ] = Path("sweep"),
@@ -575,13 +575,16 @@ def sweep(
         str | None,
         typer.Option("--ray-address", help="With --ray: HOST:PORT, ray://HOST:PORT or auto."),
     ] = None,
+    interval: Annotated[
+        str | None, typer.Option("--interval", help="Bar interval (default: inferred from bars).")
+    ] = None,
 ) -> None:
     from atc_stream.app.jobs.sweep import run_sweep
 
     _run_job(
         run_sweep, data=data, grid=grid, outdir=outdir, train_until=train_until, top=top,
         rank_by=rank_by, backend=backend, progress=progress, time_unit=time_unit.value,
-        ray=ray, ray_address=ray_address,
+        ray=ray, ray_address=ray_address, interval=interval,
     )  # fmt: skip
 
 
@@ -597,7 +600,7 @@ def plot(
         str | None, typer.Option(help="Symbol to draw (needed when the file holds several).")
     ] = None,
     output: Annotated[
-        Path, typer.Option("--output", "-o", help="PNG (or SVG/PDF) to write.")
+        Path, typer.Option("--output", "-o", help="Image to write: .png, .svg, .pdf, ...")
     ] = Path("chart.png"),
     params_id: Annotated[int, typer.Option(help="Parameter set to draw.")] = 0,
     title: Annotated[str | None, typer.Option(help="Chart title.")] = None,

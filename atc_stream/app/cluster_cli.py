@@ -15,6 +15,7 @@ from atc_stream.app.options import (
     RedisPrefixOption,
     ResumableIntervalOption,
     SnapshotEveryOption,
+    redis_option,
 )
 
 cluster_app = typer.Typer(
@@ -22,9 +23,7 @@ cluster_app = typer.Typer(
     help="Shards on a Ray cluster: one exactly-once engine per shard stream.",
 )
 
-ClusterRedisOption = Annotated[
-    str | None, typer.Option("--redis", help="Redis URL holding the shard streams.")
-]
+ClusterRedisOption = Annotated[str | None, redis_option("Redis URL holding the shard streams.")]
 GroupOption = Annotated[str, typer.Option("--group", help="Consumer group of the shard streams.")]
 StopWhenIdleOption = Annotated[
     float | None, typer.Option("--stop-when-idle", help="Exit after SECONDS without new entries.")

@@ -46,6 +46,11 @@ def load_config_file(ctx: typer.Context, param: typer.CallbackParam, value: Path
                 f"{value}: unknown key {key!r} (the keys are the options of "
                 f"'{ctx.command_path}', e.g. max_bars or max-bars)"
             )
+        if option.name in defaults:
+            raise typer.BadParameter(
+                f"{value}: {key!r} gives the option {option.name!r} a second time (its two "
+                f"spellings are one key: keep one)"
+            )
         kind, multiple = _expected(hints.get(option.name))
         defaults[option.name] = _checked(ctx, option, key, item, value, kind, multiple)
     ctx.default_map = {**(ctx.default_map or {}), **defaults}

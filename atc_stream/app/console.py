@@ -54,6 +54,11 @@ def set_line_sink(sink: LineSink | None) -> LineSink | None:
     return before
 
 
+def lines_are_logged() -> bool:
+    """Whether ``err`` lines go to a line sink (``--log-format json``), not to stderr."""
+    return _sink is not None
+
+
 def err(
     line: str, *, end: str = "\n", level: str = "info", fields: Mapping[str, Any] | None = None
 ) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,7 +23,7 @@ from atc_stream.core.strategy import Strategy
 from atc_stream.engine.engine import Engine
 from atc_stream.io.writers import open_writer
 from atc_stream.kernels import cuda_available
-from atc_stream.state.snapshot import SnapshotError
+from atc_stream.state.snapshot import SnapshotError, SnapshotWarning
 from atc_stream.state.snapshot_stores import DirectorySnapshotStore, SnapshotStore
 from atc_stream.state.snapshotter import Snapshotter
 
@@ -59,7 +60,12 @@ def open_snapshot_store(
 
         return RedisSnapshotStore(text, prefix=namespace_prefix(namespace), keep=keep)
     prefix = "snapshot" if namespace == "default" else f"snapshot-{namespace}"
-    return DirectorySnapshotStore(text, keep=keep, prefix=prefix)
+    try:
+        return DirectorySnapshotStore(text, keep=keep, prefix=prefix)
+    except OSError as exc:  # a file in the way, a read-only or virtual file system
+        raise RunError(
+            f"cannot use {text} as a snapshot directory: {exc.strerror or exc}"
+        ) from None
 
 
 class StopRun(Exception):
@@ -129,7 +135,9 @@ class Durability:
         if not self.resume or self.store is None:
             return None
         try:
-            found = self.store.latest()
+            with warnings.catch_warnings():  # logged already: one line on stderr, not two
+                warnings.simplefilter("ignore", SnapshotWarning)
+                found = self.store.latest()
         except SnapshotError as exc:
             raise RunError(
                 f"{exc}; to start fresh, run without --resume and with an empty "
@@ -138,7 +146,7 @@ class Durability:
         except Exception as exc:  # a store that cannot be reached
             raise RunError(f"cannot read snapshots from {self.store!r}: {exc}") from exc
         if found is None:
-            err(f"atc-stream: no snapshot in {self.store!r}; starting from the beginning")
+            err(f"atc-stream: no snapshot in the {self.store}; starting from the beginning")
             return None
         engine = Engine.restore(found.decoded or found.blob, backend=backend, outputs=outputs)
         self.restored = True
@@ -359,6 +367,7 @@ def play_durably(
             summary = player.run(applied_until)
         except StopRun:
             summary = player.summary
+            summary.stopped = True
     if durability.restored:
         err(f"atc-stream: resuming: {player.source.skipped} rows at or before their "
              f"symbol's last applied bar skipped, {summary.step_bars} played")  # fmt: skip

@@ -3,7 +3,8 @@
 ``[atc]`` holds ``ATCParams`` fields, ``[strategy]`` ``Strategy`` fields; each value is
 a list of values (or one value, a list of one). The sets are the cartesian product of
 the lists, in file order with the last key varying fastest; ``params_id`` and
-``strategy_id`` number them from 0. A missing table is the defaults (one set).
+``strategy_id`` number them from 0. A missing or empty table is the defaults (one set);
+a file with neither table is refused.
 """
 
 from __future__ import annotations
@@ -65,8 +66,11 @@ def parse_grid(data: dict[str, Any], where: str = "grid") -> Grid:
     unknown = sorted(set(data) - set(_TABLES))
     if unknown:
         raise GridError(
-            f"{where}: unknown table or key {unknown[0]!r} (a grid has [atc] and [strategy])"
+            f"{where}: unknown table or key {', '.join(map(repr, unknown))} (a grid has "
+            "[atc] and [strategy])"
         )
+    if not data:  # likely the wrong file: an empty [atc] or [strategy] table says "defaults"
+        raise GridError(f"{where}: the grid is empty (give an [atc] or a [strategy] table)")
     params, varied_params = _product(data.get("atc", {}), ATCParams, "atc", where)
     strategies, varied_strategies = _product(data.get("strategy", {}), Strategy, "strategy", where)
     return Grid(params, strategies, varied_params, varied_strategies)
@@ -86,7 +90,7 @@ def _product(table: Any, cls: type, name: str, where: str) -> tuple[list[Any], t
         for item in items:
             if isinstance(item, (list, dict)):
                 raise GridError(f"{where}: [{name}] {key}: a value must be a number or text")
-        if len(set(map(repr, items))) != len(items):
+        if len(set(map(_same, items))) != len(items):
             raise GridError(f"{where}: [{name}] {key} repeats a value: {items}")
         values[key] = items
     count = 1
@@ -103,6 +107,12 @@ def _product(table: Any, cls: type, name: str, where: str) -> tuple[list[Any], t
             setting = ", ".join(f"{k}={v!r}" for k, v in zip(keys, combo, strict=True))
             raise GridError(f"{where}: [{name}] {exc} (in {setting})") from None
     return sets, tuple(k for k in keys if len(values[k]) > 1)
+
+
+def _same(item: Any) -> Any:
+    """What makes two values of a key the same set: 5 and 5.0, or 0 and -0.0, are one
+    number once the dataclass normalises them (Python's ``==`` says so); ``true`` is not 1."""
+    return isinstance(item, bool), item
 
 
 def _table(id_column: str, items: list[Any]) -> pa.Table:

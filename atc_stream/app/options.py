@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -16,7 +16,9 @@ ParamsOption = Annotated[
 OutputOption = Annotated[
     str,
     typer.Option(
-        "--output", "-o", help="Where signals go: '-' (stdout), FILE.jsonl or FILE.parquet."
+        "--output",
+        "-o",
+        help="Where signals go: '-' (stdout), FILE.jsonl, FILE.csv or DIR.parquet.",
     ),
 ]
 WarmupOption = Annotated[
@@ -38,6 +40,25 @@ def check_backend(value: str) -> str:
     return value
 
 
+#: the URL schemes redis-py connects with
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+def check_redis_url(value: str | None) -> str | None:
+    """A ``--redis`` value redis-py can connect to, checked before anything runs."""
+    if value is not None and value.partition("://")[0].lower() not in REDIS_SCHEMES:
+        raise typer.BadParameter(
+            f"{value!r} is not a Redis URL; give redis://HOST:PORT[/DB], rediss://... (TLS) "
+            f"or unix:///path/to/redis.sock"
+        )
+    return value
+
+
+def redis_option(help: str) -> Any:
+    """A ``--redis URL`` option, checked as a Redis URL."""
+    return typer.Option("--redis", help=help, callback=check_redis_url)
+
+
 BackendOption = Annotated[
     str, typer.Option("--backend", help="cpu, cuda or auto.", callback=check_backend)
 ]
@@ -48,13 +69,18 @@ ResumableIntervalOption = Annotated[
     str | None,
     typer.Option(
         "--interval",
-        help=f"Bar interval label of the streams (default {INTERVAL}; on --resume the snapshot's).",
+        help="Bar interval label of the streams (default: on --resume the snapshot's; "
+        f"replay of bars: inferred from their spacing; else {INTERVAL}).",
     ),
 ]
 
 RedisOption = Annotated[
     str | None,
-    typer.Option("--redis", help="Publish signals to this Redis URL (pub/sub + latest hash)."),
+    typer.Option(
+        "--redis",
+        help="Publish signals to this Redis URL (pub/sub + latest hash).",
+        callback=check_redis_url,
+    ),
 ]
 RedisPrefixOption = Annotated[
     str, typer.Option("--redis-prefix", help="Channel and key prefix used with --redis.")
@@ -105,7 +131,7 @@ StrategyOption = Annotated[
     list[str] | None,
     typer.Option(
         "--strategy",
-        help="Paper trading (repeatable): a TOML file of [[strategy]] tables, or inline "
+        help="Paper trading (repeatable): a TOML file of \\[\\[strategy]] tables, or inline "
         "key=value,... (direction, stop, take_profit, max_hold, fee_bps, slippage_bps).",
     ),
 ]

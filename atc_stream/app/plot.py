@@ -110,19 +110,21 @@ def _one_stream(frame, symbol: str | None, params_id: int | None):
         symbols = frame["symbol"].astype(str).unique()
         if symbol is None and len(symbols) > 1:
             listed = ", ".join(sorted(symbols)[:10])
-            raise PlotError(f"rows hold {len(symbols)} symbols ({listed}...): pick one with symbol")
+            raise PlotError(
+                f"rows hold {len(symbols)} symbols ({listed}...): pick one with --symbol"
+            )
         if symbol is not None:
             frame = frame[frame["symbol"].astype(str) == symbol]
             if len(frame) == 0:
                 raise PlotError(f"no rows for symbol {symbol!r} (symbols: {sorted(symbols)[:10]})")
     if "params_id" in frame:
-        ids = frame["params_id"].unique()
+        ids = sorted(int(i) for i in frame["params_id"].unique())
         if params_id is None and len(ids) > 1:
-            raise PlotError(f"rows hold parameter sets {sorted(ids)}: pick one with params_id")
+            raise PlotError(f"rows hold parameter sets {ids}: pick one with --params-id")
         if params_id is not None:
             frame = frame[frame["params_id"] == params_id]
             if len(frame) == 0:
-                raise PlotError(f"no rows for params_id {params_id} (have {sorted(ids)})")
+                raise PlotError(f"no rows for params_id {params_id} (have {ids})")
     if "provisional" in frame:
         frame = frame[~frame["provisional"].astype(bool)]
     return frame.sort_values("bar_index") if "bar_index" in frame else frame

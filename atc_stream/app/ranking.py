@@ -43,14 +43,17 @@ def period_metrics(curves: Curves, trades: pa.Table, split: int, period: str) ->
     """Metrics of every stream over the bars before ``split`` (``period="train"``) or from
     it on (``"test"``): a trade belongs to the period of its exit; returns, drawdown and
     exposure come from the marked equity of that period's bars, the test period's
-    measured from the equity at the last bar before ``split`` (1.0 when none)."""
+    measured from the equity at the last bar before ``split`` (1.0 when none). A stream
+    without bars in the period has null returns, drawdown, exposure and equity there."""
     n = len(curves.keys)
     out = {name: np.zeros(n, np.int64 if name in ("trades", "wins") else np.float64)
            for name in METRICS}  # fmt: skip
+    empty = np.zeros(n, bool)
     for k in range(n):
         lo, hi = int(curves.starts[k]), int(curves.starts[k + 1])
         cut = lo + int(np.searchsorted(curves.times[lo:hi], split, side="left"))
         first, last = (lo, cut) if period == "train" else (cut, hi)
+        empty[k] = first == last
         start = 1.0 if period == "train" or cut == lo else float(curves.equity[cut - 1])
         equity = curves.equity[first:last]
         end = float(equity[-1]) if equity.size else start
@@ -65,7 +68,7 @@ def period_metrics(curves: Curves, trades: pa.Table, split: int, period: str) ->
         returns = counted.column("return").to_numpy()
         np.add.at(out["trades"], index, 1)
         np.add.at(out["wins"], index, (returns > 0.0).astype(np.int64))
-    return _with_period(curves.keys, out, period)
+    return _with_period(curves.keys, out, period, empty)
 
 
 def _period_trades(trades: pa.Table, split: int, period: str) -> pa.Table:
@@ -90,22 +93,26 @@ def _stream_index(keys: pa.Table, rows: pa.Table) -> np.ndarray:
     return np.array([lookup[key] for key in zip(*columns, strict=True)], np.int64)
 
 
-def _with_period(keys: pa.Table, values: dict[str, np.ndarray], period: str) -> pa.Table:
+def _with_period(
+    keys: pa.Table, values: dict[str, np.ndarray], period: str, empty: np.ndarray
+) -> pa.Table:
     table = keys
     for name in METRICS:
-        table = table.append_column(name, pa.array(values[name]))
+        counted = name in ("trades", "wins")  # no bars: no trade, and nothing to measure
+        table = table.append_column(name, pa.array(values[name], mask=None if counted else empty))
     return table.append_column("period", pa.array([period] * len(keys), pa.string()))
 
 
 def aggregate(metrics: pa.Table) -> pa.Table:
-    """One row per (params_id, strategy_id): metrics averaged over symbols (``trades``
-    and ``wins`` summed, ``win_rate`` = wins / trades), ``symbols`` counted."""
+    """One row per (params_id, strategy_id): metrics averaged over the symbols with bars
+    in the period (null metrics left out), ``symbols`` counting those; ``trades`` and
+    ``wins`` summed over all, ``win_rate`` = wins / trades."""
     grouped = metrics.group_by(list(SET_KEYS)).aggregate(
-        [("symbol", "count"), ("trades", "sum"), ("wins", "sum"),
+        [("total_return", "count"), ("trades", "sum"), ("wins", "sum"),
          *((name, "mean") for name in ("total_return", "max_drawdown", "exposure",
                                        "final_equity"))]
     )  # fmt: skip
-    rename = {"symbol_count": "symbols", "trades_sum": "trades", "wins_sum": "wins"}
+    rename = {"total_return_count": "symbols", "trades_sum": "trades", "wins_sum": "wins"}
     rename.update({f"{n}_mean": n for n in ("total_return", "max_drawdown", "exposure",
                                             "final_equity")})  # fmt: skip
     grouped = grouped.rename_columns([rename.get(c, c) for c in grouped.column_names])
@@ -151,6 +158,8 @@ def format_table(table: pa.Table, columns: list[str]) -> str:
 
 
 def _cell(value) -> str:
+    if value is None:  # a period without bars for every symbol
+        return "nan"
     if isinstance(value, float):
         return "nan" if value != value else f"{value:.6g}"
     return str(value)

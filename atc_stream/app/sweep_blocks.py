@@ -21,11 +21,13 @@ def symbol_groups(bars: OhlcTable, sets: Grid, chunk: int) -> list[np.ndarray]:
 
 
 def sweep_block(
-    table: pa.Table, params: list, strategies: list, split: int | None, backend: str
-) -> tuple[pa.Table, list[pa.Table]]:
-    """One backtest of the bars of ``table`` with ``params`` x ``strategies``: its trades
-    (with ``period`` under a split) and its metrics, one table per period."""
-    result = backtest(table, params, strategies, backend=backend)
+    table: pa.Table, params: list, strategies: list, split: int | None, backend: str,
+    interval: str,
+) -> tuple[pa.Table, list[pa.Table]]:  # fmt: skip
+    """One backtest of the bars of ``table`` with ``params`` x ``strategies``, rows
+    labelled ``interval``: its trades (with ``period`` under a split) and its metrics,
+    one table per period."""
+    result = backtest(table, params, strategies, interval=interval, backend=backend)
     trades = result.trades_arrow()
     metrics = result.metrics_arrow()
     if split is None:

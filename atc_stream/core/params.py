@@ -28,6 +28,10 @@ ROBUSTNESS_OFFSETS: dict[str, tuple[int, int, int, int]] = {
     "Medium": (1, 2, 4, 6),
     "Wide": (1, 3, 5, 7),
 }
+#: The largest base length of a family (docs/spec.md, "Parameters"): each stream keeps a
+#: ring of its last ``max_length + 1`` closes, twice, so a length is memory per stream;
+#: 10,000 is over a year of hourly bars, and a typo like 1e12 is refused, not allocated.
+MAX_LENGTH = 10_000
 
 
 def _is_int(value: Any) -> bool:
@@ -93,6 +97,8 @@ class ATCParams:
             length = getattr(self, name)
             if not _is_int(length):
                 raise ValueError(f"{name} must be an int, got {length!r}")
+            if length > MAX_LENGTH:
+                raise ValueError(f"{name} must be <= {MAX_LENGTH}, got {length}")
             if length - widest < 1:
                 raise ValueError(
                     f"{name}={length} with robustness {self.robustness!r} gives length "

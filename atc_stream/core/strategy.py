@@ -53,8 +53,9 @@ class Strategy:
                 f"take_profit must be < 1 for a strategy that can go short (the price "
                 f"cannot fall by 100 %), got {self.take_profit!r}"
             )
-        if not self.slippage_bps < 10_000:
-            raise ValueError(f"slippage_bps must be < 10000, got {self.slippage_bps!r}")
+        for name in ("fee_bps", "slippage_bps"):  # 10000 bps takes the whole price
+            if not getattr(self, name) < 10_000:
+                raise ValueError(f"{name} must be < 10000, got {getattr(self, name)!r}")
         if _is_bool(self.max_hold) or not _is_int(self.max_hold) or self.max_hold < 0:
             raise ValueError(f"max_hold must be an int >= 0 (bars), got {self.max_hold!r}")
         object.__setattr__(self, "max_hold", int(self.max_hold))
@@ -92,17 +93,35 @@ class Strategy:
 
 
 def load_strategies(path: str | os.PathLike) -> list[Strategy]:
-    """Strategies from a TOML file: ``[[strategy]]`` tables (or one table of fields).
+    """Strategies from a TOML file: ``[[strategy]]`` tables (or one table of fields); an
+    empty ``[[strategy]]`` table is the default strategy.
 
-    ``ValueError`` (one line) for a file that cannot be read or holds invalid values.
+    ``ValueError`` (one line) for a file that cannot be read, holds no strategy, a key
+    beside the ``[[strategy]]`` tables or an invalid value.
     """
     data = read_toml(path, "strategies from")
-    items = data.get("strategy", data)
+    if not data:
+        raise ValueError(f"{path}: no strategy (give [[strategy]] tables of key = value)")
+    if "strategy" in data:
+        others = sorted(set(data) - {"strategy"})
+        if others:
+            raise ValueError(f"{path}: unknown key(s) beside [[strategy]]: {', '.join(others)}")
+        items = data["strategy"]
+    else:
+        items = data
     items = items if isinstance(items, list) else [items]
+    if not items:
+        raise ValueError(f"{path}: no strategy (give [[strategy]] tables of key = value)")
     try:
-        return [Strategy.from_dict(item) for item in items]
+        return [Strategy.from_dict(_table(item)) for item in items]
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{path}: {exc}") from None
+
+
+def _table(item: Any) -> dict[str, Any]:
+    if not isinstance(item, dict):
+        raise ValueError(f"a strategy must be a table of key = value, got {item!r}")
+    return item
 
 
 def parse_strategy(text: str) -> Strategy:
@@ -121,6 +140,10 @@ def parse_strategy(text: str) -> Strategy:
         if key in data:
             raise ValueError(f"{key!r} given twice")
         data[key] = value if key == "direction" else _number(key, value)
+    if not data:  # an empty value is more likely a lost variable than a wish for defaults
+        raise ValueError(
+            "an empty strategy: give key=value,... (direction=long_short for the defaults)"
+        )
     return Strategy.from_dict(data)
 
 

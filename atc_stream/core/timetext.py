@@ -282,7 +282,9 @@ def parse_time_column(
 
 
 def _int_times(values: np.ndarray, valid: np.ndarray, unit: EpochUnit, where):
-    """(ms, ns within the ms, ok) of integer epochs, in the column's unit."""
+    """(ms, ns within the ms, ok) of integer epochs, in the column's unit; a negative one
+    is not ok (a stray value, not a bar before 1970) and does not count for the unit."""
+    valid = valid & (values >= 0)
     ms, sub, fits = _epoch_parts(values, unit.of(values[valid], _kept(valid, where)))
     return ms, sub, valid & fits
 

@@ -347,11 +347,12 @@ class Engine:
                 continue
             reported.add((origin[u], reasons[u]))
             key = self._keys_by_slot[slots[u]] if 0 <= slots[u] < len(self._keys_by_slot) else None
+            where = f"symbol {key.symbol!r}" if key else f"slot {slots[u]}"
             self._reject(
                 rejected,
                 int(origin[u]),
                 batch.REASON_NAMES[int(reasons[u])],
-                f"slot {slots[u]} time {times[u]} close {float(closes[u])!r}",
+                f"{where} time {times[u]} close {float(closes[u])!r}",
                 key.symbol if key else None,
             )
 

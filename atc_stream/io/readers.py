@@ -396,6 +396,53 @@ def csv_text_options(columns, on_invalid, *, threads: bool = False, only=False) 
     }
 
 
+#: Byte order marks of the encodings a CSV file is refused in, by name.
+_FOREIGN_BOMS = (
+    (b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
+    (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"),
+)  # fmt: skip
+
+
+def check_utf8_header(path: Path) -> None:
+    """``InputError`` for a CSV file whose header line is not UTF-8 text (a UTF-16 or
+    UTF-32 file is named as such): pyarrow would fail on it with a raw decode error."""
+    try:
+        with open(path, "rb") as f:
+            start = f.read(BLOCK_BYTES)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read CSV: {exc.strerror or exc}") from None
+    for bom, name in _FOREIGN_BOMS:
+        if start.startswith(bom):
+            raise InputError(f"{path}: the file is {name} text; save it as UTF-8")
+    header = start.split(b"\n", 1)[0]
+    if b"\x00" in header:  # UTF-16 without a byte order mark: every other byte is NUL
+        raise InputError(f"{path}: the header holds NUL bytes (UTF-16?); save it as UTF-8")
+    try:
+        header.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(header) - 3:  # not a character cut by the read size
+            raise InputError(
+                f"{path}: the header line is not UTF-8 (byte 0x{header[exc.start]:02x} at "
+                f"offset {exc.start}); save the file as UTF-8"
+            ) from None
+
+
+def check_one_line_cells(path: Path, batch, line_of) -> None:
+    """``InputError`` when a text cell of ``batch`` (record batch or table) holds a line
+    break: only a quote left open (or a quoted field spanning lines) puts one there, and
+    the rows it swallowed would be lost without a word."""
+    for i, column in enumerate(batch.columns):
+        if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+            continue
+        broken = pc.or_(pc.match_substring(column, "\n"), pc.match_substring(column, "\r"))
+        hit = np.flatnonzero(pc.fill_null(broken, False).to_numpy(zero_copy_only=False))
+        if hit.size:
+            raise InputError(
+                f"{path}:{int(line_of(hit[0]))}: unterminated quote (the {batch.schema.names[i]}"
+                " field runs over the next lines, which would be lost); fix the quoting"
+            )
+
+
 def csv_batches(path: Path, columns, bad: BadRows, hint: str = COLUMN_HINT):
     """(record batch, line_of(row in batch)) of a CSV file, streamed; rows with the wrong
     number of columns go to ``bad``."""
@@ -403,47 +450,65 @@ def csv_batches(path: Path, columns, bad: BadRows, hint: str = COLUMN_HINT):
     rejected = InvalidRows("columns")
     unterminated, invalid = rejected.unterminated, rejected.invalid
     reported = 0
+    check_utf8_header(path)
     try:
         reader = pcsv.open_csv(path, **csv_text_options(columns, rejected))
+        names = reader.schema.names
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: cannot read CSV: {first_line(exc)}") from None
-    names = reader.schema.names
     missing = [c for c in columns[1:] if c not in names]
     if missing:
         raise InputError(
             f"{path.name}: no column {missing[0]!r} (columns: {', '.join(names)}); {hint}"
         )
     rows_before = 0
-    while True:
-        try:
-            batch = reader.read_next_batch()
-        except StopIteration:
-            break
-        except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
-            raise InputError(
-                f"{path}: unreadable after data row {rows_before}: {first_line(exc)}"
-            ) from None
-        if unterminated:
-            raise InputError(
-                f"{path}:{unterminated[0]}: unterminated quote (the rest of the file would "
-                "be one field); fix the quoting"
-            )
-        for line, detail in invalid[reported:]:
-            bad.add(f"{path.name}:{line}", "wrong_columns", detail)
-        reported = len(invalid)
-        skipped = np.array(sorted(x for x, _ in invalid if x > 0), np.int64)
-        base = rows_before
+    try:
+        while True:
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                break
+            except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
+                raise InputError(
+                    f"{path}: unreadable after data row {rows_before}: {first_line(exc)}"
+                ) from None
+            if unterminated:
+                raise InputError(
+                    f"{path}:{unterminated[0]}: unterminated quote (the rest of the file would "
+                    "be one field); fix the quoting"
+                )
+            for line, detail in invalid[reported:]:
+                bad.add(f"{path.name}:{line}", "wrong_columns", detail)
+            reported = len(invalid)
+            skipped = np.array(sorted(x for x, _ in invalid if x > 0), np.int64)
+            base = rows_before
 
-        def line_of(i, base=base, skipped=skipped):
-            row = base + np.asarray(i, np.int64)
-            # data row ``row`` sits on line row + 2 plus the invalid lines before it
-            shift = np.searchsorted(skipped - 2 - np.arange(skipped.size), row, side="right")
-            return row + 2 + shift
+            def line_of(i, base=base, skipped=skipped):
+                row = base + np.asarray(i, np.int64)
+                # data row ``row`` sits on line row + 2 plus the invalid lines before it
+                shift = np.searchsorted(skipped - 2 - np.arange(skipped.size), row, side="right")
+                return row + 2 + shift
 
-        yield batch, line_of
-        rows_before += batch.num_rows
+            check_one_line_cells(path, batch, line_of)
+            yield batch, line_of
+            rows_before += batch.num_rows
+    finally:
+        # closed here, not left to the collector: its read-ahead thread must not outlive
+        # an error raised in this loop (under load, the process aborted at exit)
+        reader.close()
     for line, detail in invalid[reported:]:
         bad.add(f"{path.name}:{line}", "wrong_columns", detail)
+
+
+def check_column_types(path: Path, schema, names) -> None:
+    """``InputError`` naming the first column of ``names`` whose type holds no single
+    value per row (a list, struct or map): no cell of it is a time, price or symbol."""
+    for name in names:
+        kind = schema.field(name).type
+        if pa.types.is_nested(kind):
+            raise InputError(
+                f"{path.name}: column {name!r} is of type {kind}, not numbers, text or times"
+            )
 
 
 def parquet_batches(path: Path, columns, hint: str = COLUMN_HINT):
@@ -461,6 +526,7 @@ def parquet_batches(path: Path, columns, hint: str = COLUMN_HINT):
             f"{path.name}: no column {missing[0]!r} (columns: {', '.join(names)}); {hint}"
         )
     wanted = [c for c in columns if c in names]
+    check_column_types(path, parquet.schema_arrow, wanted)
     rows_before = 0
     try:
         for batch in parquet.iter_batches(batch_size=1 << 16, columns=wanted):

@@ -24,6 +24,9 @@ from atc_stream.io.readers import (
     BadRows,
     InputError,
     InvalidRows,
+    check_column_types,
+    check_one_line_cells,
+    check_utf8_header,
     csv_text_options,
     epoch_unit,
     input_files,
@@ -212,6 +215,7 @@ def _csv_columns(path: Path, roles: dict, bad):
     raises ``InputError``.
     """
 
+    check_utf8_header(path)
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
             header = next(csv.reader(f), None)
@@ -238,6 +242,7 @@ def _csv_columns(path: Path, roles: dict, bad):
     def line_of(i: int) -> int:
         return int(i) + 2 + int(np.searchsorted(before, int(i), side="right"))
 
+    check_one_line_cells(path, table, line_of)
     columns = {name: table.column(name).combine_chunks() for name in present}
     return columns, line_of
 
@@ -264,6 +269,7 @@ def _parquet_columns(path: Path, roles: dict):
         names = dataset.schema.names
         _missing_column(path, names, roles)
         present = [name for name in dict.fromkeys(roles.values()) if name in names]
+        check_column_types(path, dataset.schema, present)
         table = dataset.to_table(columns=present)
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(f"{path}: cannot read Parquet: {first_line(exc)}") from None

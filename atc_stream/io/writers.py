@@ -25,6 +25,36 @@ class OutputError(ValueError):
     """The output cannot be written or resumed (message is one line for the user)."""
 
 
+def cannot_write(path: str | Path, exc: OSError) -> OutputError:
+    """The one-line ``OutputError`` of an output the system refuses to create or open."""
+    return OutputError(f"cannot write {path}: {exc.strerror or exc}")
+
+
+def check_apart(inputs: dict[str, Path | None], outputs: dict[str, str | Path | None]) -> None:
+    """``OutputError`` when an output is an input or another output, holds one (a Parquet
+    output is a directory) or lies inside one: opening it would destroy what is read or
+    written elsewhere. Keys name the options (``-o``, ``BARS``); paths are compared
+    resolved; ``-`` and None are left out. Called before any output is opened."""
+    named = [(name, path, Path(path).resolve()) for name, path in outputs.items()
+             if path is not None and str(path) != "-"]  # fmt: skip
+    read = [("input " + name, path, Path(path).resolve()) for name, path in inputs.items()
+            if path]  # fmt: skip
+    for i, (name, given, out) in enumerate(named):
+        earlier = [("output " + other, path, resolved) for other, path, resolved in named[:i]]
+        for other, other_given, path in read + earlier:
+            if out == path:
+                how = "is"
+            elif path.is_relative_to(out):
+                how = "contains"
+            elif out.is_relative_to(path):
+                how = "is inside"
+            else:
+                continue
+            raise OutputError(
+                f"{name} {given} {how} the {other} {other_given}; choose another path"
+            )
+
+
 class Writer(Protocol):
     rows_written: int
 
@@ -60,7 +90,10 @@ class LineFile:
             self._file: IO[bytes] = sys.stdout.buffer
             return
         if resume_bytes is None:
-            self._file = open(self.path, "wb")  # noqa: SIM115
+            try:
+                self._file = open(self.path, "wb")  # noqa: SIM115
+            except OSError as exc:
+                raise cannot_write(self.path, exc) from None
             return
         try:
             self._file = open(self.path, "r+b")  # noqa: SIM115
@@ -69,6 +102,8 @@ class LineFile:
                 f"{self.path}: the snapshot recorded {resume_bytes} bytes of output here, "
                 "but the file is gone; resume with a new -o file or start fresh"
             ) from None
+        except OSError as exc:
+            raise cannot_write(self.path, exc) from None
         size = os.fstat(self._file.fileno()).st_size
         if size < resume_bytes:
             self._file.close()
@@ -210,14 +245,18 @@ class ParquetWriter:
         self._pending_rows = 0
         self._metadata = metadata or {}
         self.rows_written = 0
-        if self.path.is_file():
-            if resume_parts:
-                raise OutputError(
-                    f"{self.path}: the snapshot recorded Parquet parts in this directory, "
-                    "but it is a file now; cannot resume losslessly"
-                )
-            self.path.unlink()  # a single-file output of an older run: replaced, like -o x.jsonl
-        self.path.mkdir(parents=True, exist_ok=True)
+        if self.path.is_file() and resume_parts:
+            raise OutputError(
+                f"{self.path}: the snapshot recorded Parquet parts in this directory, "
+                "but it is a file now; cannot resume losslessly"
+            )
+        self._check_own_files()
+        try:
+            if self.path.is_file():  # a single-file output of an older run: replaced
+                self.path.unlink()
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise cannot_write(self.path, exc) from None
         keep = resume_parts or 0
         existing = self._parts()
         missing = [i for i in range(keep) if i not in existing]
@@ -232,6 +271,23 @@ class ParquetWriter:
         for stale in self.path.glob(".part-*.tmp"):
             stale.unlink()
         self._next_part = keep
+
+    def _check_own_files(self) -> None:
+        """``OutputError`` for a directory holding files this writer does not make: they
+        would make the table unreadable, and they are not ours to delete."""
+        if not self.path.is_dir():
+            return
+        foreign = sorted(
+            entry.name for entry in self.path.iterdir()
+            if not PART_PATTERN.match(entry.name)
+            and not (entry.name.startswith(".part-") and entry.name.endswith(".tmp"))
+        )  # fmt: skip
+        if foreign:
+            more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+            raise OutputError(
+                f"{self.path} holds files atc-stream did not write ({foreign[0]!r}{more}); "
+                "give another output path, or empty the directory"
+            )
 
     def _parts(self) -> dict[int, Path]:
         parts = {}

@@ -75,7 +75,8 @@ def check_blob(blob) -> bytes:
 def newest_good(store_name: str, candidates, read) -> LoadedSnapshot | None:
     """The first candidate id (newest first) whose blob verifies; warn about each skipped one."""
     refused: list[str] = []
-    for snapshot_id in candidates:
+    candidates = list(candidates)
+    for position, snapshot_id in enumerate(candidates, 1):
         try:
             blob = read(snapshot_id)
             if blob is None:
@@ -84,12 +85,12 @@ def newest_good(store_name: str, candidates, read) -> LoadedSnapshot | None:
             header = decoded.header
         except (SnapshotError, OSError) as exc:
             refused.append(f"{snapshot_id}: {exc}")
-            message = (
-                f"snapshot {snapshot_id} in {store_name} is damaged and was skipped ({exc}); "
-                "falling back to the previous one"
-            )
-            log.warning("%s", message)
-            warnings.warn(message, SnapshotWarning, stacklevel=3)
+            older = position < len(candidates)
+            then = "trying the previous one" if older else "none is older"
+            message = f"snapshot {snapshot_id} in {store_name} is damaged and was skipped ({exc})"
+            if older:  # else the SnapshotError below says it, with every refusal
+                log.warning("%s; %s", message, then)
+            warnings.warn(f"{message}; {then}", SnapshotWarning, stacklevel=3)
             continue
         if refused:
             log.warning("restoring from older snapshot %s in %s", snapshot_id, store_name)
@@ -135,6 +136,9 @@ class DirectorySnapshotStore:
 
     def __repr__(self) -> str:
         return f"DirectorySnapshotStore({str(self.path)!r}, keep={self.keep})"
+
+    def __str__(self) -> str:
+        return f"snapshot directory {str(self.path)!r}"
 
     def _temp_prefix(self) -> str:
         return f".{self.prefix}-"

@@ -103,7 +103,7 @@ def run_live(
         validate_interval(interval)
         param_sets = load_param_sets(params) if params is not None else None
     except ValueError as exc:
-        raise OptionError(str(exc)) from None
+        raise OptionError(_as_flags(str(exc))) from None
     try:  # an unknown exchange, or an interval or URL it cannot serve: one line
         venue = registry.make_exchange(exchange)
         venue.interval_name(interval)
@@ -120,7 +120,7 @@ def run_live(
     if route_shards is not None and redis is None:
         raise OptionError("--route-shards needs --redis URL (the cluster's Redis)")
     paper = check_paper_options(strategies, trades=trades, positions=positions)
-    _check_symbols(venue, config, interval, names)
+    _check_symbols(venue, config, interval, names, max_seconds)
     durability = Durability(
         redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
         snapshot_every=snapshot_every, resume=resume, events_before_ready=events_before_ready,
@@ -216,19 +216,56 @@ def _close_routing(routing, shards: int) -> None:
             f"unreachable at the end)", level="error")  # fmt: skip
 
 
-def _check_symbols(exchange, config, interval: str, symbols: list[str]) -> None:
+#: ``LiveConfig`` fields set from a flag of the same name
+_FLAG_FIELDS = (
+    "history", "max_streams_per_connection", "idle_timeout", "rest_weight_budget", "ws_url",
+    "rest_url",
+)  # fmt: skip
+
+
+def _as_flags(message: str) -> str:
+    """A ``LiveConfig`` refusal as the user sees the value: the flag's name, and no ``None``
+    (which only the Python API can pass)."""
+    field = message.split(" ", 1)[0]
+    if field in _FLAG_FIELDS:
+        message = "--" + field.replace("_", "-") + message[len(field) :]
+        message = message.replace(" or None", "")
+    return message
+
+
+def _check_symbols(
+    exchange, config, interval: str, symbols: list[str], max_seconds: float | None = None
+) -> None:
     """``RunError`` (one line) when the exchange does not list every symbol, or cannot be
-    asked for its list."""
+    asked for its list (within ``max_seconds``, when given). A retried request is a
+    warning line each, so a slow exchange is not a silent wait."""
     import asyncio
 
     from atc_stream.connectors.exchanges.rest import RestError
 
+    def on_retry(problem: str, retry: int, delay: float) -> None:
+        err(
+            f"atc-stream: warning: listing the symbols of {exchange.name}: {problem}; "
+            f"retry {retry} of {config.rest_retries} in {delay:.1f} s",
+            level="warning",
+        )
+
+    async def check() -> list[str]:
+        return await asyncio.wait_for(
+            exchange.unknown_symbols(config, interval, symbols, on_retry=on_retry), max_seconds
+        )
+
     if not symbols:
         return  # the client refuses an empty list with its own line
     try:
-        unknown = asyncio.run(exchange.unknown_symbols(config, interval, symbols))
+        unknown = asyncio.run(check())
     except RestError as exc:
         raise RunError(f"cannot list the symbols of {exchange.name}: {exc}") from None
+    except asyncio.TimeoutError:
+        raise RunError(
+            f"cannot list the symbols of {exchange.name}: no answer within --max-seconds "
+            f"{max_seconds:g}"
+        ) from None
     if unknown:
         raise RunError(f"{exchange.name} has no symbol {', '.join(unknown)} (--symbols)")
 

@@ -25,14 +25,34 @@ def run_plot(
     require("plot", "atc-stream plot")
     from atc_stream.app.plot import PlotError, load_signals, plot_signals
 
+    check_image_path(output)
     try:
         frame = load_signals(signals)
         figure = plot_signals(frame, symbol=symbol, params_id=params_id, title=title)
     except PlotError as exc:
         raise RunError(str(exc)) from None
-    figure.savefig(output, dpi=110)
-    err(f"atc-stream: wrote {output}")
+    _save(figure, output)
     return 0
+
+
+def check_image_path(output: Path) -> None:
+    """``OptionError`` naming the formats matplotlib writes when ``output``'s extension is
+    none of them (it would fail only after the chart is drawn)."""
+    from matplotlib.figure import Figure
+
+    formats = sorted(Figure().canvas.get_supported_filetypes())
+    if output.suffix.lower().lstrip(".") not in formats:
+        known = ", ".join(f".{name}" for name in formats)
+        raise OptionError(f"cannot tell the image format of {str(output)!r}: use {known}",
+                          "--output")  # fmt: skip
+
+
+def _save(figure, output: Path) -> None:
+    try:
+        figure.savefig(output, dpi=110)
+    except OSError as exc:
+        raise RunError(f"cannot write {output}: {exc.strerror or exc}") from None
+    err(f"atc-stream: wrote {output}")
 
 
 def run_plot_backtest(
@@ -54,6 +74,7 @@ def run_plot_backtest(
 
     if bars is None:
         raise OptionError("--trades needs --bars (the data the sweep ran on)", "--bars")
+    check_image_path(output)
     recorded, params, strategy = _sweep_stream(trades, params_id, strategy_id)
     table = _bars_of(bars, symbol, recorded)
     symbol = str(table.symbols[0])
@@ -71,8 +92,7 @@ def run_plot_backtest(
                                title=title)  # fmt: skip
     except PlotError as exc:
         raise RunError(str(exc)) from None
-    figure.savefig(output, dpi=110)
-    err(f"atc-stream: wrote {output}")
+    _save(figure, output)
     return 0
 
 

@@ -26,7 +26,7 @@ from atc_stream.core.intervals import interval_ms, is_calendar, validate_interva
 from atc_stream.io.readers import PRICE_NAMES, InputError
 from atc_stream.io.table_writers import PaperOutputs
 from atc_stream.io.tick_reader import load_ticks
-from atc_stream.io.writers import output_format
+from atc_stream.io.writers import check_apart, output_format
 
 #: Name of a replayed file's entry in ``Engine.source_offsets``.
 FILE_SOURCE = "file"
@@ -70,6 +70,8 @@ def run_replay(
     ``route_shards``: the bars go to a cluster's shard streams instead of the engine."""
     if (bars is None) == (ticks is None):  # before any snapshot store is opened
         raise OptionError(ONE_INPUT)
+    check_apart({"BARS": bars, "--ticks": ticks},
+                {"-o": output, "--trades": trades, "--positions": positions})  # fmt: skip
     check_shard_options(shard_snapshots, snapshot_to)
     if route_shards is not None:
         if shard_snapshots is not None:
@@ -83,7 +85,7 @@ def run_replay(
         redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
         snapshot_every=snapshot_every, resume=resume, events_before_ready=events_before_ready,
     )  # fmt: skip
-    engine, _ = replay(
+    engine, summary = replay(
         bars=bars, ticks=ticks, columns=columns, tick_columns=tick_columns, empty=empty,
         symbol=symbol, time_unit=time_unit, strict=strict, params=param_sets, output=output,
         warmup=warmup, speed=speed, progress=progress, backend=backend, interval=interval,
@@ -94,7 +96,7 @@ def run_replay(
         source = str(played.resolve())
         for line in write_shard_snapshots(engine, shard_snapshots, snapshot_to, source):
             err(f"atc-stream: {line}")
-    return 0
+    return 130 if summary.stopped else 0
 
 
 def replay(
@@ -153,11 +155,16 @@ def replay(
         columns = {**columns, "close": tick_columns["price"], "size": tick_columns["size"]}
     else:
         raise OptionError(ONE_INPUT)
-    return replay_source(
+    engine, summary = replay_source(
         source, params=params, output=output, warmup=warmup, speed=speed, progress=progress,
         backend=backend, interval=interval, durability=durability,
         source={"name": FILE_SOURCE, "input": source_input, "columns": columns}, paper=paper,
     )  # fmt: skip
+    if strict and summary.rejected:  # the reader's rejections stopped the run before it
+        counts = ", ".join(f"{k}={v}" for k, v in sorted(summary.rejected.items()))
+        raise RunError(f"the engine rejected inputs of {bars or ticks} ({counts}); the output "
+                       "is complete without them (--strict)")  # fmt: skip
+    return engine, summary
 
 
 def replay_source(
@@ -203,10 +210,19 @@ def replay_source(
         finally:
             if paper is not None:
                 writer.close()
-    err(f"atc-stream: replay done ({engine.backend.name} backend)")
+    summary.rejected.update(_reader_rejections(bars))
+    done = "stopped early by a signal" if summary.stopped else "done"
+    err(f"atc-stream: replay {done} ({engine.backend.name} backend)")
     for line in summary.lines() + (paper_lines(engine) if paper is not None else []):
         err("  " + line)
     return engine, summary
+
+
+def _reader_rejections(bars) -> dict[str, int]:
+    """The rows the file reader left out of ``bars`` (a bar source), by reason."""
+    bad_rows = getattr(bars, "bad_rows", None) or getattr(getattr(bars, "table", None),
+                                                          "bad_rows", None)  # fmt: skip
+    return dict(bad_rows.counts) if bad_rows is not None else {}
 
 
 def bar_source(
@@ -306,6 +322,7 @@ def tick_bars(
         + (f"; dropped ticks: {bad}" if bad else "")
     )
     table = bars.to_bar_table()
+    table.bad_rows = ticks.bad_rows
     return TableBars(table, ohlc=bars.time_major_ohlc()) if ohlc else table
 
 

@@ -1,6 +1,6 @@
 """The ``sweep`` job: every (symbol, parameter set, strategy) of a grid backtested, ranked.
 
-What the periods of ``--train-until`` mean: docs/design/sweep.md.
+What the periods of ``--train-until`` mean, and how OUTDIR is written: docs/design/sweep.md.
 """
 
 from __future__ import annotations
@@ -10,13 +10,17 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from atc_stream.app.console import OptionError, RunError, err
+from atc_stream.app.console import OptionError, RunError, err, stderr_is_terminal
+from atc_stream.app.defaults import INTERVAL
+from atc_stream.app.durability import check_backend
 from atc_stream.app.extras import require
 from atc_stream.app.grid import Grid, GridError, load_grid
+from atc_stream.app.jobs.replay import _bars_interval, _check_interval_option
+from atc_stream.app.jobs.sweep_output import SweepOutput
 from atc_stream.app.jobs.sweep_ray import sweep_on_ray
 from atc_stream.app.ranking import (
+    KEYS,
     RANK_METRICS,
     SET_KEYS,
     aggregate,
@@ -26,8 +30,10 @@ from atc_stream.app.ranking import (
 )
 from atc_stream.app.sweep_blocks import sweep_block, symbol_groups
 from atc_stream.core.timetext import text_to_ms
+from atc_stream.engine.engine import Engine
 from atc_stream.io.ohlc import OhlcTable, read_ohlc
-from atc_stream.io.readers import InputError
+from atc_stream.io.readers import InputError, infer_interval
+from atc_stream.io.writers import check_apart
 
 #: Streams per backtest call (whole symbols: every set of the grid for each symbol).
 CHUNK_STREAMS = 4096
@@ -49,16 +55,22 @@ def run_sweep(
     chunk_streams: int = CHUNK_STREAMS,
     ray: bool = False,
     ray_address: str | None = None,
+    interval: str | None = None,
 ) -> int:
     """Backtest the grid over the bars of ``data``, write OUTDIR's tables, print the top
     sets on stdout; the exit status. ``ray``: the blocks run as tasks of a Ray cluster
-    (``ray_address``, or a local one), trades written as a Parquet dataset."""
+    (``ray_address``, or a local one), trades written as a Parquet dataset. ``interval``
+    labels the rows (None: inferred from the bars' spacing, as ``replay`` does)."""
     if ray_address is not None and not ray:
         raise OptionError("--ray-address needs --ray", "--ray-address")
     if ray:
         require("ray", "atc-stream sweep --ray")
+    else:  # with --ray the cluster's GPUs count, not this machine's
+        check_backend(backend)
+    _check_interval_option(interval)
     if rank_by not in RANK_METRICS:
         raise OptionError(f"{rank_by!r} is not one of {', '.join(RANK_METRICS)}", "--rank-by")
+    check_apart({"DATA": data, "--grid": grid}, {"-o": outdir})  # before anything is read
     split = _split_time(train_until, time_unit)
     try:
         sets = load_grid(grid)
@@ -72,24 +84,32 @@ def run_sweep(
         err(f"atc-stream: {line}")
     if not len(bars):
         raise RunError(f"{data}: no usable bars")
+    inferred = infer_interval(bars)
+    if interval is None and inferred is None:
+        err(f"atc-stream: note: cannot infer the interval (no symbol has two bars); {INTERVAL}")
+    label = _bars_interval(interval, inferred, False, data)
     if split is not None and not (bars.times.min() < split <= bars.times.max()):
         raise OptionError(
             f"{train_until!r} leaves no bars on one side (bars span "
             f"{int(bars.times.min())}..{int(bars.times.max())} ms)", "--train-until",
         )  # fmt: skip
+    output = SweepOutput(outdir)
+    output.begin(staged_trades=ray)
+    if not ray and backend != "cuda":
+        _load_kernels(progress)
     started = time.perf_counter()
     trades: pa.Table | None = None
     if ray:
         n_trades, metrics = _sweep_on_ray(
-            bars, sets, split, backend, progress, chunk_streams, ray_address, outdir
-        )
+            bars, sets, split, backend, label, progress, chunk_streams, ray_address,
+            output.staged_trades,
+        )  # fmt: skip
     else:
-        trades, metrics = _sweep(bars, sets, split, backend, progress, chunk_streams)
+        trades, metrics = _sweep(bars, sets, split, backend, label, progress, chunk_streams)
         n_trades = trades.num_rows
     elapsed = time.perf_counter() - started
     periods = ("train", "test") if split is not None else ("all",)
-    # one chunk: Arrow's sums follow the chunks, and the ranking must not depend on them
-    metrics = metrics.combine_chunks()
+    metrics = _ordered(metrics, periods)
     per_period = {
         p: aggregate(metrics.filter(pa.compute.equal(metrics.column("period"), p))) for p in periods
     }
@@ -99,15 +119,41 @@ def run_sweep(
     ranking = ranking.take(order)
     ranking = ranking.append_column("rank", pa.array(np.arange(1, len(order) + 1), pa.int32()))
     ranking = _with_varied(ranking, sets)
-    _write(outdir, sets, trades, metrics, ranking)
+    output.finish(
+        {"metrics": metrics, "trades": trades, "params": sets.params_table(),
+         "strategies": sets.strategies_table(), "ranking": ranking}
+    )  # fmt: skip
     _print_top(ranking, sets, periods, rank_by, top)
     streams = len(bars.symbol_names) * sets.sets
     err(
         f"atc-stream: swept {len(bars.symbol_names)} symbols x {len(sets.params)} parameter "
-        f"sets x {len(sets.strategies)} strategies = {streams} streams, {len(bars)} bars, "
-        f"{n_trades} trades in {elapsed:.2f} s; wrote {outdir}/"
+        f"sets x {len(sets.strategies)} strategies = {streams} streams of {label} bars, "
+        f"{len(bars)} bars, {n_trades} trades in {elapsed:.2f} s; wrote {outdir}/"
     )
     return 0
+
+
+def _load_kernels(progress: bool) -> None:
+    """The CPU kernels compiled (first run: minutes, said first) or loaded before the
+    sweep is timed, so neither the progress bar nor the reported time holds it."""
+    result = Engine.compile(
+        lambda line: err(f"atc-stream: {line}"), progress=progress and stderr_is_terminal()
+    )
+    if result.compiled:
+        err(f"atc-stream: {result.summary()}")
+
+
+def _ordered(metrics: pa.Table, periods: tuple[str, ...]) -> pa.Table:
+    """Period by period, streams by their keys: the same rows in the same order however
+    the streams were chunked, in one chunk (Arrow's sums follow the chunks, and the
+    ranking must not depend on them)."""
+    parts = [
+        metrics.filter(pa.compute.equal(metrics.column("period"), p)).sort_by(
+            [(k, "ascending") for k in KEYS]
+        )
+        for p in periods
+    ]
+    return pa.concat_tables(parts).combine_chunks()
 
 
 def _split_time(text: str | None, time_unit: str) -> int | None:
@@ -123,8 +169,9 @@ def _split_time(text: str | None, time_unit: str) -> int | None:
 
 
 def _sweep(
-    bars: OhlcTable, sets: Grid, split: int | None, backend: str, progress: bool, chunk: int
-) -> tuple[pa.Table, pa.Table]:
+    bars: OhlcTable, sets: Grid, split: int | None, backend: str, interval: str,
+    progress: bool, chunk: int,
+) -> tuple[pa.Table, pa.Table]:  # fmt: skip
     """Trades and metrics (``period`` column) of every stream, symbols run in chunks."""
     bar = _progress(len(bars.symbol_names) * sets.sets, progress)
     trades, metrics = [], []
@@ -132,7 +179,7 @@ def _sweep(
         for group in symbol_groups(bars, sets, chunk):
             part = bars.take(np.isin(bars.symbols, group))
             block_trades, block_metrics = sweep_block(
-                part.to_arrow(), sets.params, sets.strategies, split, backend
+                part.to_arrow(), sets.params, sets.strategies, split, backend, interval
             )
             trades.append(block_trades)
             metrics += block_metrics
@@ -155,38 +202,17 @@ def _with_varied(ranking: pa.Table, sets: Grid) -> pa.Table:
 
 
 def _sweep_on_ray(
-    bars: OhlcTable, sets: Grid, split: int | None, backend: str, progress: bool, chunk: int,
-    address: str | None, outdir: Path,
+    bars: OhlcTable, sets: Grid, split: int | None, backend: str, interval: str,
+    progress: bool, chunk: int, address: str | None, trades_dir: Path,
 ) -> tuple[int, pa.Table]:  # fmt: skip
-    """``sweep_on_ray`` with OUTDIR/trades.parquet made an empty dataset directory first."""
-    trades_dir = outdir / "trades.parquet"
-    try:
-        outdir.mkdir(parents=True, exist_ok=True)
-        if trades_dir.is_file():  # a one-process sweep's table, replaced like any output
-            trades_dir.unlink()
-        trades_dir.mkdir(exist_ok=True)
-        for old in trades_dir.glob("part-*.parquet"):
-            old.unlink()
-    except OSError as exc:
-        raise RunError(f"cannot write {outdir}: {exc}") from None
+    """``sweep_on_ray`` under a progress bar, trades into the empty ``trades_dir``."""
     bar = _progress(len(bars.symbol_names) * sets.sets, progress)
     try:
-        return sweep_on_ray(bars, sets, split, backend, chunk, address, trades_dir, bar.update)
+        return sweep_on_ray(
+            bars, sets, split, backend, interval, chunk, address, trades_dir, bar.update
+        )
     finally:
         bar.close()
-
-
-def _write(outdir: Path, sets: Grid, trades: pa.Table | None, metrics: pa.Table, ranking) -> None:
-    try:
-        outdir.mkdir(parents=True, exist_ok=True)
-        pq.write_table(metrics, outdir / "metrics.parquet")
-        if trades is not None:  # else written block by block (``--ray``)
-            pq.write_table(trades, outdir / "trades.parquet")
-        pq.write_table(sets.params_table(), outdir / "params.parquet")
-        pq.write_table(sets.strategies_table(), outdir / "strategies.parquet")
-        pq.write_table(ranking, outdir / "ranking.parquet")
-    except OSError as exc:
-        raise RunError(f"cannot write {outdir}: {exc}") from None
 
 
 def _print_top(ranking: pa.Table, sets: Grid, periods, rank_by: str, top: int) -> None:

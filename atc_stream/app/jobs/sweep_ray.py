@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from atc_stream.app.console import RunError
 from atc_stream.app.grid import Grid
+from atc_stream.app.jobs.sweep_output import write_synced
 from atc_stream.app.ranking import KEYS
 from atc_stream.app.ray_connect import connect
 from atc_stream.app.sweep_blocks import sweep_block, symbol_groups
@@ -61,7 +61,7 @@ def plan_blocks(bars: OhlcTable, sets: Grid, chunk: int) -> tuple[list[np.ndarra
 
 def run_block(
     table: pa.Table, params: list, strategies: list, split: int | None, backend: str,
-    first_ids: tuple[int, int],
+    interval: str, first_ids: tuple[int, int],
 ) -> tuple[pa.Table, list[pa.Table]]:  # fmt: skip
     """The Ray task: ``sweep_block`` on the CPUs Ray gave it, ids made the grid's."""
     import numba
@@ -71,7 +71,7 @@ def run_block(
     cpus = max(1, min(cpus, numba_config().NUMBA_NUM_THREADS))
     set_default_threads(cpus)  # the ATC kernels
     numba.set_num_threads(cpus)  # the backtest kernel's prange
-    trades, metrics = sweep_block(table, params, strategies, split, backend)
+    trades, metrics = sweep_block(table, params, strategies, split, backend, interval)
     return _shift_ids(trades, first_ids), [_shift_ids(m, first_ids) for m in metrics]
 
 
@@ -85,11 +85,12 @@ def _shift_ids(table: pa.Table, first_ids: tuple[int, int]) -> pa.Table:
 
 
 def sweep_on_ray(
-    bars: OhlcTable, sets: Grid, split: int | None, backend: str, chunk: int,
+    bars: OhlcTable, sets: Grid, split: int | None, backend: str, interval: str, chunk: int,
     address: str | None, trades_dir: Path, progress: Callable[[int], Any],
 ) -> tuple[int, pa.Table]:  # fmt: skip
-    """Run every block on Ray; each block's trades go to ``trades_dir`` as
-    ``part-NNNNN.parquet`` (block order, so the dataset reads in the one-process order).
+    """Run every block on Ray; each block's trades go to ``trades_dir`` (a directory the
+    caller renames into place once every output is written) as ``part-NNNNN.parquet``
+    (block order, so the dataset reads in the one-process order), each synced to disk.
     The number of trades and the metrics (the one-process sweep's table)."""
     started = connect(
         address, "atc-stream sweep --ray", logging_level=logging.ERROR, log_to_driver=False
@@ -107,7 +108,7 @@ def sweep_on_ray(
         pending = {
             remote.remote(
                 tables[b.group], sets.params[b.params], sets.strategies[b.strategies], split,
-                task_backend, (b.params.start, b.strategies.start),
+                task_backend, interval, (b.params.start, b.strategies.start),
             ): b
             for b in blocks
         }  # fmt: skip
@@ -117,7 +118,7 @@ def sweep_on_ray(
             done, _ = ray.wait(list(pending), num_returns=1)
             block = pending.pop(done[0])
             trades, metrics[block.index] = ray.get(done[0])
-            pq.write_table(trades, trades_dir / f"part-{block.index:05d}.parquet")
+            write_synced(trades, trades_dir / f"part-{block.index:05d}.parquet")
             n_trades += trades.num_rows
             progress(block.streams)
     except ray.exceptions.RayError as exc:

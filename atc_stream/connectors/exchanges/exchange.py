@@ -119,10 +119,15 @@ class Exchange(ABC):
 
     @abstractmethod
     async def unknown_symbols(
-        self, config: LiveConfig, interval: str, symbols: Sequence[str]
+        self,
+        config: LiveConfig,
+        interval: str,
+        symbols: Sequence[str],
+        on_retry: Callable[[str, int, float], None] | None = None,
     ) -> list[str]:
         """The ``symbols`` the exchange does not list (its instruments endpoint); raises
-        ``rest.RestError`` when it cannot be asked."""
+        ``rest.RestError`` when it cannot be asked. ``on_retry(problem, retry, delay_s)``
+        hears of each retried request."""
 
     @abstractmethod
     def history(

@@ -60,9 +60,15 @@ class NativeExchange(WireExchange):
         )  # fmt: skip
 
     async def unknown_symbols(
-        self, config: LiveConfig, interval: str, symbols: Sequence[str]
+        self,
+        config: LiveConfig,
+        interval: str,
+        symbols: Sequence[str],
+        on_retry: Callable[[str, int, float], None] | None = None,
     ) -> list[str]:
         import aiohttp
+
+        from atc_stream.connectors.exchanges.rest import RestError
 
         known: set[str] = set()
         async with aiohttp.ClientSession(trust_env=True) as session:
@@ -76,7 +82,13 @@ class NativeExchange(WireExchange):
                     page = await rest.get_page(
                         params, url=rest.base + request.path,
                         rows=functools.partial(self.instrument_page, params=params),
+                        on_retry=on_retry,
                     )  # fmt: skip
                     listed, params = page
-                    known |= listed
+                    known |= {s for s in listed if isinstance(s, str)}
+        if not known:  # an exchange lists its instruments: this is not its answer
+            raise RestError(
+                f"{rest.base} lists no instrument (not the answer {self.name} gives; check "
+                f"--rest-url)"
+            )
         return [s for s in symbols if s not in known]

@@ -27,6 +27,13 @@ class RestBanned(RestError):
     """The exchange banned this client (HTTP 418): the feed stops, it does not retry."""
 
 
+def _shown(url: str, params: dict[str, Any]) -> str:
+    """``url`` with its query, as a request's line in a message (no ``{}`` of no query)."""
+    if not params:
+        return url
+    return url + "?" + "&".join(f"{k}={v}" for k, v in params.items())
+
+
 class KlineRest:
     """Paged, weight-limited, retried GETs of ``exchange``'s klines on one aiohttp session.
 
@@ -64,10 +71,12 @@ class KlineRest:
         params: dict[str, Any],
         url: str | None = None,
         rows: Callable[[Any], Any] | None = None,
+        on_retry: Callable[[str, int, float], None] | None = None,
     ) -> Any:
         """One request (to ``url``, default ``self.url``); what ``rows`` (default: the
         exchange's ``page_rows``) makes of the decoded JSON, retried while that is None.
-        Retries, then raises ``RestError`` (``RestBanned`` at once on a ban)."""
+        Retries, then raises ``RestError`` (``RestBanned`` at once on a ban).
+        ``on_retry(problem, retry, delay_s)`` hears of each retry before its wait."""
         import aiohttp
 
         url = url or self.url
@@ -79,7 +88,10 @@ class KlineRest:
         last_problem = ""
         for attempt in range(cfg.rest_retries + 1):
             if attempt:  # a 429's Retry-After is waited out in acquire, by every request
-                await asyncio.sleep(backoff.delay(attempt - 1, self.rng.random))
+                delay = backoff.delay(attempt - 1, self.rng.random)
+                if on_retry is not None:
+                    on_retry(last_problem, attempt, delay)
+                await asyncio.sleep(delay)
             async with self._semaphore:
                 try:
                     window = await limiter.acquire()
@@ -117,7 +129,7 @@ class KlineRest:
                 last_problem = f"HTTP {status}"
                 continue
             if status != 200:
-                raise RestError(f"GET {url} {params} answered HTTP {status}: {body[:300]!r}")
+                raise RestError(f"GET {_shown(url, params)} answered HTTP {status}: {body[:300]!r}")
             try:
                 data = unwrap(msgspec.json.decode(body))
             except msgspec.DecodeError:
@@ -128,7 +140,7 @@ class KlineRest:
                 continue
             return data
         raise RestError(
-            f"GET {url} {params} failed after {cfg.rest_retries + 1} tries: {last_problem}"
+            f"GET {_shown(url, params)} failed after {cfg.rest_retries + 1} tries: {last_problem}"
         )
 
     async def fetch(self, symbol: str, start: int, end: int) -> list[Kline]:

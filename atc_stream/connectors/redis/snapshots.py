@@ -108,6 +108,9 @@ class RedisSnapshotStore:
     def __repr__(self) -> str:
         return f"RedisSnapshotStore(prefix={self.prefix!r}, keep={self.keep})"
 
+    def __str__(self) -> str:
+        return f"Redis prefix {self.prefix!r}"
+
     @staticmethod
     def _str(value) -> str:
         return value.decode() if isinstance(value, bytes) else str(value)

@@ -33,6 +33,8 @@ class ReplaySummary:
     events_before_ready: bool = False
     seconds: float = 0.0
     rejected: Counter = field(default_factory=Counter)
+    #: ended early by SIGINT/SIGTERM
+    stopped: bool = False
 
     @property
     def bars_per_second(self) -> float:
@@ -56,12 +58,17 @@ class ReplaySummary:
             return f" (incl. {self.unready_events} before ready)"
         return f" (ready rows; {self.unready_events} before ready not counted)"
 
+    def _rate_note(self) -> str:
+        if self.seconds <= 0 or not (self.warmup_bars + self.step_bars):
+            return ""
+        return f" ({self.bars_per_second:,.0f} bars/s)"
+
     def lines(self) -> list[str]:
         rejected = ", ".join(f"{k}={v}" for k, v in sorted(self.rejected.items())) or "none"
         return [
             f"symbols          {self.symbols}",
             f"bars             {self.warmup_bars} warmup + {self.step_bars} stepped",
-            f"time             {self.seconds:.3f} s ({self.bars_per_second:,.0f} bars/s)",
+            f"time             {self.seconds:.3f} s" + self._rate_note(),
             f"signal rows      {self.rows_out}",
             f"events           {self.long_events} long, {self.short_events} short"
             + self._events_note(),
@@ -167,11 +174,13 @@ class BarPlayer:
         self.engine.add_symbols(symbols)  # one stream per parameter set; existing ones stay
         self.summary.symbols = len(symbols)
         warm = bool(self.warmup_bars)
-        if warm:
-            self._warmup()
-        self._play(self.source.blocks(exclude_warm=warm, applied_until=applied_until))
-        self.summary.seconds = time.perf_counter() - started
-        self.summary.rejected = Counter(self.engine.rejections) - rejected_before
+        try:
+            if warm:
+                self._warmup()
+            self._play(self.source.blocks(exclude_warm=warm, applied_until=applied_until))
+        finally:  # also when a callback ends the run early: the summary says how far it got
+            self.summary.seconds = time.perf_counter() - started
+            self.summary.rejected = Counter(self.engine.rejections) - rejected_before
         return self.summary
 
     def _warmup(self) -> None:

@@ -89,7 +89,11 @@ class CcxtExchange(Exchange):
         return CcxtCandles(symbols, interval, rejections)
 
     async def unknown_symbols(
-        self, config: LiveConfig, interval: str, symbols: Sequence[str]
+        self,
+        config: LiveConfig,
+        interval: str,
+        symbols: Sequence[str],
+        on_retry: Callable[[str, int, float], None] | None = None,
     ) -> list[str]:
         import ccxt
 

@@ -1,0 +1,271 @@
+"""User errors of ``replay``, ``demo`` and ``plot`` that must end in one line and exit
+status 2 before any damage: outputs over inputs, unwritable paths, undecodable or
+misquoted files; and the counts and messages a run reports about rejected rows."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from atc_stream.connectors.replay.player import ReplaySummary
+from atc_stream.state.snapshot import SnapshotWarning
+
+T0 = 1_700_000_000_000
+
+
+def bars_text(n: int = 200) -> str:
+    return "symbol,time,close\n" + "".join(
+        f"AAA,{T0 + 60_000 * i},{100 + i * 0.1:.2f}\n" for i in range(n)
+    )
+
+
+@pytest.fixture
+def bars(tmp_path) -> Path:
+    path = tmp_path / "g.csv"
+    path.write_text(bars_text())
+    return path
+
+
+def one_error_line(code, err: str, needle: str) -> None:
+    assert code == 2, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("atc-stream: error:") and needle in last, err
+
+
+# -- outputs that would destroy an input ---------------------------------------------------
+
+
+def test_an_output_over_its_csv_input_is_refused_and_the_input_kept(bars, run_main):
+    before = bars.read_bytes()
+    code, err = run_main(["replay", str(bars), "-o", str(bars), "--no-progress"])
+    one_error_line(code, err, "is the input BARS")
+    assert bars.read_bytes() == before
+
+
+def test_an_output_over_its_parquet_input_is_refused_and_the_input_kept(tmp_path, run_main):
+    path = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"symbol": ["A", "A"], "time": [T0, T0 + 60_000], "close": [1.0, 2.0]}),
+                   path)  # fmt: skip
+    code, err = run_main(["replay", str(path), "-o", str(path), "--no-progress"])
+    one_error_line(code, err, "is the input BARS")
+    assert path.is_file() and pq.read_table(path).num_rows == 2
+
+
+PAPER = ["--strategy", "direction=long_only"]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["{dir}", "-o", "{dir}/out.jsonl"], "is inside the input BARS"),
+        (["{csv}", "-o", "{tmp}"], "contains the input BARS"),
+        (["--ticks", "{csv}", "-o", "{csv}"], "is the input --ticks"),
+        (["{csv}", "-o", "{tmp}/s.jsonl", *PAPER, "--trades", "{tmp}/s.jsonl"], "is the output -o"),
+        (
+            ["{csv}", "-o", "{tmp}/s.parquet", *PAPER, "--positions", "{tmp}/s.parquet/p.jsonl"],
+            "is inside the output -o",
+        ),  # fmt: skip
+        (["{csv}", "-o", "{tmp}/s.jsonl", *PAPER, "--trades", "{csv}"], "is the input BARS"),
+    ],
+    ids=["into-input-dir", "dir-holding-input", "ticks", "trades-is-o", "inside-o", "trades-input"],
+)
+def test_overlapping_inputs_and_outputs_are_refused(tmp_path, run_main, args, needle):
+    folder = tmp_path / "dir"
+    folder.mkdir()
+    (folder / "AAA.csv").write_text(bars_text(20))
+    csv = tmp_path / "in.csv"
+    csv.write_text(bars_text(20))
+    names = {"dir": folder, "csv": csv, "tmp": tmp_path}
+    code, err = run_main(["replay", *[a.format(**names) for a in args], "--no-progress"])
+    one_error_line(code, err, needle)
+    assert csv.read_text() == bars_text(20)
+    assert sorted(p.name for p in folder.iterdir()) == ["AAA.csv"]
+
+
+def test_a_parquet_output_directory_with_foreign_files_is_refused(bars, tmp_path, run_main):
+    out = tmp_path / "out.parquet"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    code, err = run_main(["replay", str(bars), "-o", str(out), "--no-progress"])
+    one_error_line(code, err, "did not write ('notes.txt')")
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+# -- unusable paths ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("command", "target", "needle"),
+    [
+        ("replay", "missing/x.jsonl", "cannot write"),
+        ("replay", "a_dir.jsonl", "Is a directory"),
+        ("replay", "a_file.txt/x.parquet", "cannot write"),
+        ("demo", "missing/x.jsonl", "cannot write"),
+        ("demo", "a_file.txt/x.csv", "cannot write"),
+    ],
+)
+def test_unwritable_outputs_are_one_line(bars, tmp_path, run_main, command, target, needle):
+    (tmp_path / "a_dir.jsonl").mkdir()
+    (tmp_path / "a_file.txt").write_text("x")
+    source = [str(bars)] if command == "replay" else ["--symbols", "2", "--bars", "30"]
+    args = [command, *source, "-o", str(tmp_path / target), "--no-progress", "--warmup", "5"]
+    code, err = run_main(args)
+    one_error_line(code, err, needle)
+
+
+def test_a_snapshot_dir_that_is_a_file_is_one_line(bars, tmp_path, run_main):
+    args = ["replay", str(bars), "-o", str(tmp_path / "o.jsonl"), "--snapshot-dir", str(bars)]
+    code, err = run_main([*args, "--no-progress"])
+    one_error_line(code, err, "as a snapshot directory: File exists")
+
+
+@pytest.mark.parametrize("option", ["--symbols", "--bars"])
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_demo_sizes_below_one_are_usage_errors(run_main, option, value):
+    code, err = run_main(["demo", option, value, "--no-progress"])
+    one_error_line(code, err, option)
+
+
+def test_plot_refuses_an_unknown_image_format_and_lists_the_known(bars, tmp_path, run_main):
+    signals = tmp_path / "s.jsonl"
+    assert run_main(["replay", str(bars), "-o", str(signals), "--no-progress"])[0] == 0
+    code, err = run_main(["plot", str(signals), "--symbol", "AAA", "-o", str(tmp_path / "c.txt")])
+    one_error_line(code, err, ".png")
+    assert not (tmp_path / "c.txt").exists()
+    code, err = run_main(["plot", str(signals), "--params-id", "3", "-o", str(tmp_path / "c.png")])
+    one_error_line(code, err, "(have [0])")
+
+
+# -- files that cannot be read -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("ticks", [False, True])
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b"sym\xe9bol,time,close\nAAA,1700000000000,1\n", "header line is not UTF-8"),
+        (bars_text(5).encode("utf-16"), "is UTF-16 text; save it as UTF-8"),
+    ],
+    ids=["latin-1", "utf-16"],
+)
+def test_files_that_are_not_utf8_are_one_line(tmp_path, run_main, ticks, content, needle):
+    path = tmp_path / "b.csv"
+    path.write_bytes(content)
+    source = ["--ticks", str(path)] if ticks else [str(path)]
+    code, err = run_main(["replay", *source, "--no-progress"])
+    one_error_line(code, err, needle)
+
+
+@pytest.mark.parametrize("row", [100, 193])
+def test_an_unterminated_quote_in_the_last_column_stops_the_run(tmp_path, run_main, row):
+    lines = bars_text().splitlines()
+    symbol, when, close = lines[row - 1].split(",")
+    lines[row - 1] = f'{symbol},{when},"{close}'
+    path = tmp_path / "q.csv"
+    path.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "q.jsonl"
+    code, err = run_main(["replay", str(path), "-o", str(out), "--no-progress"])
+    one_error_line(code, err, f"q.csv:{row}: unterminated quote")
+
+
+def test_an_unterminated_quote_in_the_last_tick_column_stops_the_run(tmp_path, run_main):
+    rows = [f"{T0 + 1000 * i},AAA,{100 + i},1" for i in range(100)]
+    rows[50] = f'{T0 + 50_000},AAA,150,"1'
+    path = tmp_path / "t.csv"
+    path.write_text("time,symbol,price,size\n" + "\n".join(rows) + "\n")
+    code, err = run_main(["replay", "--ticks", str(path), "--no-progress"])
+    one_error_line(code, err, "t.csv:52: unterminated quote")
+
+
+def test_a_parquet_column_of_lists_is_one_line(tmp_path, run_main):
+    path = tmp_path / "l.parquet"
+    closes = pa.array([[1.0], [2.0]], pa.list_(pa.float64()))
+    pq.write_table(pa.table({"symbol": ["A", "A"], "time": [T0, T0 + 60_000], "close": closes}),
+                   path)  # fmt: skip
+    code, err = run_main(["replay", str(path), "--no-progress"])
+    one_error_line(code, err, "column 'close' is of type list<")
+
+
+# -- rejected rows -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("unit", [[], ["--time-unit", "ms"]], ids=["auto", "ms"])
+def test_a_negative_integer_time_is_a_bad_row(tmp_path, run_main, unit):
+    lines = bars_text().splitlines()
+    lines[101] = lines[101].replace(f",{T0 + 60_000 * 100},", ",-5,")
+    path = tmp_path / "t.csv"
+    path.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "t.jsonl"
+    code, err = run_main(["replay", str(path), "-o", str(out), "--no-progress", *unit])
+    assert code == 0, err
+    assert "t.csv:102: bad_time: '-5'" in err
+    times = [json.loads(line)["time"] for line in out.read_text().splitlines()]
+    assert len(times) == 199 and min(times) == T0
+
+
+def test_the_summary_counts_the_readers_rejections(tmp_path, run_main):
+    path = tmp_path / "b.csv"
+    path.write_text(bars_text(20) + f"AAA,{T0 + 60_000 * 20},oops\n")
+    code, err = run_main(["replay", str(path), "-o", str(tmp_path / "o.jsonl"), "--no-progress"])
+    assert code == 0 and "rejected inputs  bad_close=1" in err, err
+
+
+def test_strict_exits_2_on_engine_rejections_after_a_complete_output(tmp_path, run_main, caplog):
+    lines = bars_text(60).splitlines()
+    lines[11] = lines[11].rsplit(",", 1)[0] + ",-5"
+    lines.append(lines[30])  # the same bar again, out of order
+    path = tmp_path / "e.csv"
+    path.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "e.jsonl"
+    code, err = run_main(["replay", str(path), "-o", str(out), "--no-progress", "--strict"])
+    one_error_line(code, err, "duplicate_bar=1, non_positive_close=1")
+    warned = caplog.text  # the engine's warnings, lines of the command on stderr
+    assert "symbol 'AAA' time" in warned and "slot " not in warned
+    assert len(out.read_text().splitlines()) == 59  # 61 rows, 2 rejected
+
+
+def test_a_damaged_only_snapshot_is_reported_once(bars, tmp_path, run_main, caplog):
+    snaps = tmp_path / "snaps"
+    args = ["replay", str(bars), "-o", str(tmp_path / "o.jsonl"), "--no-progress"]
+    assert run_main([*args, "--snapshot-dir", str(snaps)])[0] == 0
+    (snapshot,) = snaps.glob("*.atcsnap")
+    data = bytearray(snapshot.read_bytes())
+    data[100:107] = b"garbage"
+    snapshot.write_bytes(bytes(data))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code, err = run_main([*args, "--snapshot-dir", str(snaps), "--resume"])
+    one_error_line(code, err, "no snapshot in")
+    assert not [w for w in caught if issubclass(w.category, SnapshotWarning)]
+    said = caplog.text + err  # logged warnings are lines of the command on stderr
+    assert said.count(snapshot.stem) == 1 and "previous one" not in said
+
+
+def test_a_summary_of_no_time_shows_no_rate():
+    lines = ReplaySummary(step_bars=0, seconds=0.0).lines()
+    assert not any("inf" in line for line in lines)
+
+
+def test_sigint_during_a_paced_replay_says_it_stopped(bars, tmp_path):
+    out = tmp_path / "o.jsonl"
+    command = [sys.executable, "-m", "atc_stream", "replay", str(bars), "-o", str(out)]
+    proc = subprocess.Popen([*command, "--speed", "60", "--no-progress"],
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (out.exists() and out.stat().st_size):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "replay stopped early" in err and "replay done" not in err and "inf" not in err
