@@ -116,6 +116,21 @@ def test_replay_with_parameter_sweep_file(tmp_path, table):
     assert result.exit_code != 0 and "robustness" in result.output
 
 
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [("[]", "no parameter set"), ("5", "a parameter set is a JSON object"),
+     ('[{}, "Wide"]', "got 'Wide'")],
+)  # fmt: skip
+def test_a_params_file_that_holds_no_parameter_object_is_one_line(tmp_path, text, needle):
+    from atc_stream.core.params import load_param_sets
+
+    params = tmp_path / "params.json"
+    params.write_text(text)
+    with pytest.raises(ValueError, match=needle) as info:
+        load_param_sets(params)
+    assert str(info.value).startswith(f"{params}: ")
+
+
 def test_demo_runs_end_to_end_as_a_subprocess(tmp_path):
     out = tmp_path / "demo.jsonl"
     cmd = [sys.executable, "-m", "atc_stream", "demo", "--symbols", "3", "--bars", "200"]

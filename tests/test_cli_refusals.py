@@ -269,3 +269,25 @@ def test_sigint_during_a_paced_replay_says_it_stopped(bars, tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "replay stopped early" in err and "replay done" not in err and "inf" not in err
+
+
+def test_a_symbol_for_a_file_with_a_symbol_column_is_refused(bars, tmp_path, run_main):
+    out = tmp_path / "o.jsonl"
+    code, err = run_main(["replay", str(bars), "--symbol", "ZZ", "-o", str(out), "--no-progress"])
+    one_error_line(code, err, "g.csv has a symbol column 'symbol': a symbol given for the file")
+    no_column = tmp_path / "AAA.csv"
+    no_column.write_text(
+        "time,close\n" + "".join(f"{T0 + 60_000 * i},{100 + i}\n" for i in range(5))
+    )
+    code, err = run_main(["replay", str(no_column), "--symbol", "ZZ", "-o", str(out)])
+    assert code == 0, err
+    assert {json.loads(line)["symbol"] for line in out.read_text().splitlines()} == {"ZZ"}
+
+
+def test_a_resume_to_stdout_says_rows_after_the_snapshot_come_again(bars, tmp_path, run_main):
+    snapshots = ["--snapshot-dir", str(tmp_path / "snaps"), "--no-progress"]
+    code, _ = run_main(["replay", str(bars), "-o", str(tmp_path / "o.jsonl"), *snapshots])
+    assert code == 0
+    code, err = run_main(["replay", str(bars), "-o", "-", *snapshots, "--resume"])
+    assert code == 0, err
+    assert "note: resuming to stdout: rows written after the snapshot" in err

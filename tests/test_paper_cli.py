@@ -433,3 +433,18 @@ def test_replay_memory_follows_the_streams_not_the_rows(tmp_path, monkeypatch):
     peak = traced_peak(big, tmp_path / "big")
     per_row = (peak - base) / (symbols * times)
     assert per_row < 64, f"{per_row:.0f} B per row"
+
+
+def test_a_resume_with_other_strategies_says_what_differs():
+    from atc_stream.app.durability import _strategy_difference
+    from atc_stream.core.strategy import parse_strategy
+
+    def specs(*texts):
+        return [parse_strategy(text).to_dict() for text in texts]
+
+    assert _strategy_difference(specs("stop=0.05"), specs("stop=0.02")) == (
+        "strategy 0: stop=0.05 (snapshot: 0.02)"
+    )
+    assert _strategy_difference(specs("stop=0.05"), specs("stop=0.05", "stop=0.02")) == (
+        "1 strategies asked, the snapshot trades 2"
+    )

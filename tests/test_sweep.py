@@ -358,13 +358,17 @@ def test_sweep_backend_cuda_without_cuda_is_one_line(capsys, tmp_path, sweep_fil
     assert stderr.startswith("atc-stream: error: --backend cuda")
 
 
-@pytest.mark.parametrize("where", ["data", "grid", "beside"])
+@pytest.mark.parametrize("where", ["data", "grid", "beside", "a table"])
 def test_sweep_refuses_an_output_over_its_inputs_before_reading(
     capsys, tmp_path, sweep_files, where
 ):
     data, grid = sweep_files
+    if where == "a table":  # DATA is a file the sweep would write
+        data = tmp_path / "trades.parquet"
+        data.write_bytes(sweep_files[0].read_bytes())
     before = (data.read_bytes(), grid.read_text())
-    outdir = {"data": data, "grid": grid, "beside": data.parent / "out"}[where]
+    outdir = {"data": data, "grid": grid, "beside": data.parent / "out", "a table": tmp_path}
+    outdir = outdir[where]
     source = data.parent if where == "beside" else data  # a directory DATA holds the output
     code, _, stderr = run_cli(
         capsys, ["sweep", str(source), "--grid", str(grid), "-o", str(outdir)]

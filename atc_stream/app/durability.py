@@ -68,6 +68,22 @@ def open_snapshot_store(
         ) from None
 
 
+def _strategy_difference(asked: list[dict], traded: list[dict]) -> str:
+    """What differs between the strategies asked for and those a snapshot trades, shortly."""
+    if len(asked) != len(traded):
+        return f"{len(asked)} strategies asked, the snapshot trades {len(traded)}"
+    for i, (mine, theirs) in enumerate(zip(asked, traded, strict=True)):
+        keys = sorted(set(mine) | set(theirs))
+        changed = [
+            f"{k}={mine.get(k)!r} (snapshot: {theirs.get(k)!r})"
+            for k in keys
+            if mine.get(k) != theirs.get(k)
+        ]
+        if changed:
+            return f"strategy {i}: " + ", ".join(changed)
+    return "their order"
+
+
 class StopRun(Exception):
     """Raised from a result callback to end a run early (after SIGINT/SIGTERM)."""
 
@@ -170,11 +186,13 @@ class Durability:
         engine = self.restore(backend, outputs)
         if engine is not None:
             check_resume_matches(engine, param_sets=param_sets, interval=interval)
-            if [s.to_dict() for s in engine.strategies] != [s.to_dict() for s in strategies or []]:
+            asked = [s.to_dict() for s in strategies or []]
+            traded = [s.to_dict() for s in engine.strategies]
+            if asked != traded:
+                difference = _strategy_difference(asked, traded)
                 raise RunError(
-                    f"--strategy differs from the snapshot's ({len(strategies or [])} "
-                    f"strategies asked, the snapshot trades {len(engine.strategies)}); resume "
-                    "with the snapshot's strategies, or start fresh with another --snapshot-dir"
+                    f"--strategy differs from the snapshot's ({difference}); resume with the "
+                    "snapshot's strategies, or start fresh with another --snapshot-dir"
                 )
         else:
             engine = Engine(
@@ -202,6 +220,11 @@ class Durability:
         restore, cut back to the position the snapshot recorded for ``source_name`` and
         appended to; else new."""
         recorded = engine.source_offsets.get(source_name) if self.restored else None
+        if self.restored and str(output) == "-":
+            err(
+                "atc-stream: note: resuming to stdout: rows written after the snapshot by "
+                "the stopped run come again (a file output is cut back to the snapshot)"
+            )
         return open_writer(
             output,
             metadata=params_metadata(engine.param_sets, engine.interval),

@@ -204,6 +204,13 @@ def load_param_sets(path: str | os.PathLike | None) -> list[ATCParams]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"cannot read parameters from {path}: {exc}") from None
     items = data if isinstance(data, list) else [data]
+    if not items:  # an empty sweep is a mistake, not a wish for the defaults
+        raise ValueError(f"{path}: no parameter set (give an object, or a list of them)")
+    for item in items:
+        if not isinstance(item, dict):
+            raise ValueError(
+                f"{path}: a parameter set is a JSON object of name: value, got {item!r}"
+            )
     try:
         return [ATCParams.from_dict(item) for item in items]
     except (TypeError, ValueError) as exc:

@@ -215,6 +215,11 @@ def iter_bar_batches(
         default_symbol = symbol if (symbol and not path.is_dir()) else f.stem
         unit = epoch_unit(time_unit)  # decided per file, from all its rows
         for batch, line_of in batches:
+            if symbol and symbol_column in batch.schema.names:  # it would be ignored
+                raise InputError(
+                    f"{f.name} has a symbol column {symbol_column!r}: a symbol given for the "
+                    "file (--symbol) names the bars of a file without one; leave it out"
+                )
             parsed = _parse_batch(f, batch, columns, default_symbol, unit, symbols, bad, line_of)
             if parsed is not None:
                 yield parsed

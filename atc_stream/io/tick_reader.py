@@ -216,9 +216,10 @@ def _csv_columns(path: Path, roles: dict, bad):
     """
 
     check_utf8_header(path)
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as f:
-            header = next(csv.reader(f), None)
+    try:  # the header line alone: a bad byte further on is a data row's problem
+        with open(path, "rb") as f:
+            first = f.readline().decode("utf-8-sig")
+        header = next(csv.reader([first]), None)
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise InputError(f"{path}: cannot read CSV header: {first_line(exc)}") from None
     if not header:

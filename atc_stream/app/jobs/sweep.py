@@ -33,7 +33,6 @@ from atc_stream.core.timetext import text_to_ms
 from atc_stream.engine.engine import Engine
 from atc_stream.io.ohlc import OhlcTable, read_ohlc
 from atc_stream.io.readers import InputError, infer_interval
-from atc_stream.io.writers import check_apart
 
 #: Streams per backtest call (whole symbols: every set of the grid for each symbol).
 CHUNK_STREAMS = 4096
@@ -70,7 +69,8 @@ def run_sweep(
     _check_interval_option(interval)
     if rank_by not in RANK_METRICS:
         raise OptionError(f"{rank_by!r} is not one of {', '.join(RANK_METRICS)}", "--rank-by")
-    check_apart({"DATA": data, "--grid": grid}, {"-o": outdir})  # before anything is read
+    output = SweepOutput(outdir)
+    output.check_apart({"DATA": data, "--grid": grid})  # before anything is read or written
     split = _split_time(train_until, time_unit)
     try:
         sets = load_grid(grid)
@@ -93,7 +93,6 @@ def run_sweep(
             f"{train_until!r} leaves no bars on one side (bars span "
             f"{int(bars.times.min())}..{int(bars.times.max())} ms)", "--train-until",
         )  # fmt: skip
-    output = SweepOutput(outdir)
     output.begin(staged_trades=ray)
     if not ray and backend != "cuda":
         _load_kernels(progress)

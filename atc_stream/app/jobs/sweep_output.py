@@ -30,6 +30,24 @@ class SweepOutput:
         #: ``--ray``'s trades dataset while blocks finish: renamed into place by ``finish``
         self.staged_trades = outdir / ".trades.parquet.parts.tmp"
 
+    def check_apart(self, inputs: dict[str, Path]) -> None:
+        """``RunError`` when writing OUTDIR would replace or remove an input (OUTDIR is
+        the input, or an input is one of its tables), or when OUTDIR lies inside a
+        directory input (its tables would be read as input by the next run). Other
+        files in OUTDIR are left alone, so an input beside the tables is fine."""
+        out = self.outdir.resolve()
+        written = [out / f"{name}.parquet" for name in TABLES]
+        written += [out / MARKER, self.staged_trades.resolve()]
+        for option, path in inputs.items():
+            given = path.resolve()
+            if given == out or any(given == w or given.is_relative_to(w) for w in written):
+                how = "is" if given == out else "would replace"
+            elif given.is_dir() and out.is_relative_to(given):
+                how = "is inside"
+            else:
+                continue
+            raise RunError(f"-o {self.outdir} {how} the input {option} {path}; choose another path")
+
     def begin(self, *, staged_trades: bool = False) -> None:
         """OUTDIR created, and what a killed sweep left there removed: temporary tables,
         a half-written dataset, an old dataset set aside (the complete tables stay until
