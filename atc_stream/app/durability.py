@@ -410,17 +410,21 @@ def check_backend(backend: str) -> None:
 
 
 def _load_kernels(engine) -> None:
-    """Before a command reads input: compile/load the CPU kernels, saying so on a first run.
+    """The CPU kernels of ``engine`` (``load_cpu_kernels``); other backends compile their
+    own kernels, only the CPU kernels are cached here."""
+    if engine.backend.name == "cpu":
+        load_cpu_kernels(strategies=bool(engine.strategies))
 
-    So progress bars, ``--max-seconds`` and the event loop never include compilation.
-    Other backends compile their own kernels; only the CPU kernels are cached here.
-    """
-    if engine.backend.name != "cpu":
-        return
-    result = engine.compile(
+
+def load_cpu_kernels(*, strategies: bool, progress: bool = True) -> None:
+    """Before a command reads input: compile/load the CPU kernels (``strategies``: those
+    of trading too), saying so on a first run (a progress bar with ``progress``, on a
+    terminal). So progress bars, ``--max-seconds`` and the event loop never include
+    compilation."""
+    result = Engine.compile(
         lambda line: err(f"atc-stream: {line}"),
-        progress=stderr_is_terminal(),
-        strategies=bool(engine.strategies),
+        progress=progress and stderr_is_terminal(),
+        strategies=strategies,
     )
     if result.compiled:
         err(f"atc-stream: {result.summary()}")

@@ -75,12 +75,7 @@ ResumableIntervalOption = Annotated[
 ]
 
 RedisOption = Annotated[
-    str | None,
-    typer.Option(
-        "--redis",
-        help="Publish signals to this Redis URL (pub/sub + latest hash).",
-        callback=check_redis_url,
-    ),
+    str | None, redis_option("Publish signals to this Redis URL (pub/sub + latest hash).")
 ]
 RedisPrefixOption = Annotated[
     str, typer.Option("--redis-prefix", help="Channel and key prefix used with --redis.")

@@ -10,7 +10,7 @@ go to ``err``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -140,12 +140,13 @@ def replay(
             strict=strict, resume=durability.resume, warmup=warmup, ohlc_columns=ohlc_columns,
         )  # fmt: skip
         source_input = str(bars.resolve())
+        bad_rows = source.bad_rows
         if ohlc_columns is not None:  # recorded in snapshots: a resume must read the same
             columns.update(zip(PRICE_NAMES, ohlc_columns, strict=True))
     elif ticks is not None and bars is None:
         tick_columns = tick_columns or {"price": "price", "size": "size"}
         tick_interval = interval or INTERVAL  # the engine's: the snapshot's on --resume
-        source = tick_bars(
+        source, bad_rows = tick_bars(
             ticks, interval=tick_interval, empty=empty, symbol=symbol, time_unit=time_unit,
             strict=strict, time_column=columns["time"],
             symbol_column=columns["symbol"], price_column=tick_columns["price"],
@@ -159,6 +160,7 @@ def replay(
         source, params=params, output=output, warmup=warmup, speed=speed, progress=progress,
         backend=backend, interval=interval, durability=durability,
         source={"name": FILE_SOURCE, "input": source_input, "columns": columns}, paper=paper,
+        reader_rejections=bad_rows.counts,
     )  # fmt: skip
     if strict and summary.rejected:  # the reader's rejections stopped the run before it
         counts = ", ".join(f"{k}={v}" for k, v in sorted(summary.rejected.items()))
@@ -180,10 +182,13 @@ def replay_source(
     durability: Durability | None = None,
     source: dict[str, Any] | None = None,
     paper: PaperOptions | None = None,
+    reader_rejections: Mapping[str, int] | None = None,
 ):
     """Replay ``bars`` (a ``BarTable`` or ``BarFileSource``) into ``output`` (resuming from
     a snapshot with ``--resume``); returns ``(engine, summary)``. With ``paper``, the
-    engine trades its strategies and their outputs go to its files."""
+    engine trades its strategies and their outputs go to its files. The summary counts
+    ``reader_rejections`` (the rows the file reader left out, by reason) beside the
+    engine's."""
     output_format(output)  # refuse an unknown extension before any work
     if durability is None:
         durability = Durability(redis=None, snapshot_dir=None, snapshot_every=None, resume=False)
@@ -210,19 +215,12 @@ def replay_source(
         finally:
             if paper is not None:
                 writer.close()
-    summary.rejected.update(_reader_rejections(bars))
+    summary.rejected.update(reader_rejections or {})
     done = "stopped early by a signal" if summary.stopped else "done"
     err(f"atc-stream: replay {done} ({engine.backend.name} backend)")
     for line in summary.lines() + (paper_lines(engine) if paper is not None else []):
         err("  " + line)
     return engine, summary
-
-
-def _reader_rejections(bars) -> dict[str, int]:
-    """The rows the file reader left out of ``bars`` (a bar source), by reason."""
-    bad_rows = getattr(bars, "bad_rows", None) or getattr(getattr(bars, "table", None),
-                                                          "bad_rows", None)  # fmt: skip
-    return dict(bad_rows.counts) if bad_rows is not None else {}
 
 
 def bar_source(
@@ -245,7 +243,7 @@ def bar_source(
     otherwise), else inferred from the spacing of the first rows (on ``--resume``: the
     snapshot's, None here).
     """
-    _check_interval_option(interval)
+    check_interval_option(interval)
     try:
         source = BarFileSource(
             path, symbol_column=columns["symbol"], time_column=columns["time"],
@@ -255,13 +253,11 @@ def bar_source(
     except InputError as exc:
         raise RunError(str(exc)) from None
     _report_bad_rows(source.bad_rows, path, strict)
-    inferred = source.infer_interval()
-    if interval is None and not resume and inferred is None:
-        err(f"atc-stream: note: cannot infer the interval (no symbol has two bars); {INTERVAL}")
-    return source, _bars_interval(interval, inferred, resume, path)
+    return source, bars_interval(interval, source.infer_interval(), resume, path)
 
 
-def _check_interval_option(interval: str | None) -> None:
+def check_interval_option(interval: str | None) -> None:
+    """``OptionError`` naming ``--interval`` for an interval that is not one."""
     if interval is not None:
         try:
             validate_interval(interval)
@@ -277,12 +273,16 @@ def _report_bad_rows(bad_rows, path: Path, strict: bool) -> None:
         raise RunError(f"{bad_rows.total} rejected rows in {path} (--strict)")
 
 
-def _bars_interval(interval: str | None, inferred: str | None, resume: bool, path: Path):
+def bars_interval(interval: str | None, inferred: str | None, resume: bool, path: Path):
     """The interval to label bars with: ``interval`` (refused when the bars' spacing
     ``inferred`` says otherwise), else ``inferred`` (on ``--resume``: the snapshot's,
-    None here; with nothing inferred, the default)."""
+    None here; with nothing inferred, the default, with a note)."""
     if interval is None:
-        return None if resume else inferred or INTERVAL
+        if resume:
+            return None
+        if inferred is None:
+            err(f"atc-stream: note: cannot infer the interval (no symbol has two bars); {INTERVAL}")
+        return inferred or INTERVAL
     if inferred is not None and not is_calendar(interval):
         if interval_ms(interval) != interval_ms(inferred):
             raise RunError(
@@ -305,7 +305,8 @@ def tick_bars(
 ):
     """Ticks of ``path`` aggregated to a ``BarTable`` of ``interval`` bars (in memory;
     ``ohlc``: a ``TableBars`` whose bars carry each interval's open, high, low and
-    close); rejected rows are reported (``strict``: any one stops the run)."""
+    close), and the rows left out (``BadRows``, reported here; ``strict``: any one stops
+    the run)."""
     try:
         ticks = load_ticks(path, symbol=symbol, time_unit=time_unit, **columns)
     except InputError as exc:  # unreadable damage: one line, exit 2
@@ -322,8 +323,7 @@ def tick_bars(
         + (f"; dropped ticks: {bad}" if bad else "")
     )
     table = bars.to_bar_table()
-    table.bad_rows = ticks.bad_rows
-    return TableBars(table, ohlc=bars.time_major_ohlc()) if ohlc else table
+    return (TableBars(table, ohlc=bars.time_major_ohlc()) if ohlc else table), ticks.bad_rows
 
 
 def _route(

@@ -11,12 +11,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from atc_stream.app.console import OptionError, RunError, err, stderr_is_terminal
-from atc_stream.app.defaults import INTERVAL
-from atc_stream.app.durability import check_backend
+from atc_stream.app.console import OptionError, RunError, err
+from atc_stream.app.durability import check_backend, load_cpu_kernels
 from atc_stream.app.extras import require
 from atc_stream.app.grid import Grid, GridError, load_grid
-from atc_stream.app.jobs.replay import _bars_interval, _check_interval_option
+from atc_stream.app.jobs.replay import bars_interval, check_interval_option
 from atc_stream.app.jobs.sweep_output import SweepOutput
 from atc_stream.app.jobs.sweep_ray import sweep_on_ray
 from atc_stream.app.ranking import (
@@ -30,7 +29,6 @@ from atc_stream.app.ranking import (
 )
 from atc_stream.app.sweep_blocks import sweep_block, symbol_groups
 from atc_stream.core.timetext import text_to_ms
-from atc_stream.engine.engine import Engine
 from atc_stream.io.ohlc import OhlcTable, read_ohlc
 from atc_stream.io.readers import InputError, infer_interval
 
@@ -66,7 +64,7 @@ def run_sweep(
         require("ray", "atc-stream sweep --ray")
     else:  # with --ray the cluster's GPUs count, not this machine's
         check_backend(backend)
-    _check_interval_option(interval)
+    check_interval_option(interval)
     if rank_by not in RANK_METRICS:
         raise OptionError(f"{rank_by!r} is not one of {', '.join(RANK_METRICS)}", "--rank-by")
     output = SweepOutput(outdir)
@@ -84,10 +82,7 @@ def run_sweep(
         err(f"atc-stream: {line}")
     if not len(bars):
         raise RunError(f"{data}: no usable bars")
-    inferred = infer_interval(bars)
-    if interval is None and inferred is None:
-        err(f"atc-stream: note: cannot infer the interval (no symbol has two bars); {INTERVAL}")
-    label = _bars_interval(interval, inferred, False, data)
+    label = bars_interval(interval, infer_interval(bars), False, data)
     if split is not None and not (bars.times.min() < split <= bars.times.max()):
         raise OptionError(
             f"{train_until!r} leaves no bars on one side (bars span "
@@ -95,7 +90,7 @@ def run_sweep(
         )  # fmt: skip
     output.begin(staged_trades=ray)
     if not ray and backend != "cuda":
-        _load_kernels(progress)
+        load_cpu_kernels(strategies=True, progress=progress)  # not in the sweep's time
     started = time.perf_counter()
     trades: pa.Table | None = None
     if ray:
@@ -130,16 +125,6 @@ def run_sweep(
         f"{len(bars)} bars, {n_trades} trades in {elapsed:.2f} s; wrote {outdir}/"
     )
     return 0
-
-
-def _load_kernels(progress: bool) -> None:
-    """The CPU kernels compiled (first run: minutes, said first) or loaded before the
-    sweep is timed, so neither the progress bar nor the reported time holds it."""
-    result = Engine.compile(
-        lambda line: err(f"atc-stream: {line}"), progress=progress and stderr_is_terminal()
-    )
-    if result.compiled:
-        err(f"atc-stream: {result.summary()}")
 
 
 def _ordered(metrics: pa.Table, periods: tuple[str, ...]) -> pa.Table:

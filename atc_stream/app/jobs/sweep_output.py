@@ -107,16 +107,10 @@ class SweepOutput:
 
 def write_synced(table: pa.Table, path: Path) -> None:
     """``table`` as the Parquet file ``path``, on disk before this returns."""
-    pq.write_table(table, path)
-    _sync_file(path)
-
-
-def _sync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    with open(path, "wb") as f:
+        pq.write_table(table, f)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _remove(path: Path) -> None:

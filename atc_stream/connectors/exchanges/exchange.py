@@ -22,6 +22,9 @@ from atc_stream.connectors.exchanges.limits import WeightLimiter, WeightRules
 if TYPE_CHECKING:
     import aiohttp
 
+#: ``on_retry(problem, retry, delay_s)``: told of a REST request's retry before its wait
+OnRetry = Callable[[str, int, float], None]
+
 
 @dataclass(frozen=True)
 class Keepalive:
@@ -123,7 +126,7 @@ class Exchange(ABC):
         config: LiveConfig,
         interval: str,
         symbols: Sequence[str],
-        on_retry: Callable[[str, int, float], None] | None = None,
+        on_retry: OnRetry | None = None,
     ) -> list[str]:
         """The ``symbols`` the exchange does not list (its instruments endpoint); raises
         ``rest.RestError`` when it cannot be asked. ``on_retry(problem, retry, delay_s)``

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from atc_stream.connectors.exchanges.config import LiveConfig, LiveStats
-from atc_stream.connectors.exchanges.exchange import WireExchange
+from atc_stream.connectors.exchanges.exchange import OnRetry, WireExchange
 from atc_stream.connectors.exchanges.klines import MessageParser
 from atc_stream.connectors.exchanges.limits import WeightLimiter
 from atc_stream.connectors.exchanges.rest import KlineRest
@@ -64,7 +64,7 @@ class NativeExchange(WireExchange):
         config: LiveConfig,
         interval: str,
         symbols: Sequence[str],
-        on_retry: Callable[[str, int, float], None] | None = None,
+        on_retry: OnRetry | None = None,
     ) -> list[str]:
         import aiohttp
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from atc_stream.connectors.exchanges.config import LiveConfig, LiveStats
-from atc_stream.connectors.exchanges.exchange import WireExchange
+from atc_stream.connectors.exchanges.exchange import OnRetry, WireExchange
 from atc_stream.connectors.exchanges.klines import Kline
 from atc_stream.connectors.exchanges.limits import RateLimitBan, WeightLimiter
 
@@ -71,7 +71,7 @@ class KlineRest:
         params: dict[str, Any],
         url: str | None = None,
         rows: Callable[[Any], Any] | None = None,
-        on_retry: Callable[[str, int, float], None] | None = None,
+        on_retry: OnRetry | None = None,
     ) -> Any:
         """One request (to ``url``, default ``self.url``); what ``rows`` (default: the
         exchange's ``page_rows``) makes of the decoded JSON, retried while that is None.

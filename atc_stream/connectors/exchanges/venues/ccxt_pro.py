@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from atc_stream.connectors.exchanges.config import LiveConfig, LiveStats
-from atc_stream.connectors.exchanges.exchange import Exchange
+from atc_stream.connectors.exchanges.exchange import Exchange, OnRetry
 from atc_stream.connectors.exchanges.klines import Kline, MessageParser, prices, time_ms
 from atc_stream.connectors.exchanges.limits import WeightLimiter, WeightRules
 from atc_stream.connectors.exchanges.rest import RestError
@@ -93,7 +93,7 @@ class CcxtExchange(Exchange):
         config: LiveConfig,
         interval: str,
         symbols: Sequence[str],
-        on_retry: Callable[[str, int, float], None] | None = None,
+        on_retry: OnRetry | None = None,
     ) -> list[str]:
         import ccxt
 
