@@ -11,7 +11,7 @@ import time
 
 import msgspec
 import pytest
-from redis_fixtures import collected_messages, redis_server, redis_url  # noqa: F401
+from redis_fixtures import collected_messages, private_redis, redis_server, redis_url  # noqa: F401
 from typer.testing import CliRunner
 
 from atc_stream.app.cli import app
@@ -177,3 +177,140 @@ def test_run_stream_sigterm_then_resume(tmp_path, redis_url):  # noqa: F811
     assert f"bars applied     {4000 - written}" in done.stderr
     outputs = read_outputs(client, "sig")
     assert len({(o["key"], o["time"]) for o in outputs}) == len(outputs) == 4000
+
+
+def add_bars(client, key, n_symbols=4, n_bars=60, seed=5):
+    table = random_walk_table(n_symbols, n_bars, seed=seed)
+    pipe = client.pipeline(transaction=False)
+    for s, t, c in zip(table.symbols, table.times.tolist(), table.closes.tolist(), strict=True):
+        pipe.xadd(key, {"symbol": s, "time": t, "close": repr(c)})
+    pipe.execute()
+    return len(table.times)
+
+
+def one_error_line(stderr: str) -> str:
+    errors = [line for line in stderr.splitlines() if line.startswith("atc-stream: error:")]
+    assert len(errors) == 1, stderr
+    return errors[0]
+
+
+def test_run_stream_refuses_a_group_already_read_without_resume(redis_url, run_main):  # noqa: F811
+    """A fresh engine on a group that delivered entries would compute every later row
+    from a stream starting there: refused; --resume applies the stream again instead."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    total = add_bars(client, "bars")
+    base = ["run-stream", "--redis", redis_url, "--input-stream", "bars", "--output-stream",
+            "sig", "--backend", "cpu", "--stop-when-idle", "0.3"]  # fmt: skip
+    code, _ = run_main(base)
+    assert code == 0 and client.xlen("sig") == total
+    client.xadd("bars", {"symbol": "SYM000", "time": 1_900_000_000_000, "close": "100.5"})
+    code, stderr = run_main(base)
+    assert code == 2
+    line = one_error_line(stderr)
+    assert "consumer group 'atc' has already read bars" in line and "--resume" in line
+    assert client.xlen("sig") == total  # nothing written from a fresh engine
+    code, stderr = run_main([*base, "--resume"])
+    assert code == 0, stderr
+    assert f"+{total} suppressed replays" in stderr
+    outputs = read_outputs(client, "sig")
+    assert len(outputs) == total + 1
+    last = outputs[-1]["record"]
+    assert last["symbol"] == "SYM000" and last["bar_index"] == 60  # after its 60 bars
+    client.close()
+
+
+@pytest.mark.parametrize("command", [["run-stream", "--input-stream", "bars"], ["subscribe"]])
+@pytest.mark.parametrize(
+    "database, says",
+    [(None, "cannot reach Redis at redis://127.0.0.1:1/0"), ("99", "DB index is out of range")],
+)
+def test_an_unusable_redis_is_one_line_and_exit_2(command, database, says, redis_url, run_main):  # noqa: F811
+    url = "redis://127.0.0.1:1/0" if database is None else redis_url.rsplit("/", 1)[0] + "/99"
+    code, stderr = run_main([*command, "--redis", url, "--backend", "cpu"][: len(command) + 2])
+    assert code == 2
+    assert says in one_error_line(stderr)
+
+
+def test_keys_of_the_wrong_type_are_one_line_and_exit_2(redis_url, run_main):  # noqa: F811
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    client.set("text", "not a stream")
+    client.set("atc:latest", "not a hash")
+    add_bars(client, "bars", n_bars=5)
+    client.close()
+    run = ["run-stream", "--redis", redis_url, "--backend", "cpu", "--stop-when-idle", "0.3"]
+    for args in (["--input-stream", "text"], ["--input-stream", "bars", "--output-stream", "text"]):
+        code, stderr = run_main([*run, *args])
+        assert code == 2
+        assert "refused a command: WRONGTYPE" in one_error_line(stderr)
+    code, stderr = run_main(["subscribe", "--redis", redis_url, "--latest", "--timeout", "0"])
+    assert code == 2
+    assert "(reading the latest records): WRONGTYPE" in one_error_line(stderr)
+
+
+def test_subscribe_to_a_server_that_never_answers_is_one_line(redis_url, run_main, monkeypatch):  # noqa: F811
+    """rediss:// on a plain port: the TLS handshake gets no answer, and the subscriber gives
+    up after its socket timeout instead of waiting forever."""
+    from atc_stream.connectors.redis import pubsub
+
+    monkeypatch.setattr(pubsub, "SUBSCRIBER_SOCKET_TIMEOUT", 1.0)
+    started = time.monotonic()
+    code, stderr = run_main(["subscribe", "--redis", "rediss" + redis_url[len("redis") :]])
+    assert code == 2 and time.monotonic() - started < 30
+    assert "cannot reach Redis at rediss://" in one_error_line(stderr)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run-stream", "--input-stream", "bars", "--stop-when-idle", "nan"],
+        ["run-stream", "--input-stream", "bars", "--stop-when-idle", "-1"],
+        ["subscribe", "--timeout", "nan"],
+        ["cluster", "route", "--input-stream", "bars", "--stop-when-idle", "nan"],
+    ],
+)
+def test_a_wait_that_is_not_a_finite_number_of_seconds_is_refused(args, run_main):
+    code, stderr = run_main([*args, "--redis", "redis://127.0.0.1:1/0"])
+    assert code == 2
+    assert "must be a finite number of seconds >= 0" in one_error_line(stderr)
+
+
+def test_a_namespace_that_cannot_name_snapshot_files_is_one_line(tmp_path, run_main):
+    args = ["--input-stream", "bars", "--snapshot-dir", str(tmp_path), "--namespace", "a/b"]
+    code, stderr = run_main(["run-stream", "--redis", "redis://127.0.0.1:1/0", *args])
+    assert code == 2
+    assert "namespace 'a/b' cannot name snapshot files" in one_error_line(stderr)
+
+
+def test_run_stream_stopped_while_redis_is_down_is_one_line_without_final_snapshot(
+    private_redis,  # noqa: F811
+    tmp_path,
+):
+    """SIGTERM while a batch's outputs wait for Redis: the batch is applied in memory only,
+    so the run says so in one line (exit 2) and leaves no final snapshot."""
+    client = private_redis.client()
+    add_bars(client, "bars", n_symbols=40, n_bars=1500)
+    snaps = tmp_path / "snaps"
+    proc = subprocess.Popen(
+        [*ATC, "run-stream", "--redis", private_redis.url, "--input-stream", "bars",
+         "--output-stream", "sig", "--batch-size", "60000", "--backend", "cpu",
+         "--snapshot-dir", str(snaps), "--snapshot-every", "1000000"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not any(g["pending"] for g in client.xinfo_groups("bars")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.002)
+    private_redis.stop()  # read, not yet written: the step of 60,000 bars is under way
+    client.close()
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err
+    assert "Traceback" not in err
+    line = one_error_line(err)
+    assert "cannot reach Redis" in line and "--resume applies it again" in line
+    assert DirectorySnapshotStore(snaps).list() == []

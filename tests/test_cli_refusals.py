@@ -166,6 +166,21 @@ def test_files_that_are_not_utf8_are_one_line(tmp_path, run_main, ticks, content
     one_error_line(code, err, needle)
 
 
+@pytest.mark.parametrize("ticks", [False, True])
+def test_a_row_of_too_many_cells_that_is_not_utf8_is_one_line_without_a_traceback(tmp_path, ticks):
+    """pyarrow cannot hand such a row to the reader (making text of it fails, an exception
+    it ignores and prints): one line and exit 2, with nothing printed before it."""
+    header = "time,symbol,price,size" if ticks else "symbol,time,close"
+    row = f"{T0},A\xff,1,1,1" if ticks else f"A\xff,{T0},1,9"
+    path = tmp_path / "u.csv"
+    path.write_bytes(f"{header}\n{row}\n".encode("latin-1"))
+    source = ["--ticks", str(path)] if ticks else [str(path)]
+    command = [sys.executable, "-m", "atc_stream", "replay", *source, "--no-progress"]
+    proc = subprocess.run(command, capture_output=True, text=True)
+    one_error_line(proc.returncode, proc.stderr, "a row with the wrong number of cells is not")
+    assert proc.stderr.count("\n") == 1, proc.stderr
+
+
 @pytest.mark.parametrize("row", [100, 193])
 def test_an_unterminated_quote_in_the_last_column_stops_the_run(tmp_path, run_main, row):
     lines = bars_text().splitlines()
@@ -232,6 +247,60 @@ def test_strict_exits_2_on_engine_rejections_after_a_complete_output(tmp_path, r
     warned = caplog.text  # the engine's warnings, lines of the command on stderr
     assert "symbol 'AAA' time" in warned and "slot " not in warned
     assert len(out.read_text().splitlines()) == 59  # 61 rows, 2 rejected
+
+
+def test_a_bar_row_that_is_not_utf8_is_a_rejected_row(tmp_path, run_main):
+    lines = bars_text(60).encode().splitlines()
+    lines[11] = lines[11].replace(b"AAA", b"AA\xffA")  # line 12
+    path = tmp_path / "u.csv"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    out = tmp_path / "u.jsonl"
+    code, err = run_main(["replay", str(path), "-o", str(out), "--no-progress"])
+    assert code == 0, err
+    assert "u.csv:12: bad_utf8: symbol: b'AA\\xffA' (byte 0xff at offset 2)" in err
+    assert "rejected inputs  bad_utf8=1" in err
+    times = [json.loads(line)["time"] for line in out.read_text().splitlines()]
+    assert times == [T0 + 60_000 * i for i in range(60) if i != 10]  # the rows around it apply
+    code, err = run_main(["replay", str(path), "-o", str(out), "--no-progress", "--strict"])
+    one_error_line(code, err, "1 rejected rows in")
+
+
+def engine_rejections_file(tmp_path: Path) -> Path:
+    """60 bars of AAA with a close <= 0 on line 12 and line 31's bar again on line 62."""
+    lines = bars_text(60).splitlines()
+    lines[11] = lines[11].rsplit(",", 1)[0] + ",-5"
+    lines.append(lines[30])
+    path = tmp_path / "e.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("warmup", ["0", "20"])
+def test_engine_rejections_are_logged_with_file_and_line(tmp_path, run_main, caplog, warmup):
+    path = engine_rejections_file(tmp_path)
+    out = tmp_path / "e.jsonl"
+    args = ["replay", str(path), "-o", str(out), "--no-progress", "--warmup", warmup]
+    code, err = run_main([*args, "--strict"])
+    negative = f"e.csv:12: symbol 'AAA' time {T0 + 60_000 * 10} close -5.0"
+    repeated = f"e.csv:62: symbol 'AAA' time {T0 + 60_000 * 29} close 102.9"
+    one_error_line(code, err, "the first: e.csv:12: non_positive_close: symbol 'AAA' time")
+    assert f"rejected input (non_positive_close): {negative}" in caplog.text
+    assert f"rejected input (duplicate_bar): {repeated}" in caplog.text
+    assert caplog.text.count("rejected input") == 2  # the engine's own lines are not there too
+
+
+def test_engine_rejections_in_a_directory_name_the_file_and_parquet_row(tmp_path, run_main, caplog):
+    folder = tmp_path / "bars"
+    folder.mkdir()
+    times = [T0 + 60_000 * i for i in range(5)]
+    pq.write_table(pa.table({"time": times, "close": [1.0, 2, 3, 4, 5]}), folder / "AAA.parquet")
+    pq.write_table(pa.table({"time": times, "close": [1.0, 2, 0, 4, 5]}), folder / "BBB.parquet")
+    code, err = run_main(["replay", str(folder), "-o", str(tmp_path / "o.jsonl"), "--no-progress"])
+    assert code == 0 and "rejected inputs  non_positive_close=1" in err, err
+    assert (
+        f"rejected input (non_positive_close): BBB.parquet:row 3: symbol 'BBB' time {times[2]}"
+        in caplog.text
+    )
 
 
 def test_a_damaged_only_snapshot_is_reported_once(bars, tmp_path, run_main, caplog):

@@ -235,3 +235,33 @@ def test_replay_route_shards_writes_a_files_bars_to_the_shard_streams(client, re
     assert all(closes[(s, t)] == c for s, t, c in bars if shard_of(s, 3) == 0)
     again = cli("replay", str(csv), "--route-shards", "2", "--redis", redis_url)
     assert again.returncode == 2 and "has 3 shards, not 2" in again.stderr
+
+
+def test_redis_errors_of_the_cluster_commands_are_one_line_and_exit_2(client, redis_url):  # noqa: F811
+    client.set("text", "not a stream")
+    bad_db = redis_url.rsplit("/", 1)[0] + "/99"
+    for args, says in (
+        (["status", "--redis", bad_db], "DB index is out of range"),
+        (["route", "--redis", redis_url, "--input-stream", "text", "--shards", "2",
+          "--stop-when-idle", "0.2"], "refused a command: WRONGTYPE"),
+    ):  # fmt: skip
+        done = cli("cluster", *args)
+        assert done.returncode == 2, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and says in lines[0] and "Traceback" not in done.stderr
+
+
+def test_a_shard_summary_counts_malformed_entries_and_rejected_bars(client, redis_url):  # noqa: F811
+    every = bar_list(4, 20)
+    shard = shard_of(every[0][0], 2)
+    bars = [b for b in every if shard_of(b[0], 2) == shard]
+    stream = bars_stream("atc", shard)
+    for bar in bars:
+        client.xadd(stream, fields(bar))
+    client.xadd(stream, {"symbol": bars[0][0], "time": "yesterday", "close": "1"})
+    client.xadd(stream, fields(bars[-1]))  # again: a duplicate bar
+    config = ShardConfig(redis_url, shard, output_stream="out", backend="cpu")
+    summary = ShardWorker(config).run(stop_when_idle=0.3)
+    assert summary["bars"] == len(bars) + 1
+    assert summary["malformed"] == {"bad_time": 1}
+    assert summary["rejected"] == {"duplicate_bar": 1}

@@ -206,6 +206,27 @@ def test_line_numbers_stay_right_after_skipped_lines(tmp_path):
     assert "bars.csv:5: bad_time: 'bad'" in table.bad_rows.examples
 
 
+def test_a_cell_that_is_not_utf8_rejects_its_row_only(tmp_path):
+    """A bad byte in a data row (a symbol, a close; in the first read block or a later
+    one) rejects that row with its line; the rows before and after it are read, and a
+    bad byte in a column that is not read changes nothing."""
+    lines = [f"A,{T0 + 60_000 * i},{i + 1},note".encode() for i in range(120_000)]
+    lines[1] = lines[1].replace(b"A,", b"A\xffB,", 1)  # line 3: the symbol
+    lines[5] = lines[5].replace(b",6,", b",\xe96,", 1)  # line 7: the close (Latin-1)
+    lines[100_000] = lines[100_000].replace(b"A,", b"\xe2\x82A,", 1)  # a later block
+    lines[110_000] = lines[110_000].replace(b"note", b"n\xf6te", 1)  # a column not read
+    path = write(tmp_path, b"symbol,time,close,note\n" + b"\n".join(lines) + b"\n")
+    table = read_bars(path)
+    kept = [i for i in range(120_000) if i not in (1, 5, 100_000)]
+    assert rows(table) == [("A", T0 + 60_000 * i, float(i + 1)) for i in kept]
+    assert table.bad_rows.counts == {"bad_utf8": 3}
+    assert table.bad_rows.examples == [
+        "bars.csv:3: bad_utf8: symbol: b'A\\xffB' (byte 0xff at offset 1)",
+        "bars.csv:7: bad_utf8: close: b'\\xe96' (byte 0xe9 at offset 0)",
+        "bars.csv:100002: bad_utf8: symbol: b'\\xe2\\x82A' (byte 0xe2 at offset 0)",
+    ]
+
+
 def test_oversized_field_rejects_its_row(tmp_path):
     text = f"symbol,time,close\nA,{T0},1\nA,{T0 + 60_000},{'9' * 200_000}\nA,{T0 + 120_000},3\n"
     table = read_bars(write(tmp_path, text))
@@ -220,7 +241,7 @@ def test_oversized_field_rejects_its_row(tmp_path):
     ("content", "needle"),
     [
         (f'symbol,time,close\nA,{T0},1\nB,"5,3\nC,{T0},4\n', "unterminated quote"),
-        (b"symbol,time,close\nA,1700000000000,1\nB,17\xff00,2\n", "invalid UTF8"),
+        (b"symbol,time,close\nA,1700000000000,1\nB,17\xff00,2,9\n", "is not UTF-8 text"),
         ("sym,t,c\nA,1,2\n", "no column 'time'"),
         ("", "cannot read CSV"),
     ],

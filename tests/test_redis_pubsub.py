@@ -363,3 +363,76 @@ def _example_value(name: str):
     kind = COLUMN_TYPES[name]
     return {"str": "SYM000" if name == "symbol" else "1m", "int": 1, "float": 1.0,
             "bool": False, "time": 1_700_000_040_000}[kind]  # fmt: skip
+
+
+def test_subscriber_comes_back_after_an_outage_longer_than_its_first_retries(private_redis):  # noqa: F811
+    """Redis stays down while the subscriber tries again several times: each failed
+    resubscription leaves it trying, and it receives what is published once Redis is
+    back."""
+    good = msgspec.json.encode(SignalRecord(**{name: _example_value(name) for name in COLUMNS}))
+    channel = signal_channel_of("SYM000")
+    sub = SignalSubscriber(
+        private_redis.url, symbols=["SYM000"], backoff=Backoff(0.02, 0.1, jitter=0)
+    )
+    sub.wait_ready()
+    private_redis.stop()
+    assert sub.get(timeout=1.5) is None  # the connection is lost, every retry refused
+    assert sub.reconnects == 0
+    private_redis.start()
+    done = threading.Event()
+
+    def publish_until_received():
+        c = private_redis.client()
+        try:
+            while not done.is_set():
+                c.publish(channel, good)
+                time.sleep(0.05)
+        finally:
+            c.close()
+
+    publisher = threading.Thread(target=publish_until_received, daemon=True)
+    publisher.start()
+    try:
+        msg = sub.get(timeout=10)
+    finally:
+        done.set()
+        publisher.join(5)
+    sub.close()
+    assert msg is not None and msg.data.symbol == "SYM000"
+    assert sub.reconnects == 1
+
+
+def test_a_channel_name_that_is_not_utf8_is_counted_and_skipped(redis_url):  # noqa: F811
+    import redis
+
+    good = msgspec.json.encode(SignalRecord(**{name: _example_value(name) for name in COLUMNS}))
+    sub = SignalSubscriber(redis_url)  # every signal channel: atc:signal:*
+    sub.wait_ready()
+    client = redis.Redis.from_url(redis_url)
+    client.publish(b"atc:signal:\xff", good)
+    client.publish(signal_channel_of("SYM000"), good)
+    client.close()
+    msg = sub.get(timeout=5)
+    sub.close()
+    assert msg is not None and msg.channel == "atc:signal:SYM000"
+    assert sub.malformed == 1
+
+
+def test_latest_skips_and_counts_fields_that_do_not_decode(redis_url):  # noqa: F811
+    import redis
+
+    good = msgspec.json.encode(SignalRecord(**{name: _example_value(name) for name in COLUMNS}))
+    client = redis.Redis.from_url(redis_url)
+    client.hset("atc:latest", mapping={"SYM000:1m:0": good, "SYM001:1m:0": b"not json {"})
+    client.hset("atc:latest", b"\xff", good)
+    client.close()
+    sub = SignalSubscriber(redis_url, symbols=["SYM000"])
+    latest = sub.latest()
+    sub.close()
+    assert list(latest) == ["SYM000:1m:0"] and sub.malformed == 2
+
+
+def signal_channel_of(symbol: str) -> str:
+    from atc_stream.connectors.redis.channels import signal_channel
+
+    return signal_channel("atc", symbol)

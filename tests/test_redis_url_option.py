@@ -39,3 +39,22 @@ def test_the_redis_schemes_pass_the_check(url):
     from atc_stream.app.options import check_redis_url
 
     assert check_redis_url(url) == url
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://127.0.0.1:6379/prod", "rediss://h:6380/1/2", "redis://h/٣"]
+)
+def test_a_database_that_is_not_a_number_is_one_line(url, run_main):
+    """redis-py would connect to database 0 without a word: refused before anything runs."""
+    code, stderr = run_main(["subscribe", "--redis", url])
+    (line,) = stderr.strip().splitlines()
+    assert code == 2 and "is not a number" in line
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://127.0.0.1:6379", "redis://127.0.0.1:6379/", "redis://h:1/15", "unix:///s?db=2"]
+)
+def test_a_numbered_or_absent_database_passes_the_check(url):
+    from atc_stream.app.options import check_redis_url
+
+    assert check_redis_url(url) == url

@@ -224,6 +224,34 @@ def test_a_file_changed_between_the_passes_is_refused(tmp_path, table):
         play(source, 0)
 
 
+@pytest.mark.parametrize("warmup", [0, 80])
+@pytest.mark.parametrize("form", ["csv", "parquet"])
+@pytest.mark.parametrize("name", ["sorted", "shuffled", "blocks", "reversed"])
+def test_engine_rejections_name_the_line_of_their_row(tmp_path, table, name, form, warmup):
+    """The engine's rejection of a row (here a repeated bar time, in the warmup bars or
+    stepped) names the file and line (Parquet: row) of that row, in every row order:
+    through the sort in memory, the spilled runs and the warmup selection."""
+    order = orders(table)[name]
+    path = tmp_path / f"{name}.{form}"
+    if form == "csv":
+        write_csv(path, table, order)
+    else:
+        columns = {"symbol": table.symbols[order].astype(str), "time": table.times[order],
+                   "close": table.closes[order]}  # fmt: skip
+        pq.write_table(pa.table(columns), path, row_group_size=50)
+    # the twin later in the file is the one rejected
+    twins = np.flatnonzero((table.symbols[order] == "SYM001") & np.isin(
+        table.times[order], table.times[table.symbols == "SYM001"][70]))  # fmt: skip
+    assert twins.size == 2
+    line = f"{path.name}:{twins[1] + 2}" if form == "csv" else f"{path.name}:row {twins[1] + 1}"
+    source = BarFileSource(path, warmup_bars=warmup, chunk_rows=97, merge_rows=13)
+    _, summary, _ = play(source, warmup)
+    assert summary.engine_rows.counts == summary.rejected
+    assert summary.engine_rows.examples
+    assert all(e.startswith(f"{line}: duplicate_bar: symbol 'SYM001' time ")
+               for e in summary.engine_rows.examples), summary.engine_rows.examples  # fmt: skip
+
+
 def test_merge_keeps_equal_times_in_file_order(tmp_path):
     """Runs whose batches end on the same bar time: the merge waits for the rest of it."""
     from atc_stream.connectors.replay.stream import Block, _spill

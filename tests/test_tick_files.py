@@ -162,7 +162,7 @@ def test_bom_blank_lines_and_unused_symbols(tmp_path):
     ("content", "needle"),
     [
         (f'time,symbol,price,size\n{T0},A,1,1\n{T0},"B,1,1\n', "unterminated quote"),
-        (b"time,symbol,price,size\n1,\xff\xfe,1,1\n", "cannot read CSV"),
+        (b"time,symbol,price,size\n1,\xff\xfe,1,1,1\n", "is not UTF-8 text"),
         ("", "empty file"),
         (f"when,symbol,price,size\n{T0},A,1,1\n", "no column 'time'"),
         (b"PAR1 this is no parquet file", "cannot read Parquet"),
@@ -174,6 +174,36 @@ def test_unreadable_damage_raises_one_line(tmp_path, content, needle):
     with pytest.raises(InputError, match=needle) as info:
         load_ticks(path)
     assert "\n" not in str(info.value)
+
+
+def test_a_row_that_is_not_utf8_is_rejected_with_its_line(tmp_path, run_main):
+    """One bad byte in a data row (the symbol, a price) rejects that row only: the rows
+    before and after it still make their bars, and the summary counts it."""
+    text = (
+        b"time,symbol,price,size\n"
+        + f"{T0},A,10,1\n".encode()
+        + f"{T0 + 1},A\xffB,99,1\n".encode("latin-1")  # line 3: the symbol
+        + f"{T0 + M},A,11,1\n".encode()
+        + f"{T0 + M + 1},A,1\xe9,1\n".encode("latin-1")  # line 5: a price (Latin-1)
+        + f"{T0 + 2 * M},A,12,1\n".encode()
+    )
+    path = write(tmp_path, text)
+    ticks = load_ticks(path)
+    assert dict(ticks.rejected) == {"bad_utf8": 2}
+    assert ticks.bad_rows.examples == [
+        "ticks.csv:3: bad_utf8: symbol: b'A\\xffB' (byte 0xff at offset 1)",
+        "ticks.csv:5: bad_utf8: price: b'1\\xe9' (byte 0xe9 at offset 1)",
+    ]
+    assert [bar[:6] for bar in bars(ticks)] == [
+        ("A", T0 + M * i, price, price, price, price) for i, price in enumerate([10.0, 11, 12])
+    ]
+    out = tmp_path / "signals.jsonl"
+    code, err = run_main(["replay", "--ticks", str(path), "--backend", "cpu", "--no-progress",
+                          "-o", str(out)])  # fmt: skip
+    assert code == 0, err
+    assert [json.loads(line)["close"] for line in out.read_text().splitlines()] == [10, 11, 12]
+    assert "ticks.csv:3: bad_utf8: symbol: b'A\\xffB'" in err
+    assert "rejected inputs  bad_utf8=2" in err
 
 
 def test_cli_replay_ticks_with_nanosecond_times(tmp_path, run_main):

@@ -35,9 +35,11 @@ from atc_stream.app.options import (
     SnapshotDirOption,
     SnapshotEveryOption,
     SnapshotToOption,
+    StopWhenIdleOption,
     StrategyOption,
     TradesOption,
     WarmupOption,
+    check_seconds,
     check_speed,
     redis_option,
 )
@@ -425,7 +427,8 @@ def subscribe(
     encoding: Annotated[str, typer.Option(help="json or msgpack (as published).")] = "json",
     count: Annotated[int | None, typer.Option(help="Exit after COUNT messages.", min=1)] = None,
     timeout: Annotated[
-        float | None, typer.Option(help="Exit when nothing arrived for TIMEOUT seconds.")
+        float | None,
+        typer.Option(help="Exit when nothing arrived for TIMEOUT seconds.", callback=check_seconds),
     ] = None,
 ) -> None:
     """Print signals as they arrive (one JSON object per line: channel, kind, data).
@@ -456,10 +459,7 @@ def run_stream(
     snapshot_dir: SnapshotDirOption = None,
     snapshot_every: SnapshotEveryOption = None,
     resume: ResumeOption = False,
-    stop_when_idle: Annotated[
-        float | None,
-        typer.Option("--stop-when-idle", help="Exit after SECONDS without new entries."),
-    ] = None,
+    stop_when_idle: StopWhenIdleOption = None,
     publish: Annotated[
         bool, typer.Option("--publish/--no-publish", help="Also publish signals over pub/sub.")
     ] = False,

@@ -15,6 +15,7 @@ from atc_stream.app.options import (
     RedisPrefixOption,
     ResumableIntervalOption,
     SnapshotEveryOption,
+    StopWhenIdleOption,
     redis_option,
 )
 
@@ -25,9 +26,6 @@ cluster_app = typer.Typer(
 
 ClusterRedisOption = Annotated[str | None, redis_option("Redis URL holding the shard streams.")]
 GroupOption = Annotated[str, typer.Option("--group", help="Consumer group of the shard streams.")]
-StopWhenIdleOption = Annotated[
-    float | None, typer.Option("--stop-when-idle", help="Exit after SECONDS without new entries.")
-]
 
 
 def _run(job, **options) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -92,3 +93,24 @@ def status(line: str, fields: Mapping[str, Any] | None = None) -> None:
 def log_warnings() -> None:
     """Warnings logged by the modules a command runs go to stderr, as lines of the command."""
     logging.basicConfig(level=logging.WARNING, format=f"{PROGRAM}: %(levelname)s %(message)s")
+
+
+_PASSWORD = re.compile(r"(//[^:@/]*:)[^@/]*@")
+
+
+def shown_url(url: str) -> str:
+    """``url`` as a line on stderr shows it: without its password, if it has one."""
+    return _PASSWORD.sub(r"\1***@", url)
+
+
+def redis_failure(url: str, exc: BaseException, doing: str = "") -> RunError:
+    """The ``RunError`` of a ``redis`` exception raised against ``url``: Redis cannot be
+    reached (refused, reset or timed out; credentials refused) or it refused a command
+    (a key of the wrong type, a database number out of range). ``doing``: what failed."""
+    import redis  # only called where the redis extra is installed
+
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    what = f" ({doing})" if doing else ""
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError)):
+        return RunError(f"cannot reach Redis at {shown_url(url)}{what}: {text}")
+    return RunError(f"Redis at {shown_url(url)} refused a command{what}: {text}")

@@ -62,6 +62,11 @@ def open_snapshot_store(
     prefix = "snapshot" if namespace == "default" else f"snapshot-{namespace}"
     try:
         return DirectorySnapshotStore(text, keep=keep, prefix=prefix)
+    except ValueError:  # the namespace is part of every snapshot's file name
+        raise RunError(
+            f"namespace {namespace!r} cannot name snapshot files in {text}: use letters, "
+            "digits, '_', '.' and '-'"
+        ) from None
     except OSError as exc:  # a file in the way, a read-only or virtual file system
         raise RunError(
             f"cannot use {text} as a snapshot directory: {exc.strerror or exc}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -34,6 +35,24 @@ def check_speed(value: float | None) -> float | None:
     return value
 
 
+def check_seconds(value: float | None) -> float | None:
+    """A number of seconds to wait (``--stop-when-idle``, ``--timeout``): finite and >= 0;
+    NaN would never compare as elapsed and wait forever."""
+    if value is not None and not (math.isfinite(value) and value >= 0):
+        raise typer.BadParameter(f"must be a finite number of seconds >= 0, got {value}")
+    return value
+
+
+StopWhenIdleOption = Annotated[
+    float | None,
+    typer.Option(
+        "--stop-when-idle",
+        help="Exit after SECONDS without new entries.",
+        callback=check_seconds,
+    ),
+]
+
+
 def check_backend(value: str) -> str:
     if value not in ("cpu", "cuda", "auto"):
         raise typer.BadParameter(f"{value!r} is not one of 'cpu', 'cuda', 'auto'")
@@ -45,11 +64,22 @@ REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
 def check_redis_url(value: str | None) -> str | None:
-    """A ``--redis`` value redis-py can connect to, checked before anything runs."""
-    if value is not None and value.partition("://")[0].lower() not in REDIS_SCHEMES:
+    """A ``--redis`` value redis-py can connect to, checked before anything runs: its
+    scheme, and for redis:// and rediss:// the database, which redis-py would otherwise
+    leave at 0 unsaid when it is not a number (``redis://host:6379/prod``)."""
+    if value is None:
+        return value
+    scheme, _, rest = value.partition("://")
+    if scheme.lower() not in REDIS_SCHEMES:
         raise typer.BadParameter(
             f"{value!r} is not a Redis URL; give redis://HOST:PORT[/DB], rediss://... (TLS) "
             f"or unix:///path/to/redis.sock"
+        )
+    database = rest.partition("?")[0].partition("#")[0].partition("/")[2].strip("/")
+    if scheme.lower() != "unix" and database and not (database.isascii() and database.isdigit()):
+        raise typer.BadParameter(
+            f"{value!r}: the database {database!r} is not a number; give "
+            "redis://HOST:PORT/DB with DB a number (0 when left out)"
         )
     return value
 

@@ -104,6 +104,8 @@ class Engine:
         self.rejections: Counter[str] = Counter()
         self._source_offsets: dict[str, Any] = {}
         self._logged_reasons: set[str] = set()
+        #: log the first rejection of each reason (off while replay logs them with file:line)
+        self.log_rejections = True
         param_sets = [ATCParams()] if params is None else params
         if isinstance(param_sets, ATCParams):
             param_sets = [param_sets]
@@ -282,7 +284,7 @@ class Engine:
 
     def _reject(self, rejected: list[Rejection], index: int, reason: str, detail: str, symbol=None):
         self.rejections[reason] += 1
-        if reason not in self._logged_reasons:
+        if self.log_rejections and reason not in self._logged_reasons:
             self._logged_reasons.add(reason)
             log.warning("rejected input (%s): %s (further ones are only counted)", reason, detail)
         rejected.append(Rejection(index, reason, detail, symbol))

@@ -5,6 +5,8 @@ The cell rules, the bad-row policy and the memory bounds: docs/design/input-file
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,13 +135,15 @@ class SymbolCodes:
 class BarBatch:
     """Good rows of one record batch, in file order: symbol ``codes`` (``SymbolCodes``),
     epoch-ms ``times``, ``closes``, the ``lines`` they came from (CSV line numbers;
-    1-based row numbers for Parquet) and, when read with them, ``(opens, highs, lows)``."""
+    1-based row numbers for Parquet) in the file ``path`` and, when read with them,
+    ``(opens, highs, lows)``."""
 
     codes: np.ndarray  # int32
     times: np.ndarray  # int64
     closes: np.ndarray  # float64
     lines: np.ndarray  # int64
     ohlc: Ohlc | None = None
+    path: Path | None = None
 
     def __len__(self) -> int:
         return self.times.shape[0]
@@ -325,9 +329,8 @@ def _parse_batch(
         names, times = names[idx], times[idx]
         prices = {name: values[idx] for name, values in prices.items()}
     ohlc = (prices["open"], prices["high"], prices["low"]) if ohlc_columns else None
-    return BarBatch(
-        symbols.encode(names), times, prices["close"], np.asarray(line_of(idx), np.int64), ohlc
-    )
+    lines = np.asarray(line_of(idx), np.int64)
+    return BarBatch(symbols.encode(names), times, prices["close"], lines, ohlc, path)
 
 
 def _bad_bars(path, line_of, prices: dict[str, np.ndarray], keep, bad: BadRows) -> np.ndarray:
@@ -384,8 +387,9 @@ class InvalidRows:
 
 def csv_text_options(columns, on_invalid, *, threads: bool = False, only=False) -> dict:
     """pyarrow CSV options of the bar and tick readers: every cell of ``columns`` as text
-    (parsed strictly afterwards; ``only``: no other column read), empty lines kept so
-    line numbers stay true, rows with the wrong number of cells to ``on_invalid``."""
+    (parsed strictly afterwards; ``only``: no other column read), not checked for UTF-8
+    (``drop_non_utf8_rows`` does), empty lines kept so line numbers stay true, rows with
+    the wrong number of cells to ``on_invalid``."""
 
     return {
         "read_options": pcsv.ReadOptions(use_threads=threads, block_size=BLOCK_BYTES),
@@ -396,6 +400,9 @@ def csv_text_options(columns, on_invalid, *, threads: bool = False, only=False) 
             column_types={name: pa.string() for name in columns},
             strings_can_be_null=False,
             quoted_strings_can_be_null=False,
+            # pyarrow's own check fails the whole read on one bad byte; the cells are
+            # checked afterwards instead (``drop_non_utf8_rows``), rejecting only its row
+            check_utf8=False,
             **({"include_columns": list(columns)} if only else {}),
         ),
     }
@@ -448,19 +455,99 @@ def check_one_line_cells(path: Path, batch, line_of) -> None:
             )
 
 
+#: Bytes of a cell that is not UTF-8 shown in its ``bad_utf8`` report.
+_SHOWN_BYTES = 64
+
+
+def drop_non_utf8_rows(path: Path, batch, columns, line_of, bad: BadRows):
+    """``(batch, line_of)`` without the rows of ``batch`` (record batch or table, read
+    with ``check_utf8=False``) whose cell of one of ``columns`` is not UTF-8 text, each
+    reported as ``bad_utf8`` with its line; ``line_of`` then maps the rows left."""
+    names = batch.schema.names
+    details: dict[int, str] = {}
+    for name in dict.fromkeys(columns):
+        if name not in names:
+            continue
+        column = batch.column(names.index(name))
+        if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+            continue
+        try:
+            column.validate(full=True)  # the check pyarrow's reader would have made
+            continue
+        except pa.ArrowInvalid:
+            pass
+        binary = pa.large_binary() if pa.types.is_large_string(column.type) else pa.binary()
+        for i, cell in enumerate(pc.cast(column, binary).to_pylist()):
+            if cell is None or cell.isascii() or i in details:
+                continue
+            try:
+                cell.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                more = "..." if len(cell) > _SHOWN_BYTES else ""
+                details[i] = (f"{name}: {cell[:_SHOWN_BYTES]!r}{more} (byte "
+                              f"0x{cell[exc.start]:02x} at offset {exc.start})")  # fmt: skip
+    if not details:
+        return batch, line_of
+    for i in sorted(details):
+        bad.add(f"{path.name}:{int(line_of(i))}", "bad_utf8", details[i])
+    keep = np.ones(batch.num_rows, bool)
+    keep[list(details)] = False
+    kept = np.flatnonzero(keep)
+
+    def kept_line_of(i, kept=kept, line_of=line_of):
+        return line_of(kept[i])
+
+    return batch.take(pa.array(kept)), kept_line_of
+
+
+@contextlib.contextmanager
+def quiet_undecodable_rows():
+    """Within: pyarrow's failure to make text of a row with the wrong number of cells
+    that is not UTF-8 (for ``InvalidRows``) is not printed as an ignored exception (a
+    traceback on stderr); the read fails with ``ArrowInvalid`` instead. Yields the list
+    of those failures."""
+    caught: list[BaseException] = []
+    before = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, UnicodeDecodeError):
+            caught.append(unraisable.exc_value)
+        else:
+            before(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield caught
+    finally:
+        if sys.unraisablehook is hook:
+            sys.unraisablehook = before
+
+
+def unreadable_csv(path: Path, exc: BaseException, undecodable: list, lead: str) -> InputError:
+    """The one-line ``InputError`` of a CSV read that failed with ``exc`` (``lead``: e.g.
+    ``cannot read CSV``); ``undecodable``: what ``quiet_undecodable_rows`` caught."""
+    if undecodable:
+        return InputError(
+            f"{path}: {lead}: a row with the wrong number of cells is not UTF-8 text "
+            f"({first_line(exc)}); fix or remove it"
+        )
+    return InputError(f"{path}: {lead}: {first_line(exc)}")
+
+
 def csv_batches(path: Path, columns, bad: BadRows, hint: str = COLUMN_HINT):
     """(record batch, line_of(row in batch)) of a CSV file, streamed; rows with the wrong
-    number of columns go to ``bad``."""
+    number of columns, or a cell of ``columns`` that is not UTF-8, go to ``bad``."""
 
     rejected = InvalidRows("columns")
     unterminated, invalid = rejected.unterminated, rejected.invalid
     reported = 0
     check_utf8_header(path)
     try:
-        reader = pcsv.open_csv(path, **csv_text_options(columns, rejected))
+        with quiet_undecodable_rows() as undecodable:
+            reader = pcsv.open_csv(path, **csv_text_options(columns, rejected))
         names = reader.schema.names
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read CSV: {first_line(exc)}") from None
+        raise unreadable_csv(path, exc, undecodable, "cannot read CSV") from None
     missing = [c for c in columns[1:] if c not in names]
     if missing:
         raise InputError(
@@ -470,13 +557,13 @@ def csv_batches(path: Path, columns, bad: BadRows, hint: str = COLUMN_HINT):
     try:
         while True:
             try:
-                batch = reader.read_next_batch()
+                with quiet_undecodable_rows() as undecodable:
+                    batch = reader.read_next_batch()
             except StopIteration:
                 break
             except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
-                raise InputError(
-                    f"{path}: unreadable after data row {rows_before}: {first_line(exc)}"
-                ) from None
+                lead = f"unreadable after data row {rows_before}"
+                raise unreadable_csv(path, exc, undecodable, lead) from None
             if unterminated:
                 raise InputError(
                     f"{path}:{unterminated[0]}: unterminated quote (the rest of the file would "
@@ -495,8 +582,8 @@ def csv_batches(path: Path, columns, bad: BadRows, hint: str = COLUMN_HINT):
                 return row + 2 + shift
 
             check_one_line_cells(path, batch, line_of)
-            yield batch, line_of
             rows_before += batch.num_rows
+            yield drop_non_utf8_rows(path, batch, columns, line_of, bad)
     finally:
         # closed here, not left to the collector: its read-ahead thread must not outlive
         # an error raised in this loop (under load, the process aborted at exit)

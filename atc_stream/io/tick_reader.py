@@ -28,10 +28,13 @@ from atc_stream.io.readers import (
     check_one_line_cells,
     check_utf8_header,
     csv_text_options,
+    drop_non_utf8_rows,
     epoch_unit,
     input_files,
     parse_closes,
     parse_times,
+    quiet_undecodable_rows,
+    unreadable_csv,
 )
 
 DEFAULT_TICK_TIME_COLUMN = "time"
@@ -211,8 +214,8 @@ def _csv_columns(path: Path, roles: dict, bad):
     """The tick columns of a CSV file as pyarrow string arrays, and ``line_of(row)``.
 
     Every cell is read as text (parsed strictly later); rows with the wrong number of
-    cells go to ``bad`` (``wrong_columns``); an unterminated quote or invalid UTF-8
-    raises ``InputError``.
+    cells (``wrong_columns``) or a cell that is not UTF-8 (``bad_utf8``) go to ``bad``;
+    an unterminated quote raises ``InputError``.
     """
 
     check_utf8_header(path)
@@ -244,6 +247,7 @@ def _csv_columns(path: Path, roles: dict, bad):
         return int(i) + 2 + int(np.searchsorted(before, int(i), side="right"))
 
     check_one_line_cells(path, table, line_of)
+    table, line_of = drop_non_utf8_rows(path, table, present, line_of, bad)
     columns = {name: table.column(name).combine_chunks() for name in present}
     return columns, line_of
 
@@ -254,11 +258,12 @@ def _read_csv_text(path: Path, columns: list[str], *, threads: bool):
 
     rejected = InvalidRows("cells")
     try:
-        table = pcsv.read_csv(
-            path, **csv_text_options(columns, rejected, threads=threads, only=True)
-        )
+        with quiet_undecodable_rows() as undecodable:
+            table = pcsv.read_csv(
+                path, **csv_text_options(columns, rejected, threads=threads, only=True)
+            )
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read CSV: {first_line(exc)}") from None
+        raise unreadable_csv(path, exc, undecodable, "cannot read CSV") from None
     return table, sorted(rejected.invalid), sorted(rejected.unterminated)
 
 

@@ -12,7 +12,6 @@ from numba import njit, prange
 
 from atc_stream.core import schema
 from atc_stream.core.output_row import N_OUT
-from atc_stream.core.params import LENGTHS_PER_FAMILY
 from atc_stream.kernels import lanes as lane_source
 from atc_stream.kernels import threads as threading_policy
 from atc_stream.kernels.backend import Ohlc, ReadyFields
@@ -120,7 +119,7 @@ def warmup_blocks(
         o = np.empty((N_OUT, LANES))
         lane = np.empty((lane_source.N_LANE_ROWS, LANES))
         starts = np.empty((lane_source.N_START_ROWS, LANES), np.int64)
-        sums = np.empty((2 * LENGTHS_PER_FAMILY, LANES))
+        sums = np.empty((lane_source.N_SUM_ROWS, LANES))
         diffs = np.empty((capacity, LANES))
         weights = np.empty((capacity, LANES))
         for i in range(capacity):

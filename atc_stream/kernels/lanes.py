@@ -89,6 +89,10 @@ S_CLOSES = 2
 S_SLOT = 3
 S_MEMBER = 4
 N_START_ROWS = 5
+# rows of ``sums`` (``family_window_sums``): a family's nine window sums in rows 0-8,
+# LSMA's ``sxy`` in 9-17, the HMA family's plain sums in 18-26 for the rest of the bar
+PLAIN_SUMS = 2 * LENGTHS_PER_FAMILY
+N_SUM_ROWS = 3 * LENGTHS_PER_FAMILY
 
 
 def steady_bar(lengths):
@@ -117,10 +121,10 @@ def lane_ema(h, p, length, bar_index, vals, field, close):
 
 
 def lane_sma(sums, j, length, bar_index):
-    """``core.sma_value`` from the family's window sums (``family_sums``)."""
+    """``core.sma_value`` from the plain window sums (``family_window_sums``)."""
     if bar_index < length - 1:
         return splat(NAN)
-    return load(sums, j) / length
+    return load(sums, PLAIN_SUMS + j) / length
 
 
 def lane_wma(sums, j, length, bar_index):
@@ -130,11 +134,12 @@ def lane_wma(sums, j, length, bar_index):
     return load(sums, j) / (length * (length + 1) / 2)
 
 
-def lane_lsma(sums, j, length, bar_index):
-    """``core.lsma_value`` from the family's sums (``sy`` in row j, ``sxy`` 9 rows below)."""
+def lane_lsma(sums, j, length, bar_index, sy_row):
+    """``core.lsma_value`` from the family's sums (``sy`` in row ``sy_row + j``, ``sxy``
+    in row ``LENGTHS_PER_FAMILY + j``)."""
     if bar_index < length - 1:
         return splat(NAN)
-    sy = load(sums, j)
+    sy = load(sums, sy_row + j)
     sxy = load(sums, LENGTHS_PER_FAMILY + j)
     sx = length * (length - 1) / 2
     sxx = (length - 1) * length * (2 * length - 1) / 6
@@ -273,16 +278,33 @@ def longest_length(lengths, k0):
     return longest
 
 
+def same_lengths(lengths, family, other):
+    """Whether two families have the same nine lengths, in the same order."""
+    for j in range(LENGTHS_PER_FAMILY):
+        if lengths[family * LENGTHS_PER_FAMILY + j] != lengths[other * LENGTHS_PER_FAMILY + j]:
+            return False
+    return True
+
+
+def lsma_sy_row(lengths):
+    """Row of ``sums`` where LSMA's ``sy`` is: the HMA family's plain sums (the same
+    terms added in the same order, so the same bits) when both have the same lengths,
+    as with the defaults, else its own, in row 0."""
+    return PLAIN_SUMS if same_lengths(lengths, LSMA, HMA) else 0
+
+
 def family_window_sums(family, h, p, lengths, sums, diffs, weights):
     """The window quantities of a family's nine MAs into ``sums`` (see ``lane_sma``,
-    ``lane_wma``, ``lane_lsma``, ``lane_kama``); EMA and DEMA need none."""
+    ``lane_wma``, ``lane_lsma``, ``lane_kama``); EMA and DEMA need none. The HMA family's
+    plain sums stay in rows ``PLAIN_SUMS`` for the bar, where LSMA may reuse them."""
     k0 = family * LENGTHS_PER_FAMILY
     if family == HMA:
-        family_sums(h, 0, p, lengths, k0, -1, sums, 0, weights)
+        family_sums(h, 0, p, lengths, k0, -1, sums, PLAIN_SUMS, weights)
     elif family == WMA:
         family_sums(h, 0, p, lengths, k0, 1, sums, 0, weights)
     elif family == LSMA:
-        family_sums(h, 0, p, lengths, k0, -1, sums, 0, weights)
+        if lsma_sy_row(lengths) == 0:
+            family_sums(h, 0, p, lengths, k0, -1, sums, 0, weights)
         family_sums(h, 0, p, lengths, k0, 0, sums, LENGTHS_PER_FAMILY, weights)
     elif family == KAMA:
         # noise: the sum of |close[k + 1] - close[k]| over the window ending at k = p - 1
@@ -312,9 +334,10 @@ def lane_dema(h, p, length, bar_index, vals, base, close):
     return 2.0 * e1 - e2
 
 
-def lane_ma(family, h, p, sums, j, length, bar_index, vals, base, close):
+def lane_ma(family, h, p, sums, j, lengths, bar_index, vals, base, close):
     """``core.ma_next`` of MA ``j`` of ``family`` for every lane (``sums`` from
     ``family_window_sums``)."""
+    length = lengths[family * LENGTHS_PER_FAMILY + j]
     if family == EMA:
         return lane_ema(h, p, length, bar_index, vals, base + MA_AUX1, close)
     if family == HMA:
@@ -324,7 +347,7 @@ def lane_ma(family, h, p, sums, j, length, bar_index, vals, base, close):
     if family == DEMA:
         return lane_dema(h, p, length, bar_index, vals, base, close)
     if family == LSMA:
-        return lane_lsma(sums, j, length, bar_index)
+        return lane_lsma(sums, j, length, bar_index, lsma_sy_row(lengths))
     return lane_kama(h, p, sums, j, length, bar_index, vals, base + MA_AUX1, close)
 
 
@@ -359,7 +382,7 @@ def lane_layer1(
     for j in range(LENGTHS_PER_FAMILY):
         k = family * LENGTHS_PER_FAMILY + j
         base = MA_BASE + k * MA_FIELDS
-        m = lane_ma(family, h, p, sums, j, lengths[k], bar_index, vals, base, close)
+        m = lane_ma(family, h, p, sums, j, lengths, bar_index, vals, base, close)
         previous_signal = load(vals, base + MA_SIG)
         previous_m = load(vals, base + MA_PREV)
         signal = where((close > m) & (previous_close <= previous_m), 1.0, previous_signal)
@@ -451,8 +474,8 @@ def block_warmup(
     (one parameter row; bar indices equal, or all at least ``steady_bar``), like
     ``core.update_stream`` bar after bar. Scratch, every float array ``(rows, LANES)``:
     ``h`` (ring capacity + bars), ``scratch`` (N_VALUE_FIELDS), ``o`` (N_OUT), ``lane``
-    (N_LANE_ROWS); ``starts`` int64 ``(N_START_ROWS, LANES)``; ``sums`` (2 x
-    LENGTHS_PER_FAMILY), ``diffs`` (ring capacity) and ``weights`` (ring capacity, row ``i``
+    (N_LANE_ROWS); ``starts`` int64 ``(N_START_ROWS, LANES)``; ``sums``
+    (N_SUM_ROWS), ``diffs`` (ring capacity) and ``weights`` (ring capacity, row ``i``
     holding ``i`` in every lane) for ``family_window_sums``.
 
     With ``in_place`` (``cpu.plan_blocks`` sets it for streams of one stored block of

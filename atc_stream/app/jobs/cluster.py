@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from atc_stream.app.console import RunError, err, log_warnings, param_sets_option
+from atc_stream.app.console import RunError, err, log_warnings, param_sets_option, redis_failure
 from atc_stream.app.durability import check_backend
 from atc_stream.app.extras import require
 from atc_stream.app.ray_connect import connect
@@ -21,8 +21,8 @@ def _client(redis_url: str):
     client = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5)
     try:
         client.ping()
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise RunError(f"cannot reach Redis at {redis_url}: {exc}") from None
+    except redis.RedisError as exc:  # no server there, or one that refuses (a bad database)
+        raise redis_failure(redis_url, exc) from None
     return client
 
 
@@ -135,7 +135,14 @@ def run_cluster(
         err(f"  shard {s['shard']}: {s['bars']} bars, {s['rows_out']} rows out "
             f"(+{s['suppressed']} suppressed replays), {s['starts'] - 1} restarts, "
             f"offset {s['offset']}, {s['backend']} backend")  # fmt: skip
+        err(f"    malformed {_counts(s.get('malformed'))}; rejected bars "
+            f"{_counts(s.get('rejected'))}")  # fmt: skip
     return 0
+
+
+def _counts(by_reason: dict[str, int] | None) -> str:
+    """``reason=n, ...`` in reason order, or "none"."""
+    return ", ".join(f"{k}={v}" for k, v in sorted((by_reason or {}).items())) or "none"
 
 
 def cluster_status(*, redis: str, redis_prefix: str, group: str) -> int:
@@ -192,7 +199,7 @@ def route(
                 "cluster route needs the input and shard streams in one script: a "
                 "standalone Redis, not a Redis Cluster (docs/design/cluster.md)"
             ) from None
-        raise
+        raise redis_failure(redis, exc) from None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

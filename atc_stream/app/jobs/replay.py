@@ -164,6 +164,8 @@ def replay(
     )  # fmt: skip
     if strict and summary.rejected:  # the reader's rejections stopped the run before it
         counts = ", ".join(f"{k}={v}" for k, v in sorted(summary.rejected.items()))
+        first = summary.engine_rows.examples[:1]
+        counts += "".join(f"; the first: {example}" for example in first)
         raise RunError(f"the engine rejected inputs of {bars or ticks} ({counts}); the output "
                        "is complete without them (--strict)")  # fmt: skip
     return engine, summary

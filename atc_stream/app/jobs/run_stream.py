@@ -7,7 +7,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from atc_stream.app.console import OptionError, RunError, err, log_warnings, param_sets_option
+from atc_stream.app.console import (
+    OptionError,
+    RunError,
+    err,
+    log_warnings,
+    param_sets_option,
+    redis_failure,
+)
 from atc_stream.app.durability import Durability, check_backend
 from atc_stream.app.extras import require
 from atc_stream.app.paper import check_paper_options, paper_lines
@@ -36,7 +43,9 @@ def run_stream(
     strategies: Sequence[str] = (),
 ) -> int:
     """Consume ``input_stream`` until SIGINT/SIGTERM or ``stop_when_idle``; the exit
-    status (1 when Redis cannot be reached)."""
+    status. A Redis that cannot be reached at the start or refuses a command, and a
+    consumer group already read from without ``resume``, are a ``RunError`` (one line,
+    exit 2)."""
     require("redis", "atc-stream run-stream")
     from redis import exceptions as redis_errors
 
@@ -68,16 +77,41 @@ def run_stream(
     except ValueError as exc:
         raise OptionError(str(exc)) from None
     durability.on_stop(runner.stop)
-    with durability:
-        try:
-            runner.prepare(resume=resume)
-        except redis_errors.ConnectionError as exc:
-            err(f"atc-stream: cannot reach Redis at {redis}: {exc}")
-            return 1
-        err(f"atc-stream: reading {input_stream} after entry {runner.offset} "
-            f"({engine.backend.name} backend)")  # fmt: skip
-        stats = runner.run(stop_when_idle=stop_when_idle)
+    try:
+        if not resume:
+            _refuse_a_group_read_before(runner)
+        runner.prepare(resume=resume)
+        with durability:  # left by an exception: no final snapshot (state past the offset)
+            err(f"atc-stream: reading {input_stream} after entry {runner.offset} "
+                f"({engine.backend.name} backend)")  # fmt: skip
+            stats = runner.run(stop_when_idle=stop_when_idle)
+    except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
+        if not durability.stop_requested:
+            raise redis_failure(redis, exc) from None
+        # stopped while a batch's outputs waited for Redis: that batch is applied in
+        # memory only, so no final snapshot was taken and the input still holds it
+        raise redis_failure(
+            redis, exc, "stopped with the outputs of the last batch read not written; "
+            "--resume applies it again",
+        ) from None  # fmt: skip
+    except redis_errors.RedisError as exc:
+        raise redis_failure(redis, exc) from None
     err("atc-stream: run-stream done")
     for line in stats.lines(engine) + (paper_lines(engine) if paper is not None else []):
         err("  " + line)
     return 0
+
+
+def _refuse_a_group_read_before(runner) -> None:
+    """A fresh run on a consumer group that has delivered entries would go on after them
+    with none of them applied to its new engine: every row after would be computed from
+    a stream that starts there. Refused; ``--resume`` rewinds the group instead."""
+    position = runner.group_position()
+    if position is not None:
+        raise RunError(
+            f"consumer group {runner.group!r} has already read {runner.input_stream} up to "
+            f"entry {position}, and a fresh engine would continue after it with none of "
+            "those bars applied; add --resume to continue from the snapshots (or from the "
+            "start of the stream when there are none), or give a new --group to apply the "
+            "stream from its start"
+        )

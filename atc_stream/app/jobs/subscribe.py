@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from atc_stream.app.console import OptionError, err
+from atc_stream.app.console import OptionError, err, redis_failure
 from atc_stream.app.extras import require
 
 
@@ -25,9 +25,11 @@ def run_subscribe(
     timeout: float | None,
 ) -> int:
     """Follow the channels until ``count`` messages, ``timeout`` seconds of silence or
-    Ctrl-C; the exit status (1 when no server answers at ``redis``)."""
+    Ctrl-C; the exit status. A Redis that cannot be reached at the start, or that refuses
+    a command, is a ``RunError`` (one line, exit 2)."""
     require("redis", "atc-stream subscribe")
     import msgspec
+    import redis as redis_lib
 
     from atc_stream.connectors.redis.pubsub import SignalSubscriber
 
@@ -42,9 +44,8 @@ def run_subscribe(
         sub.wait_ready()
     except ValueError as exc:
         raise OptionError(str(exc)) from None
-    except Exception as exc:  # redis.ConnectionError, TimeoutError: no server there
-        err(f"atc-stream: cannot subscribe at {redis}: {exc}")
-        return 1
+    except (redis_lib.RedisError, OSError) as exc:  # no server there, or one that refuses
+        raise redis_failure(redis, exc, "subscribing") from None
     try:
         if latest:
             hashes = [(sub.latest_key, "latest", sub.latest())]
@@ -61,6 +62,8 @@ def run_subscribe(
             out.flush()
     except KeyboardInterrupt:
         pass
+    except redis_lib.RedisError as exc:  # the latest hashes: unreachable, or not hashes
+        raise redis_failure(redis, exc, "reading the latest records") from None
     finally:
         sub.close()
         if sub.malformed or sub.reconnects:

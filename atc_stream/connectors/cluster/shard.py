@@ -128,7 +128,8 @@ class ShardWorker:
 
     def run(self, stop_when_idle: float | None = None) -> dict[str, Any]:
         """Apply the shard's bars until ``stop()`` or ``stop_when_idle`` seconds without
-        any; a summary (counts, the snapshot restored from, starts)."""
+        any; a summary (counts, malformed entries and rejected bars by reason, the
+        snapshot restored from, starts)."""
         from atc_stream.state.snapshotter import Snapshotter
 
         config = self.config
@@ -173,6 +174,7 @@ class ShardWorker:
             "entries": stats.entries, "bars": stats.bars, "rows_out": stats.rows_out,
             "suppressed": stats.rows_suppressed, "offset": runner.offset,
             "backend": engine.backend.name, "warnings": list(self.warnings),
+            "malformed": dict(stats.malformed), "rejected": dict(engine.rejections),
         }  # fmt: skip
 
     def _fields(self) -> dict[str, Any]:

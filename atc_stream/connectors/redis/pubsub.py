@@ -31,6 +31,11 @@ from atc_stream.core.results import StepResult
 
 log = logging.getLogger("atc_stream.redis")
 
+#: Seconds the subscriber waits for a connection, a TLS handshake or the rest of a reply:
+#: a server that accepts and never answers (a TLS URL on a plain port) must not hang it.
+#: Waiting for the next message is bounded by the caller's timeout, not by this.
+SUBSCRIBER_SOCKET_TIMEOUT = 10.0
+
 
 class SignalPublisher(SignalMessages):
     """Publishes step results to Redis without ever blocking the caller.
@@ -261,7 +266,10 @@ class SignalSubscriber:
     ``channels``/``patterns`` add raw channel names or glob patterns. ``outputs``: the
     output groups of the engine whose results are published (``Engine(outputs=...)``;
     the CLI publishes "all"), so that records of fewer columns decode. A lost connection
-    is re-established on the ``backoff`` schedule.
+    is re-established on the ``backoff`` schedule, for as long as the outage lasts.
+    A message that does not decode, or arrives on a channel name that is not UTF-8, is
+    skipped and counted in ``malformed``; so is a field of the latest hashes that does
+    not decode (``latest``, ``latest_positions``).
 
     >>> with SignalSubscriber(url, symbols=["BTCUSDT"], events=True) as sub:
     ...     for msg in sub.messages(timeout=5):
@@ -302,12 +310,14 @@ class SignalSubscriber:
         self._batch_decoder = module.Decoder(batch_type)
         self.backoff = backoff
         self._retry = backoff.schedule()
-        self._client = fail_fast_client(url)
+        self._client = fail_fast_client(url, SUBSCRIBER_SOCKET_TIMEOUT)
         self._pubsub = self._client.pubsub()
         #: messages that did not decode (skipped, counted; the first one is logged)
         self.malformed = 0
         #: times the connection was lost and re-established
         self.reconnects = 0
+        #: the connection was lost and no resubscription has succeeded since
+        self._lost = False
         names = [signal_channel(prefix, s) for s in (symbols or ())]
         if events:
             names.append(self.events_channel)
@@ -369,19 +379,29 @@ class SignalSubscriber:
     def _poll(self, timeout: float) -> None:
         """One ``get_message``; a lost connection is re-established on the ``backoff``
         schedule (messages published while it was down are lost: pub/sub keeps nothing)."""
+        if self._lost:
+            self._reconnect(timeout)
+            return
         try:
             self._take(self._pubsub.get_message(timeout=timeout))
             self._retry.reset()
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-            if self._retry.attempt == 0:
-                log.warning("subscriber lost its connection (%s); reconnecting with backoff", exc)
-            time.sleep(min(self._retry.next(), max(timeout, 0.01)))
-            try:
-                self._resubscribe()
-            except (redis.ConnectionError, redis.TimeoutError, OSError):
-                return
-            self.reconnects += 1
-            log.warning("subscriber reconnected (%d reconnects so far)", self.reconnects)
+            log.warning("subscriber lost its connection (%s); reconnecting with backoff", exc)
+            self._lost = True
+            self._reconnect(timeout)
+
+    def _reconnect(self, timeout: float) -> None:
+        """One attempt to subscribe again, after the next delay of the schedule. A
+        failed attempt leaves ``_lost`` set: a pubsub whose SUBSCRIBE failed holds no
+        subscription, and its ``get_message`` would wait quietly forever."""
+        time.sleep(min(self._retry.next(), max(timeout, 0.01)))
+        try:
+            self._resubscribe()
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            return
+        self._lost = False
+        self.reconnects += 1
+        log.warning("subscriber reconnected (%d reconnects so far)", self.reconnects)
 
     def _resubscribe(self) -> None:
         try:
@@ -396,7 +416,9 @@ class SignalSubscriber:
         self._pubsub = pubsub
 
     def get_raw(self, timeout: float | None = 1.0) -> tuple[str, bytes] | None:
-        """The next message undecoded, as ``(channel, payload)``; None after ``timeout`` s."""
+        """The next message undecoded, as ``(channel, payload)``; None after ``timeout`` s.
+        A channel name that is not UTF-8 raises ``UnicodeDecodeError`` (the message is
+        consumed)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._buffer:
             remaining = None if deadline is None else deadline - time.monotonic()
@@ -405,8 +427,8 @@ class SignalSubscriber:
             # get_message(timeout=None) would block forever; poll in slices instead
             self._poll(1.0 if remaining is None else remaining)
         raw = self._buffer.popleft()
-        channel = raw["channel"].decode() if isinstance(raw["channel"], bytes) else raw["channel"]
-        return channel, raw["data"]
+        channel = raw["channel"]
+        return channel if isinstance(channel, str) else channel.decode(), raw["data"]
 
     def get(self, timeout: float | None = 1.0) -> Message | None:
         """The next message that decodes, or None if none arrived within ``timeout`` seconds.
@@ -416,16 +438,24 @@ class SignalSubscriber:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-            raw = self.get_raw(remaining)
+            try:
+                raw = self.get_raw(remaining)
+            except UnicodeDecodeError as exc:  # a channel name no publisher of ours sends
+                self._skip("a channel that is not UTF-8", exc)
+                continue
             if raw is None:
                 return None
             try:
                 return self.decode(*raw)
             except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
-                self.malformed += 1
-                if self.malformed == 1:
-                    log.warning("malformed message on %s skipped (%s); further ones are "
-                                "only counted", raw[0], exc)  # fmt: skip
+                self._skip(raw[0], exc)
+
+    def _skip(self, where: str, exc: Exception) -> None:
+        """Count a message or hash field that does not decode; log the first one."""
+        self.malformed += 1
+        if self.malformed == 1:
+            log.warning("malformed message on %s skipped (%s); further ones are only counted",
+                        where, exc)  # fmt: skip
 
     def messages(self, timeout: float | None = None, limit: int | None = None) -> Iterator[Message]:
         """Yield messages until ``limit`` were yielded or none arrived for ``timeout`` s."""
@@ -452,8 +482,12 @@ class SignalSubscriber:
     def _hash(self, name: str, decoder: Any) -> dict[str, Any]:
         out = {}
         for field, data in self._client.hgetall(name).items():
-            value = decoder.decode(data)
-            key = field.decode() if isinstance(field, bytes) else field
+            try:
+                value = decoder.decode(data)
+                key = field.decode() if isinstance(field, bytes) else field
+            except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
+                self._skip(name, exc)
+                continue
             out[key] = msgspec.to_builtins(value) if self.as_dict else value
         return out
 

@@ -300,6 +300,26 @@ class RedisStreamRunner:
             None if self.output_mark is None else format_id(self.output_mark),
         )
 
+    def group_position(self) -> str | None:
+        """The ID of the last entry the consumer group delivered, when a consumer has read
+        from it already; None for a missing group, or one nothing was read from yet (a
+        fresh engine may start there only with ``prepare(resume=True)``, which rewinds
+        the group to the engine's offset)."""
+        try:
+            groups = self.client.xinfo_groups(self.input_stream)
+        except redis.ResponseError as exc:
+            if "no such key" in str(exc).lower():
+                return None
+            raise
+        for info in groups:
+            name, last = info.get("name"), info.get("last-delivered-id")
+            name = name.decode() if isinstance(name, bytes) else name
+            if name != self.group or not info.get("consumers") or last is None:
+                continue
+            if parse_id(last) > (0, 0):
+                return last.decode() if isinstance(last, bytes) else str(last)
+        return None
+
     def _ack_stale_pending(self, offset: str) -> None:
         while True:
             pending = self.client.xpending_range(

@@ -5,6 +5,7 @@ Sources, order and pacing: docs/design/replay.md.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -12,9 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from atc_stream.core.results import StepResult
+from atc_stream.core.results import Rejection, StepResult
 from atc_stream.engine.engine import Engine
-from atc_stream.io.readers import BarTable
+from atc_stream.io.readers import REPORT_FIRST, BadRows, BarTable
+
+log = logging.getLogger("atc_stream.replay")
 
 
 @dataclass
@@ -33,6 +36,9 @@ class ReplaySummary:
     events_before_ready: bool = False
     seconds: float = 0.0
     rejected: Counter = field(default_factory=Counter)
+    #: the inputs the engine rejected, the first few with the ``file:line`` they came
+    #: from (where the source knows it: a bar file's rows)
+    engine_rows: BadRows = field(default_factory=BadRows)
     #: ended early by SIGINT/SIGTERM
     stopped: bool = False
 
@@ -116,6 +122,10 @@ class TableBars:
             if group.size
         }
 
+    def warmup_where(self, symbol: str | None, index: int) -> None:
+        """Where a warmup bar came from: a table in memory does not know."""
+        return None
+
     def blocks(self, *, exclude_warm: bool, applied_until: np.ndarray | None = None):
         """One block: the rows in time order (stable), without the warmup bars
         (``exclude_warm``) and the rows at or before ``applied_until[code]``."""
@@ -163,6 +173,7 @@ class BarPlayer:
         self.on_result = on_result
         self.progress = progress
         self.summary = ReplaySummary(events_before_ready=events_before_ready)
+        self._logged_reasons: set[str] = set()
 
     def run(self, applied_until: np.ndarray | None = None) -> ReplaySummary:
         """Play the source; with ``applied_until`` (per symbol of ``source.symbol_names``,
@@ -174,11 +185,14 @@ class BarPlayer:
         self.engine.add_symbols(symbols)  # one stream per parameter set; existing ones stay
         self.summary.symbols = len(symbols)
         warm = bool(self.warmup_bars)
+        engine_logs = self.engine.log_rejections
+        self.engine.log_rejections = False  # logged here, with where each input came from
         try:
             if warm:
                 self._warmup()
             self._play(self.source.blocks(exclude_warm=warm, applied_until=applied_until))
         finally:  # also when a callback ends the run early: the summary says how far it got
+            self.engine.log_rejections = engine_logs
             self.summary.seconds = time.perf_counter() - started
             self.summary.rejected = Counter(self.engine.rejections) - rejected_before
         return self.summary
@@ -188,6 +202,8 @@ class BarPlayer:
         history = self.source.warmup_history(self.warmup_bars)
         result = self.engine.warmup(history, progress=self.progress)
         self.summary.warmup_bars = sum(len(series[0]) for series in history.values())
+        if result.rejected:
+            self._report(result.rejected, lambda r: self.source.warmup_where(r.symbol, r.index))
         self._emit(result)
 
     def _play(self, blocks) -> None:
@@ -224,6 +240,8 @@ class BarPlayer:
                     inputs=np.repeat(block.rows[start:end], fan),
                     **ohlc,
                 )
+                if result.rejected:
+                    self._report(result.rejected, _step_where(self.source, block, start, end))
                 if self.speed is not None and self._clock_origin is None:
                     # the clock starts once the first bar is applied, so the one-off kernel
                     # compilation does not make every later bar overdue
@@ -234,6 +252,24 @@ class BarPlayer:
                     bar.update(end - start)
         if bar is not None:
             bar.close()
+
+    def _report(self, rejected: list[Rejection], where: Callable[[Rejection], str | None]) -> None:
+        """Count the engine's ``rejected`` inputs in ``summary.engine_rows`` and log the
+        first of each reason, as the engine would, with ``where(rejection)`` (``file:line``;
+        None where the source does not know it) asked only of those shown."""
+        rows = self.summary.engine_rows
+        for r in rejected:
+            first = r.reason not in self._logged_reasons
+            place = where(r) if first or len(rows.examples) < REPORT_FIRST else None
+            if place is None:
+                rows.counts[r.reason] += 1
+            else:
+                rows.add(place, r.reason, r.detail)
+            if first:
+                self._logged_reasons.add(r.reason)
+                shown = r.detail if place is None else f"{place}: {r.detail}"
+                log.warning("rejected input (%s): %s (further ones are only counted)",
+                            r.reason, shown)  # fmt: skip
 
     def _pace(self, bar_time: int, speed: float) -> None:
         """Sleep so bar times advance at ``speed`` x real time (bar times in ms)."""
@@ -250,6 +286,19 @@ class BarPlayer:
         self.summary.count_events(result)
         if self.on_result is not None:
             self.on_result(result)
+
+
+def _step_where(source, block, start: int, end: int) -> Callable[[Rejection], str | None]:
+    """``where`` of the inputs of one step, rows ``start:end`` of ``block``: a rejection's
+    index is its row (``Block.rows``)."""
+
+    def where(rejection: Rejection) -> str | None:
+        if block.lines is None:
+            return None
+        hit = np.flatnonzero(block.rows[start:end] == rejection.index)
+        return source.where(rejection.index, int(block.lines[start + hit[0]])) if hit.size else None
+
+    return where
 
 
 def _rank_within_symbol(symbols: np.ndarray, times: np.ndarray) -> np.ndarray:

@@ -5,6 +5,7 @@ The two passes and the bounded external sort: docs/design/replay.md.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import logging
 import os
@@ -24,6 +25,7 @@ from atc_stream.io.readers import (
     SymbolCodes,
     infer_interval_of,
     iter_bar_batches,
+    row_where,
 )
 
 log = logging.getLogger("atc_stream.replay")
@@ -41,13 +43,15 @@ _NEVER = np.iinfo(np.int64).max
 class Block:
     """Rows in time order: ``codes`` index ``symbol_names``; ``rows`` are the rows'
     positions among the file's good rows (file order); ``ohlc``: their (opens, highs,
-    lows), for an engine with strategies."""
+    lows), for an engine with strategies; ``lines``: the line (a Parquet file's row)
+    each came from, for ``BarFileSource.where``, when the source has them."""
 
     codes: np.ndarray  # int32
     times: np.ndarray  # int64
     closes: np.ndarray  # float64
     rows: np.ndarray  # int64
     ohlc: Ohlc | None = None
+    lines: np.ndarray | None = None  # int64
 
     def __len__(self) -> int:
         return self.times.shape[0]
@@ -56,9 +60,11 @@ class Block:
         ohlc = None if self.ohlc is None else (
             self.ohlc[0][index], self.ohlc[1][index], self.ohlc[2][index]
         )  # fmt: skip
+        lines = None if self.lines is None else self.lines[index]
         return Block(
-            self.codes[index], self.times[index], self.closes[index], self.rows[index], ohlc
-        )
+            self.codes[index], self.times[index], self.closes[index], self.rows[index], ohlc,
+            lines,
+        )  # fmt: skip
 
     @staticmethod
     def concat(blocks: list[Block]) -> Block:
@@ -69,10 +75,14 @@ class Block:
         if len(parts) == len(blocks):
             o, h, lo = (np.concatenate([p[k] for p in parts]) for k in range(3))
             ohlc = (o, h, lo)
+        lines = [b.lines for b in blocks if b.lines is not None]
         codes, times, closes, rows = (
             np.concatenate([getattr(b, name) for b in blocks]) for name in _FIELDS
         )
-        return Block(codes, times, closes, rows, ohlc)
+        return Block(
+            codes, times, closes, rows, ohlc,
+            np.concatenate(lines) if len(lines) == len(blocks) else None,
+        )  # fmt: skip
 
 
 _FIELDS = ("codes", "times", "closes", "rows")
@@ -123,6 +133,9 @@ class BarFileSource:
         #: or few enough to sort in memory)
         self.spilled_runs = 0
         self._symbols = SymbolCodes()
+        #: the files of the good rows from ``_file_starts[i]`` on (one per file: ``where``)
+        self._files: list[Path] = []
+        self._file_starts: list[int] = []
         self._scan(sample_rows)
 
     # -- pass 1 -------------------------------------------------------------------
@@ -137,6 +150,9 @@ class BarFileSource:
         first_bars = _FirstBars(self.warmup_bars)
         for batch in self._read(self.bad_rows):
             n = len(batch)
+            if batch.path is not None and (not self._files or batch.path != self._files[-1]):
+                self._files.append(batch.path)
+                self._file_starts.append(rows)
             if in_order:
                 in_order = batch.times[0] >= last_time and not (np.diff(batch.times) < 0).any()
                 last_time = batch.times[-1]
@@ -145,7 +161,9 @@ class BarFileSource:
                 sample.append((batch.codes[:take].copy(), batch.times[:take].copy()))
                 sampled += take
             if self.warmup_bars:
-                first_bars.add(batch.codes, batch.times, rows + np.arange(n), _prices(batch))
+                first_bars.add(
+                    batch.codes, batch.times, rows + np.arange(n), batch.lines, _prices(batch)
+                )
             rows += n
         first_seen = self._symbols.names
         self.symbol_names: list[str] = sorted(first_seen.tolist())
@@ -159,7 +177,7 @@ class BarFileSource:
         codes = np.concatenate([c for c, _ in sample]) if sample else np.empty(0, np.int32)
         times = np.concatenate([t for _, t in sample]) if sample else np.empty(0, np.int64)
         self._interval = infer_interval_of(codes, times)
-        self._history, self._warm_until = first_bars.finish(self._to_sorted)
+        self._history, self._warm_until, self._history_at = first_bars.finish(self._to_sorted)
 
     def infer_interval(self) -> str | None:
         """``io.readers.infer_interval`` of the first ``sample_rows`` rows."""
@@ -171,6 +189,26 @@ class BarFileSource:
         if n != self.warmup_bars:
             raise ValueError(f"scanned for {self.warmup_bars} warmup bars, asked for {n}")
         return {self.symbol_names[code]: bars for code, bars in self._history.items()}
+
+    def where(self, row: int, line: int) -> str:
+        """``file:line`` (``file:row N`` of a Parquet file) of the good row ``row`` (its
+        position in file order), which is on ``line`` of its file."""
+        file = self._files[max(bisect.bisect_right(self._file_starts, row) - 1, 0)]
+        return row_where(file, line)
+
+    def warmup_where(self, symbol: str | None, index: int) -> str | None:
+        """``where`` of bar ``index`` of ``symbol``'s ``warmup_history``; None for a bar
+        it does not have."""
+        if symbol is None:
+            return None
+        code = bisect.bisect_left(self.symbol_names, symbol)
+        named = code < len(self.symbol_names) and self.symbol_names[code] == symbol
+        if not named or code not in self._history_at:
+            return None
+        rows, lines = self._history_at[code]
+        if not 0 <= index < rows.shape[0]:
+            return None
+        return self.where(int(rows[index]), int(lines[index]))
 
     # -- pass 2 -------------------------------------------------------------------
 
@@ -196,7 +234,7 @@ class BarFileSource:
                 raise self._changed()
             block = Block(
                 self._to_sorted[batch.codes], batch.times, batch.closes,
-                seen + np.arange(n, dtype=np.int64), batch.ohlc,
+                seen + np.arange(n, dtype=np.int64), batch.ohlc, batch.lines,
             )  # fmt: skip
             seen += n
             keep = np.ones(n, bool)
@@ -321,20 +359,24 @@ def whole_bar_times(blocks: Iterable[Block]) -> Iterator[Block]:
 
 
 def _spill(block: Block, directory: Path, number: int, batch_rows: int) -> Path:
-    """Write a sorted block as an Arrow IPC file of ``batch_rows``-row batches (with
-    open, high and low columns when the block has OHLC)."""
+    """Write a sorted block as an Arrow IPC file of ``batch_rows``-row batches (with a
+    line column when the block has lines, open, high and low columns when it has
+    OHLC)."""
     import pyarrow as pa
 
     path = directory / f"run{number:05d}.arrow"
     fields = [("code", pa.int32()), ("time", pa.int64()), ("close", pa.float64()),
               ("row", pa.int64())]  # fmt: skip
+    if block.lines is not None:
+        fields.append(("line", pa.int64()))
     if block.ohlc is not None:
         fields += [(name, pa.float64()) for name in ("open", "high", "low")]
     schema = pa.schema(fields)
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
         for start in range(0, len(block), batch_rows):
             part = block.take(slice(start, start + batch_rows))
-            columns = [getattr(part, name) for name in _FIELDS] + list(part.ohlc or ())
+            columns = [getattr(part, name) for name in _FIELDS]
+            columns += ([] if part.lines is None else [part.lines]) + list(part.ohlc or ())
             writer.write_batch(pa.record_batch([pa.array(c) for c in columns], schema=schema))
     return path
 
@@ -363,9 +405,14 @@ class _Run:
         """Append the run's next batch to ``rows``."""
         batch = self._reader.get_batch(self._next)
         self._next += 1
-        columns = [batch.column(i).to_numpy() for i in range(batch.num_columns)]
-        ohlc = (columns[4], columns[5], columns[6]) if len(columns) == 7 else None
-        loaded = Block(columns[0], columns[1], columns[2], columns[3], ohlc)
+        columns = {name: batch.column(name).to_numpy() for name in batch.schema.names}
+        ohlc = None
+        if "open" in columns:
+            ohlc = (columns["open"], columns["high"], columns["low"])
+        loaded = Block(
+            columns["code"], columns["time"], columns["close"], columns["row"], ohlc,
+            columns.get("line"),
+        )  # fmt: skip
         self.rows = Block.concat([self.rows, loaded]) if len(self.rows) else loaded
         if not self.more:
             self._file.close()
@@ -423,9 +470,9 @@ class _FirstBars:
         self.size = 0
         self.kept = 0
 
-    def add(self, codes, times, rows, prices: tuple[np.ndarray, ...]) -> None:
-        """Rows of one batch: their codes, times, positions and ``_prices``."""
-        self.parts.append((codes, times, rows, *prices))
+    def add(self, codes, times, rows, lines, prices: tuple[np.ndarray, ...]) -> None:
+        """Rows of one batch: their codes, times, positions, lines and ``_prices``."""
+        self.parts.append((codes, times, rows, lines, *prices))
         self.size += codes.shape[0]
         if self.size > 2 * self.kept + 65_536:
             self._select()
@@ -443,25 +490,27 @@ class _FirstBars:
         self.size = self.kept = keep.shape[0]
 
     def finish(self, to_sorted: np.ndarray):
-        """``({sorted code: (times, *prices)}, (until_time, until_row))``: each symbol's
-        first bars, and per sorted code the (time, row) of its last one where it has
-        ``n`` (else the end of time: every bar of the symbol is a warmup bar)."""
+        """``({sorted code: (times, *prices)}, (until_time, until_row), {sorted code:
+        (rows, lines)})``: each symbol's first bars, per sorted code the (time, row) of
+        its last one where it has ``n`` (else the end of time: every bar of the symbol
+        is a warmup bar), and where the first bars came from."""
         symbols = to_sorted.shape[0]
         until = (np.full(symbols, _NEVER, np.int64), np.full(symbols, _NEVER, np.int64))
         if not self.n or not self.parts:
-            return {}, until
+            return {}, until, {}
         self._select()
-        codes, times, rows, *prices = self.parts[0]
+        codes, times, rows, lines, *prices = self.parts[0]
         codes = to_sorted[codes]
         order = np.lexsort((rows, times, codes))  # by sorted code (name), time, row
-        codes, times, rows = codes[order], times[order], rows[order]
+        codes, times, rows, lines = codes[order], times[order], rows[order], lines[order]
         prices = [p[order] for p in prices]
         firsts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
-        history = {}
+        history, at = {}, {}
         for start, end in zip(firsts, np.r_[firsts[1:], codes.shape[0]], strict=True):
             code = int(codes[start])
             history[code] = (times[start:end], *(p[start:end] for p in prices))
+            at[code] = (rows[start:end], lines[start:end])
             if end - start == self.n:
                 until[0][code], until[1][code] = times[end - 1], rows[end - 1]
         self.parts = []
-        return history, until
+        return history, until, at
