@@ -334,27 +334,33 @@ def test_subscriber_survives_a_redis_restart_and_counts_malformed(private_redis)
     client.close()
 
     private_redis.restart()
-    done = threading.Event()
-
-    def publish_until_received():
-        c = private_redis.client()
-        try:
-            while not done.is_set():
-                c.publish(channel, good)
-                time.sleep(0.05)
-        finally:
-            c.close()
-
-    publisher = threading.Thread(target=publish_until_received, daemon=True)
-    publisher.start()
-    try:
-        msg = sub.get(timeout=20)
-    finally:
-        done.set()
-        publisher.join(5)
+    msg = _publish_until_received(private_redis, sub, channel, good, timeout=20)
     assert msg is not None and msg.data.symbol == "SYM000"
     assert sub.reconnects >= 1
     sub.close()
+
+
+def _publish_until_received(server, sub, channel, message, timeout):
+    """Publish ``message`` on ``channel`` every 50 ms until ``sub`` gets one (a subscriber
+    coming back from an outage resubscribes at a moment of its own); what it got."""
+    done = threading.Event()
+
+    def publish() -> None:
+        client = server.client()
+        try:
+            while not done.is_set():
+                client.publish(channel, message)
+                time.sleep(0.05)
+        finally:
+            client.close()
+
+    publisher = threading.Thread(target=publish, daemon=True)
+    publisher.start()
+    try:
+        return sub.get(timeout=timeout)
+    finally:
+        done.set()
+        publisher.join(5)
 
 
 def _example_value(name: str):
@@ -379,24 +385,7 @@ def test_subscriber_comes_back_after_an_outage_longer_than_its_first_retries(pri
     assert sub.get(timeout=1.5) is None  # the connection is lost, every retry refused
     assert sub.reconnects == 0
     private_redis.start()
-    done = threading.Event()
-
-    def publish_until_received():
-        c = private_redis.client()
-        try:
-            while not done.is_set():
-                c.publish(channel, good)
-                time.sleep(0.05)
-        finally:
-            c.close()
-
-    publisher = threading.Thread(target=publish_until_received, daemon=True)
-    publisher.start()
-    try:
-        msg = sub.get(timeout=10)
-    finally:
-        done.set()
-        publisher.join(5)
+    msg = _publish_until_received(private_redis, sub, channel, good, timeout=10)
     sub.close()
     assert msg is not None and msg.data.symbol == "SYM000"
     assert sub.reconnects == 1
