@@ -489,7 +489,7 @@ def drop_non_utf8_rows(path: Path, batch, columns, line_of, bad: BadRows):
     if not details:
         return batch, line_of
     for i in sorted(details):
-        bad.add(f"{path.name}:{int(line_of(i))}", "bad_utf8", details[i])
+        bad.add(row_where(path, line_of(i)), "bad_utf8", details[i])
     keep = np.ones(batch.num_rows, bool)
     keep[list(details)] = False
     kept = np.flatnonzero(keep)

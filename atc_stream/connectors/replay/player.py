@@ -173,7 +173,6 @@ class BarPlayer:
         self.on_result = on_result
         self.progress = progress
         self.summary = ReplaySummary(events_before_ready=events_before_ready)
-        self._logged_reasons: set[str] = set()
 
     def run(self, applied_until: np.ndarray | None = None) -> ReplaySummary:
         """Play the source; with ``applied_until`` (per symbol of ``source.symbol_names``,
@@ -259,14 +258,13 @@ class BarPlayer:
         None where the source does not know it) asked only of those shown."""
         rows = self.summary.engine_rows
         for r in rejected:
-            first = r.reason not in self._logged_reasons
+            first = not rows.counts[r.reason]
             place = where(r) if first or len(rows.examples) < REPORT_FIRST else None
             if place is None:
                 rows.counts[r.reason] += 1
             else:
                 rows.add(place, r.reason, r.detail)
             if first:
-                self._logged_reasons.add(r.reason)
                 shown = r.detail if place is None else f"{place}: {r.detail}"
                 log.warning("rejected input (%s): %s (further ones are only counted)",
                             r.reason, shown)  # fmt: skip
