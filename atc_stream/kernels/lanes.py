@@ -293,17 +293,18 @@ def lsma_sy_row(lengths):
     return PLAIN_SUMS if same_lengths(lengths, LSMA, HMA) else 0
 
 
-def family_window_sums(family, h, p, lengths, sums, diffs, weights):
+def family_window_sums(family, h, p, lengths, sums, diffs, weights, sy_row):
     """The window quantities of a family's nine MAs into ``sums`` (see ``lane_sma``,
     ``lane_wma``, ``lane_lsma``, ``lane_kama``); EMA and DEMA need none. The HMA family's
-    plain sums stay in rows ``PLAIN_SUMS`` for the bar, where LSMA may reuse them."""
+    plain sums stay in rows ``PLAIN_SUMS`` for the bar, where LSMA reuses them when its
+    ``sy_row`` (``lsma_sy_row``) says so."""
     k0 = family * LENGTHS_PER_FAMILY
     if family == HMA:
         family_sums(h, 0, p, lengths, k0, -1, sums, PLAIN_SUMS, weights)
     elif family == WMA:
         family_sums(h, 0, p, lengths, k0, 1, sums, 0, weights)
     elif family == LSMA:
-        if lsma_sy_row(lengths) == 0:
+        if sy_row == 0:
             family_sums(h, 0, p, lengths, k0, -1, sums, 0, weights)
         family_sums(h, 0, p, lengths, k0, 0, sums, LENGTHS_PER_FAMILY, weights)
     elif family == KAMA:
@@ -334,10 +335,9 @@ def lane_dema(h, p, length, bar_index, vals, base, close):
     return 2.0 * e1 - e2
 
 
-def lane_ma(family, h, p, sums, j, lengths, bar_index, vals, base, close):
+def lane_ma(family, h, p, sums, j, length, bar_index, vals, base, close, sy_row):
     """``core.ma_next`` of MA ``j`` of ``family`` for every lane (``sums`` from
-    ``family_window_sums``)."""
-    length = lengths[family * LENGTHS_PER_FAMILY + j]
+    ``family_window_sums``, LSMA's ``sy`` in rows from ``sy_row``)."""
     if family == EMA:
         return lane_ema(h, p, length, bar_index, vals, base + MA_AUX1, close)
     if family == HMA:
@@ -347,7 +347,7 @@ def lane_ma(family, h, p, sums, j, lengths, bar_index, vals, base, close):
     if family == DEMA:
         return lane_dema(h, p, length, bar_index, vals, base, close)
     if family == LSMA:
-        return lane_lsma(sums, j, length, bar_index, lsma_sy_row(lengths))
+        return lane_lsma(sums, j, length, bar_index, sy_row)
     return lane_kama(h, p, sums, j, length, bar_index, vals, base + MA_AUX1, close)
 
 
@@ -373,7 +373,8 @@ def lane_layer1(
     weights,
 ):  # fmt: skip
     """``core.layer1_signal``: the family's layer-1 signal (NaN while inactive)."""
-    family_window_sums(family, h, p, lengths, sums, diffs, weights)
+    sy_row = lsma_sy_row(lengths) if family == LSMA else 0
+    family_window_sums(family, h, p, lengths, sums, diffs, weights, sy_row)
     cutout = lengths[CUTOUT_COLUMN]
     active = bar_index >= cutout
     first = bar_index == cutout
@@ -382,7 +383,7 @@ def lane_layer1(
     for j in range(LENGTHS_PER_FAMILY):
         k = family * LENGTHS_PER_FAMILY + j
         base = MA_BASE + k * MA_FIELDS
-        m = lane_ma(family, h, p, sums, j, lengths, bar_index, vals, base, close)
+        m = lane_ma(family, h, p, sums, j, lengths[k], bar_index, vals, base, close, sy_row)
         previous_signal = load(vals, base + MA_SIG)
         previous_m = load(vals, base + MA_PREV)
         signal = where((close > m) & (previous_close <= previous_m), 1.0, previous_signal)
