@@ -367,3 +367,38 @@ def test_a_nul_in_a_symbol_is_refused_never_merged_into_another(tmp_path):
     )
     with pytest.raises(ValueError, match="NUL"):
         engine.warmup(frame)
+
+
+# -- pyarrow's threads ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"symbol,time,close\nA,{T0},1\nA,{T0 + 60_000},2\n".encode(),
+        f"symbol,time,close\nA,{T0},1,9\n".encode(),
+        f"symbol,time,close\nA\xff,{T0},1,9\n".encode("latin-1"),
+    ],
+    ids=["good", "wrong_cells", "wrong_cells_not_utf8"],
+)
+def test_a_read_returns_only_once_pyarrow_has_let_go_of_its_row_handler(
+    tmp_path, monkeypatch, text
+):
+    """An Arrow thread holding a Python object at interpreter exit aborts the process."""
+    import atc_stream.io.readers as readers
+
+    made = []
+
+    class Recorded(readers.InvalidRows):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(readers, "InvalidRows", Recorded)
+    path = write(tmp_path, text)
+    for _ in range(200):  # a thread keeps it a little longer in a few reads out of a hundred
+        try:
+            read_bars(path)
+        except InputError:
+            pass
+        assert made and all(handed() is None for handed in made[-1]._handed)

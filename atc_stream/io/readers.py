@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
+import weakref
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -368,12 +371,34 @@ def as_text(column):
 class InvalidRows:
     """The ``invalid_row_handler`` of a CSV read: collects the rows with the wrong number
     of cells (``invalid``: line, detail) and those that look like the start of an
-    unterminated quote (``unterminated``: line); every such row is skipped."""
+    unterminated quote (``unterminated``: line); every such row is skipped.
+
+    pyarrow gets ``handler()``, not this object, and a read ends with ``wait_released()``:
+    an Arrow thread that still holds the handler when the interpreter exits takes the GIL
+    to let go of it, is cancelled inside C++ and aborts the process ("terminate called
+    without an active exception"), which happened after a failed read under load."""
 
     def __init__(self, noun: str = "columns") -> None:
         self.noun = noun
         self.invalid: list[tuple[int, str]] = []
         self.unterminated: list[int] = []
+        self._handed: list[weakref.ref] = []
+
+    def handler(self) -> Callable:
+        """A new callable reporting to this object, for pyarrow alone to hold."""
+
+        def on_invalid(row) -> str:
+            return self(row)
+
+        self._handed.append(weakref.ref(on_invalid))
+        return on_invalid
+
+    def wait_released(self, seconds: float = 5.0) -> None:
+        """Returns once pyarrow's threads have let go of every ``handler()`` (or after
+        ``seconds``); sleeping lets them take the GIL to do so."""
+        deadline = time.monotonic() + seconds
+        while any(ref() is not None for ref in self._handed) and time.monotonic() < deadline:
+            time.sleep(0.001)
 
     def __call__(self, row) -> str:
         text = row.text or ""
@@ -539,22 +564,38 @@ def csv_batches(path: Path, columns, bad: BadRows, hint: str = COLUMN_HINT):
     number of columns, or a cell of ``columns`` that is not UTF-8, go to ``bad``."""
 
     rejected = InvalidRows("columns")
-    unterminated, invalid = rejected.unterminated, rejected.invalid
-    reported = 0
     check_utf8_header(path)
     try:
+        # the reader is never bound here: the handler it holds must go with it
+        yield from _csv_reader_batches(
+            path, columns, bad, hint, _open_csv(path, columns, rejected), rejected
+        )
+    finally:
+        rejected.wait_released()
+
+
+def _open_csv(path: Path, columns, rejected: InvalidRows):
+    """A pyarrow streaming reader of a bar CSV, or the one-line ``InputError``."""
+    try:
         with quiet_undecodable_rows() as undecodable:
-            reader = pcsv.open_csv(path, **csv_text_options(columns, rejected))
-        names = reader.schema.names
+            return pcsv.open_csv(path, **csv_text_options(columns, rejected.handler()))
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as exc:
         raise unreadable_csv(path, exc, undecodable, "cannot read CSV") from None
-    missing = [c for c in columns[1:] if c not in names]
-    if missing:
-        raise InputError(
-            f"{path.name}: no column {missing[0]!r} (columns: {', '.join(names)}); {hint}"
-        )
+
+
+def _csv_reader_batches(path: Path, columns, bad: BadRows, hint: str, reader, rejected):
+    """``csv_batches`` of an open pyarrow CSV ``reader``; closes it."""
+
+    unterminated, invalid = rejected.unterminated, rejected.invalid
+    reported = 0
     rows_before = 0
     try:
+        names = reader.schema.names
+        missing = [c for c in columns[1:] if c not in names]
+        if missing:
+            raise InputError(
+                f"{path.name}: no column {missing[0]!r} (columns: {', '.join(names)}); {hint}"
+            )
         while True:
             try:
                 with quiet_undecodable_rows() as undecodable:
@@ -585,8 +626,7 @@ def csv_batches(path: Path, columns, bad: BadRows, hint: str = COLUMN_HINT):
             rows_before += batch.num_rows
             yield drop_non_utf8_rows(path, batch, columns, line_of, bad)
     finally:
-        # closed here, not left to the collector: its read-ahead thread must not outlive
-        # an error raised in this loop (under load, the process aborted at exit)
+        # closed here, not left to the collector, so that its read-ahead stops now
         reader.close()
     for line, detail in invalid[reported:]:
         bad.add(f"{path.name}:{line}", "wrong_columns", detail)

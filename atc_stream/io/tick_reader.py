@@ -260,10 +260,12 @@ def _read_csv_text(path: Path, columns: list[str], *, threads: bool):
     try:
         with quiet_undecodable_rows() as undecodable:
             table = pcsv.read_csv(
-                path, **csv_text_options(columns, rejected, threads=threads, only=True)
+                path, **csv_text_options(columns, rejected.handler(), threads=threads, only=True)
             )
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as exc:
         raise unreadable_csv(path, exc, undecodable, "cannot read CSV") from None
+    finally:
+        rejected.wait_released()
     return table, sorted(rejected.invalid), sorted(rejected.unterminated)
 
 
