@@ -207,11 +207,16 @@ class RedisServer:
         self.proc.wait(timeout=10)
         self.proc = None
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Terminate the server (SIGTERM, then SIGKILL) and wait until the port is closed."""
+    def stop(self, timeout: float = 10.0, *, kill: bool = False) -> None:
+        """Terminate the server (SIGTERM, then SIGKILL) and wait until the port is closed.
+        ``kill``: SIGKILL at once (after SIGTERM, Redis serves on until its next cron tick,
+        up to 100 ms)."""
         if self.proc is None:
             return
-        if self.proc.poll() is None:
+        if kill:
+            self.proc.kill()
+            self.proc.wait(timeout=timeout)
+        elif self.proc.poll() is None:
             self.proc.terminate()
             try:
                 self.proc.wait(timeout=timeout)
