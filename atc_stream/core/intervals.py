@@ -80,3 +80,12 @@ def on_grid(open_time: int, interval: str) -> bool:
     size = count * _UNIT_MS[unit]
     origin = _WEEK_ORIGIN_MS if unit == "w" else 0
     return (open_time - origin) % size == 0
+
+
+def interval_label(ms: int) -> str:
+    """``60000`` → ``"1m"``: the largest unit (w, d, h, m, s, ms) that divides ``ms``."""
+    for unit, size in (("w", 604_800_000), ("d", 86_400_000), ("h", 3_600_000),
+                       ("m", 60_000), ("s", 1_000)):  # fmt: skip
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"

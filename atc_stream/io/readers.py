@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from atc_stream.core.errors import first_line
 from atc_stream.core.inputs import bad_ohlc
+from atc_stream.core.intervals import interval_label
 from atc_stream.core.timetext import EpochUnit, EpochUnitError, parse_time_column
 
 #: Cells longer than this are rejected (``oversized_field``); no valid cell comes close.
@@ -373,10 +374,8 @@ class InvalidRows:
     of cells (``invalid``: line, detail) and those that look like the start of an
     unterminated quote (``unterminated``: line); every such row is skipped.
 
-    pyarrow gets ``handler()``, not this object, and a read ends with ``wait_released()``:
-    an Arrow thread that still holds the handler when the interpreter exits takes the GIL
-    to let go of it, is cancelled inside C++ and aborts the process ("terminate called
-    without an active exception"), which happened after a failed read under load."""
+    pyarrow gets ``handler()``, not this object, and a read ends with ``wait_released()``
+    (why: docs/design/input-files.md, "Bad rows and unreadable files")."""
 
     def __init__(self, noun: str = "columns") -> None:
         self.noun = noun
@@ -696,12 +695,3 @@ def infer_interval_of(codes: np.ndarray, times: np.ndarray) -> str | None:
         return None
     values, counts = np.unique(gaps, return_counts=True)
     return interval_label(int(values[np.argmax(counts)]))
-
-
-def interval_label(ms: int) -> str:
-    """``60000`` → ``"1m"``: the largest unit (w, d, h, m, s, ms) that divides ``ms``."""
-    for unit, size in (("w", 604_800_000), ("d", 86_400_000), ("h", 3_600_000),
-                       ("m", 60_000), ("s", 1_000)):  # fmt: skip
-        if ms % size == 0:
-            return f"{ms // size}{unit}"
-    return f"{ms}ms"
