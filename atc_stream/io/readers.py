@@ -6,6 +6,7 @@ The cell rules, the bad-row policy and the memory bounds: docs/design/input-file
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import time
 import weakref
@@ -385,19 +386,17 @@ class InvalidRows:
 
     def handler(self) -> Callable:
         """A new callable reporting to this object, for pyarrow alone to hold."""
-
-        def on_invalid(row) -> str:
-            return self(row)
-
+        on_invalid = functools.partial(InvalidRows.__call__, self)
         self._handed.append(weakref.ref(on_invalid))
         return on_invalid
 
-    def wait_released(self, seconds: float = 5.0) -> None:
-        """Returns once pyarrow's threads have let go of every ``handler()`` (or after
-        ``seconds``); sleeping lets them take the GIL to do so."""
+    def wait_released(self, seconds: float = 5.0) -> bool:
+        """Whether pyarrow's threads let go of every ``handler()`` within ``seconds``
+        (sleeping lets them take the GIL to do so)."""
         deadline = time.monotonic() + seconds
-        while any(ref() is not None for ref in self._handed) and time.monotonic() < deadline:
+        while (held := any(r() is not None for r in self._handed)) and time.monotonic() < deadline:
             time.sleep(0.001)
+        return not held
 
     def __call__(self, row) -> str:
         text = row.text or ""
@@ -625,8 +624,10 @@ def _csv_reader_batches(path: Path, columns, bad: BadRows, hint: str, reader, re
             rows_before += batch.num_rows
             yield drop_non_utf8_rows(path, batch, columns, line_of, bad)
     finally:
-        # closed here, not left to the collector, so that its read-ahead stops now
+        # closed here, not left to the collector, so that its read-ahead stops now; and
+        # unbound, since an error's traceback keeps this frame (and the handler) alive
         reader.close()
+        del reader
     for line, detail in invalid[reported:]:
         bad.add(f"{path.name}:{line}", "wrong_columns", detail)
 
