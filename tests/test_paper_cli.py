@@ -178,6 +178,8 @@ def test_resume_from_an_older_snapshot_cuts_the_outputs_back(tmp_path, bars, suf
         (["--strategy", "direction=sideways"], "direction must be one of"),
         (["--trades", "t.jsonl"], "--trades needs --strategy"),
         (["--strategy", "stop=0.1", "--trades", "t.csv"], "use .jsonl or .parquet"),
+        (["--strategy", "stop=0.1", "--trades", "trades"], "trades: use .jsonl or .parquet"),
+        (["--strategy", "stop=0.1", "--positions", "p.txt"], "p.txt: use .jsonl or .parquet"),
         (["--strategy", "stop=0.1", "--positions", "-"], "stdout is the signal output's"),
     ],
 )

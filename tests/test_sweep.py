@@ -136,6 +136,15 @@ def test_grid_errors_name_the_key(document, named):
     assert named in message and message.startswith("g.toml") and "\n" not in message
 
 
+def test_a_grid_of_too_many_sets_in_all_is_refused_though_each_table_is_not():
+    grid = {"atc": {"ema_len": list(range(7, 407))}, "strategy": {"fee_bps": list(range(300))}}
+    with pytest.raises(GridError) as info:
+        parse_grid(grid, where="g.toml")
+    message = str(info.value)
+    assert "400 [atc] sets x 300 [strategy] sets = 120000 sets (at most 100000)" in message
+    assert message.startswith("g.toml") and "\n" not in message
+
+
 def test_an_unreadable_grid_file_is_one_error(tmp_path):
     bad = tmp_path / "g.toml"
     bad.write_text("[atc\nema_len = 1")
@@ -231,6 +240,10 @@ def test_sweep_writes_the_tables_and_prints_the_top_sets(capsys, tmp_path, sweep
     assert lines[0].split()[:5] == ["rank", "params_id", "strategy_id", "ema_len", "direction"]
     assert len(lines) == 1 + 3
     assert "swept 3 symbols x 2 parameter sets x 2 strategies = 12 streams" in stderr
+    umask = os.umask(0)
+    os.umask(umask)
+    for table in out.iterdir():  # readable as any file the user writes, not private
+        assert table.stat().st_mode & 0o777 == 0o666 & ~umask, table.name
 
 
 def test_sweep_metrics_equal_backtest_and_the_reference(capsys, tmp_path, sweep_files):
@@ -346,6 +359,35 @@ def test_sweep_refuses_a_length_beyond_the_maximum_in_one_line(capsys, tmp_path,
     assert "wma_len must be <= 10000" in stderr
 
 
+def test_a_sweep_stopped_by_ctrl_c_says_so_and_exits_130(
+    capsys, tmp_path, sweep_files, monkeypatch
+):
+    import atc_stream.app.jobs.sweep as job
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(job, "read_ohlc", interrupted)
+    data, grid = sweep_files
+    args = ["sweep", str(data), "--grid", str(grid), "-o", str(tmp_path), "--no-progress"]
+    code, _, stderr = run_cli(capsys, args)
+    assert code == 130 and stderr == "atc-stream: interrupted\n"
+
+
+def test_a_sweep_out_of_memory_is_one_line(capsys, tmp_path, sweep_files, monkeypatch):
+    import atc_stream.app.jobs.sweep as job
+
+    def too_big(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(job, "sweep_block", too_big)
+    data, grid = sweep_files
+    args = ["sweep", str(data), "--grid", str(grid), "-o", str(tmp_path), "--no-progress"]
+    code, _, stderr = run_cli(capsys, [*args, "--backend", "cpu"])
+    assert code == 2 and len(stderr.strip().splitlines()) == 1
+    assert "out of memory sweeping 4 sets over 720 bars" in stderr
+
+
 def test_sweep_backend_cuda_without_cuda_is_one_line(capsys, tmp_path, sweep_files):
     from atc_stream.kernels import cuda_available
 
@@ -449,6 +491,20 @@ def test_train_until_averages_only_the_symbols_with_bars_in_the_period(tmp_path,
         test = [r["total_return"] for r in mine if r["period"] == "test" and r["symbol"] != "DDD"]
         assert row["test.symbols"] == 3 and row["train.symbols"] == 4
         assert row["test.total_return"] == pytest.approx(np.mean(test), rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("make", "named"),
+    [
+        (lambda: parse_strategy("max_hold=99999999999999999999"), "max_hold must be an int in"),
+        (lambda: Strategy(max_hold=2**63), "max_hold must be an int in"),
+        (lambda: ATCParams(cutout=2**63), "cutout must be an int in"),
+    ],
+)
+def test_a_count_beyond_int64_is_refused_not_overflowed(make, named):
+    with pytest.raises(ValueError, match=named):
+        make()
+    assert Strategy(max_hold=2**63 - 1).max_hold == 2**63 - 1  # the largest count still runs
 
 
 def test_an_empty_strategy_spec_or_a_stray_key_is_refused(tmp_path):

@@ -111,6 +111,9 @@ def _user_errors():
     except (RunError, OutputError) as exc:
         error(str(exc))
         raise typer.Exit(2) from None
+    except KeyboardInterrupt:  # typer would end the command with 130 and not a word
+        err(f"{PROGRAM}: interrupted")
+        raise typer.Exit(130) from None
 
 
 def _run_job(job, *, logs: AbstractContextManager | None = None, **options) -> None:
@@ -687,9 +690,6 @@ def main(argv: list[str] | None = None) -> None:
         hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
         error(f"{exc.format_message()}{hint}")
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        err(f"{PROGRAM}: interrupted")
-        sys.exit(130)
     finally:
         _started_ms = None
     sys.exit(result if isinstance(result, int) else 0)

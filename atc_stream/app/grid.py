@@ -20,7 +20,8 @@ from atc_stream.core.params import ATCParams
 from atc_stream.core.strategy import Strategy
 from atc_stream.core.toml_files import read_toml
 
-#: The most sets one table may produce (a typo like ``range(1000)`` is refused, not run).
+#: The most sets one table, and the grid as a whole (``[atc]`` sets x ``[strategy]`` sets),
+#: may produce: a typo like ``range(1000)`` is refused, not run.
 MAX_SETS = 100_000
 _TABLES: dict[str, type] = {"atc": ATCParams, "strategy": Strategy}
 
@@ -73,6 +74,11 @@ def parse_grid(data: dict[str, Any], where: str = "grid") -> Grid:
         raise GridError(f"{where}: the grid is empty (give an [atc] or a [strategy] table)")
     params, varied_params = _product(data.get("atc", {}), ATCParams, "atc", where)
     strategies, varied_strategies = _product(data.get("strategy", {}), Strategy, "strategy", where)
+    if len(params) * len(strategies) > MAX_SETS:  # each table alone may be under the limit
+        raise GridError(
+            f"{where}: {len(params)} [atc] sets x {len(strategies)} [strategy] sets = "
+            f"{len(params) * len(strategies)} sets (at most {MAX_SETS})"
+        )
     return Grid(params, strategies, varied_params, varied_strategies)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from atc_stream.app.console import OptionError
 from atc_stream.core.strategy import Strategy, strategies_from_specs
-from atc_stream.io.writers import output_format
+from atc_stream.io.writers import OutputError, output_format
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def check_paper_options(
     for name, path in (("--trades", trades), ("--positions", positions)):
         if path is not None and str(path) == "-":
             raise OptionError("give a file: stdout is the signal output's", param_hint=name)
-        if path is not None and output_format(path) not in ("jsonl", "parquet"):
+        if path is not None and _format(path) not in ("jsonl", "parquet"):
             raise OptionError(f"{path}: use .jsonl or .parquet", param_hint=name)
     return PaperOptions(strategies, trades, positions)
 
@@ -58,3 +58,12 @@ def paper_lines(engine) -> list[str]:
         mean = float(metrics["total_return"][mine].mean()) if mine.any() else 0.0
         lines.append(f"strategy {k:<7} {trades} trades, mean total return {mean:+.4%}")
     return lines
+
+
+def _format(path: Path) -> str | None:
+    """The output format of ``path``'s extension; None for one no output has (the signal
+    output's message would list formats these options refuse)."""
+    try:
+        return output_format(path)
+    except OutputError:
+        return None

@@ -32,6 +32,9 @@ ROBUSTNESS_OFFSETS: dict[str, tuple[int, int, int, int]] = {
 #: ring of its last ``max_length + 1`` closes, twice, so a length is memory per stream;
 #: 10,000 is over a year of hourly bars, and a typo like 1e12 is refused, not allocated.
 MAX_LENGTH = 10_000
+#: The largest count field (``cutout``, a strategy's ``max_hold``): the kernels hold counts
+#: as int64, and a larger Python int would fail there instead of being refused here.
+MAX_COUNT = 2**63 - 1
 
 
 def _is_int(value: Any) -> bool:
@@ -115,8 +118,8 @@ class ATCParams:
             raise ValueError(f"De must be in [0, 100) (decay per bar in percent), got {self.De!r}")
         if self.cut < 0:
             raise ValueError(f"cut must be >= 0, got {self.cut!r}")
-        if not _is_int(self.cutout) or self.cutout < 0:
-            raise ValueError(f"cutout must be an int >= 0, got {self.cutout!r}")
+        if not _is_int(self.cutout) or not 0 <= self.cutout <= MAX_COUNT:
+            raise ValueError(f"cutout must be an int in [0, {MAX_COUNT}], got {self.cutout!r}")
         if not self.short_threshold < self.long_threshold:
             raise ValueError(
                 f"short_threshold ({self.short_threshold!r}) must be < "

@@ -7,7 +7,7 @@ import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from atc_stream.core.params import _is_bool, _is_int, _is_real
+from atc_stream.core.params import MAX_COUNT, _is_int, _is_real
 from atc_stream.core.toml_files import read_toml
 
 #: The values of ``Strategy.direction``, and the side code each one allows.
@@ -56,8 +56,10 @@ class Strategy:
         for name in ("fee_bps", "slippage_bps"):  # 10000 bps takes the whole price
             if not getattr(self, name) < 10_000:
                 raise ValueError(f"{name} must be < 10000, got {getattr(self, name)!r}")
-        if _is_bool(self.max_hold) or not _is_int(self.max_hold) or self.max_hold < 0:
-            raise ValueError(f"max_hold must be an int >= 0 (bars), got {self.max_hold!r}")
+        if not _is_int(self.max_hold) or not 0 <= self.max_hold <= MAX_COUNT:
+            raise ValueError(
+                f"max_hold must be an int in [0, {MAX_COUNT}] (bars), got {self.max_hold!r}"
+            )
         object.__setattr__(self, "max_hold", int(self.max_hold))
 
     @property

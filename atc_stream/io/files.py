@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -33,7 +33,7 @@ def atomic_file(final: Path, temp_prefix: str) -> Iterator[BinaryIO]:
     error the temporary file is removed; a crash can leave one behind, so callers delete
     stale ``<temp_prefix>*.tmp`` files when they open the directory.
     """
-    fd, temp = tempfile.mkstemp(prefix=temp_prefix, suffix=".tmp", dir=final.parent)
+    fd, temp = _new_temp(final.parent, temp_prefix)
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
@@ -45,3 +45,16 @@ def atomic_file(final: Path, temp_prefix: str) -> Iterator[BinaryIO]:
             os.unlink(temp)
         raise
     fsync_dir(final.parent)
+
+
+def _new_temp(directory: Path, prefix: str) -> tuple[int, str]:
+    """A new file ``<prefix>*.tmp`` in ``directory`` open for writing, with the mode a plain
+    ``open`` gives (0o666 less the umask): ``mkstemp``'s 0o600 would make every file
+    written this way readable by its owner only, unlike the other outputs beside it."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    while True:
+        temp = os.path.join(directory, f"{prefix}{secrets.token_hex(8)}.tmp")
+        try:
+            return os.open(temp, flags, 0o666), temp
+        except FileExistsError:  # another writer's name: draw again
+            continue

@@ -99,7 +99,13 @@ def run_sweep(
             output.staged_trades,
         )  # fmt: skip
     else:
-        trades, metrics = _sweep(bars, sets, split, backend, label, progress, chunk_streams)
+        try:
+            trades, metrics = _sweep(bars, sets, split, backend, label, progress, chunk_streams)
+        except MemoryError:  # a chunk holds every set of its symbols over all their bars
+            raise RunError(
+                f"out of memory sweeping {sets.sets} sets over {len(bars)} bars; give fewer "
+                "sets, or fewer symbols or bars per run"
+            ) from None
         n_trades = trades.num_rows
     elapsed = time.perf_counter() - started
     periods = ("train", "test") if split is not None else ("all",)
