@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -37,3 +38,27 @@ def run_main(capsys):
         return info.value.code, err
 
     return run
+
+
+@pytest.fixture
+def reads_let_go_of_their_handler(monkeypatch):
+    """``check(module, read)``: ``read()`` 200 times (a failed read raises ``InputError``);
+    each time, ``wait_released`` of the module's ``InvalidRows`` must have seen pyarrow let
+    go of its handlers (a thread keeps one a little longer in a few reads out of a hundred)."""
+    from atc_stream.io.readers import InputError
+
+    def check(module, read) -> None:
+        released: list[bool] = []
+
+        class Recorded(module.InvalidRows):
+            def wait_released(self, seconds: float = 5.0) -> bool:
+                released.append(super().wait_released(seconds))
+                return released[-1]
+
+        monkeypatch.setattr(module, "InvalidRows", Recorded)
+        for _ in range(200):
+            with contextlib.suppress(InputError):
+                read()
+            assert released and all(released), "pyarrow held the handler 5 s"
+
+    return check

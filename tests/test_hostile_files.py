@@ -383,27 +383,10 @@ def test_a_nul_in_a_symbol_is_refused_never_merged_into_another(tmp_path):
     ids=["good", "wrong_cells", "wrong_cells_not_utf8", "unterminated_quote"],
 )
 def test_a_read_returns_only_once_pyarrow_has_let_go_of_its_row_handler(
-    tmp_path, monkeypatch, text
+    tmp_path, reads_let_go_of_their_handler, text
 ):
     """An Arrow thread holding a Python object at interpreter exit aborts the process."""
     import atc_stream.io.readers as readers
 
-    made, released = [], []
-
-    class Recorded(readers.InvalidRows):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
-        def wait_released(self, seconds: float = 5.0) -> bool:
-            released.append(super().wait_released(seconds))
-            return released[-1]
-
-    monkeypatch.setattr(readers, "InvalidRows", Recorded)
     path = write(tmp_path, text)
-    for _ in range(200):  # a thread keeps it a little longer in a few reads out of a hundred
-        try:
-            read_bars(path)
-        except InputError:
-            pass
-        assert made and released == [True] * len(made), "pyarrow held the handler 5 s"
+    reads_let_go_of_their_handler(readers, lambda: read_bars(path))

@@ -265,28 +265,11 @@ def test_mixed_iso_forms_and_integers_in_one_column(tmp_path, damage):
 
 @pytest.mark.parametrize("row", [b"1700000000000,A,1,1", b"1700000000000,A\xff,1,1,1"])
 def test_a_tick_read_returns_only_once_pyarrow_has_let_go_of_its_row_handler(
-    tmp_path, monkeypatch, row
+    tmp_path, reads_let_go_of_their_handler, row
 ):
     """An Arrow thread holding a Python object at interpreter exit aborts the process."""
     import atc_stream.io.tick_reader as tick_reader
 
-    made, released = [], []
-
-    class Recorded(tick_reader.InvalidRows):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
-        def wait_released(self, seconds: float = 5.0) -> bool:
-            released.append(super().wait_released(seconds))
-            return released[-1]
-
-    monkeypatch.setattr(tick_reader, "InvalidRows", Recorded)
     path = tmp_path / "ticks.csv"
     path.write_bytes(b"time,symbol,price,size\n" + row + b"\n")
-    for _ in range(200):  # a thread keeps it a little longer in a few reads out of a hundred
-        try:
-            load_ticks(path)
-        except InputError:
-            pass
-        assert made and released == [True] * len(made), "pyarrow held the handler 5 s"
+    reads_let_go_of_their_handler(tick_reader, lambda: load_ticks(path))
