@@ -386,6 +386,33 @@ def test_a_sweep_out_of_memory_is_one_line(capsys, tmp_path, sweep_files, monkey
     code, _, stderr = run_cli(capsys, [*args, "--backend", "cpu"])
     assert code == 2 and len(stderr.strip().splitlines()) == 1
     assert "out of memory sweeping 4 sets over 720 bars" in stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # the trades' temporary file too
+
+
+def test_a_sweep_stopped_between_blocks_leaves_no_temporary_file(
+    tmp_path, sweep_files, monkeypatch
+):
+    """Ctrl-C after the first block's trades were written: no table, no temporary file."""
+    import atc_stream.app.jobs.sweep as job
+
+    calls = []
+    job_block = job.sweep_block
+
+    def second_interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return job_block(*args, **kwargs)
+
+    monkeypatch.setattr(job, "sweep_block", second_interrupted)
+    data, grid = sweep_files
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):  # the CLI turns it into one line and 130
+        run_sweep(
+            data=data, grid=grid, outdir=out, train_until=None, top=3, rank_by="total_return",
+            backend="cpu", progress=False, chunk_streams=4,  # a symbol a block
+        )  # fmt: skip
+    assert len(calls) == 2 and sorted(p.name for p in out.iterdir()) == []
 
 
 def test_sweep_backend_cuda_without_cuda_is_one_line(capsys, tmp_path, sweep_files):
@@ -491,6 +518,69 @@ def test_train_until_averages_only_the_symbols_with_bars_in_the_period(tmp_path,
         test = [r["total_return"] for r in mine if r["period"] == "test" and r["symbol"] != "DDD"]
         assert row["test.symbols"] == 3 and row["train.symbols"] == 4
         assert row["test.total_return"] == pytest.approx(np.mean(test), rel=1e-12)
+
+
+@pytest.mark.parametrize("train_until", [None, "2024-01-01T02:00:00Z"])
+@pytest.mark.parametrize("chunk", [3, 1])
+def test_the_tables_do_not_depend_on_how_the_streams_are_cut(
+    capsys, tmp_path, sweep_files, train_until, chunk
+):
+    """3: one symbol a call, its parameter sets cut in two; 1: a stream a call. Every table
+    is the one of a single call, row for row."""
+    data, grid = sweep_files
+    for name, streams in (("whole", 4096), ("cut", chunk)):
+        assert run_sweep(
+            data=data, grid=grid, outdir=tmp_path / name, train_until=train_until, top=3,
+            rank_by="total_return", backend="cpu", progress=False, chunk_streams=streams,
+        ) == 0  # fmt: skip
+    capsys.readouterr()
+    for table in ("metrics", "trades", "params", "strategies", "ranking"):
+        whole = pq.read_table(tmp_path / "whole" / f"{table}.parquet")
+        assert whole.equals(pq.read_table(tmp_path / "cut" / f"{table}.parquet")), table
+    assert pq.read_table(tmp_path / "whole" / "trades.parquet").num_rows > 0
+
+
+def test_a_sweep_holds_a_bounded_number_of_stream_bars_at_a_time(capsys, tmp_path, monkeypatch):
+    """16x the streams over the same bars, calls of at most 8,000 stream-bars: the peak of
+    the memory Python and NumPy allocate stays that of the small grid (one call with
+    every stream took 6x), and the tables are those of one call."""
+    import tracemalloc
+
+    import atc_stream.app.sweep_blocks as blocks
+    from atc_stream.app.durability import load_cpu_kernels
+
+    data = tmp_path / "bars.parquet"
+    pq.write_table(ohlc_frame(symbols=("AAA", "BBB"), bars=2000), data)
+    small, big = tmp_path / "small.toml", tmp_path / "big.toml"
+    small.write_text("[atc]\nema_len = [10, 14]\n[strategy]\nstop = [0.01, 0.02]\n")
+    big.write_text(
+        "[atc]\nema_len = [10, 12, 14, 16, 18, 20, 24, 28]\n"
+        "[strategy]\nstop = [0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07]\n"
+    )
+    load_cpu_kernels(strategies=True, progress=False)
+
+    def sweep(grid, outdir) -> float:
+        tracemalloc.start()
+        try:
+            assert run_sweep(
+                data=data, grid=grid, outdir=outdir, train_until="2024-01-01T12:00:00Z",
+                top=3, rank_by="total_return", backend="cpu", progress=False,
+            ) == 0  # fmt: skip
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    whole = tmp_path / "whole"
+    sweep(big, whole)
+    monkeypatch.setattr(blocks, "CHUNK_STREAM_BARS", 8000)
+    assert blocks.streams_per_call(read_ohlc(data)) == 4
+    small_peak = sweep(small, tmp_path / "small")
+    big_peak = sweep(big, tmp_path / "big")
+    capsys.readouterr()
+    assert big_peak < 1.5 * small_peak, (big_peak, small_peak)
+    for table in ("metrics", "trades", "ranking"):
+        one = pq.read_table(whole / f"{table}.parquet")
+        assert one.equals(pq.read_table(tmp_path / "big" / f"{table}.parquet")), table
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ pandas DataFrames or Arrow tables (pandas imported only when asked for)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,25 @@ _STRING_COLUMNS = ("symbol", "interval", "reason")
 
 
 @dataclass(frozen=True)
+class EquityCurves:
+    """Every stream's marked equity and side held at each close, flat in the order of the
+    metrics' streams: stream ``k``'s bars are ``starts[k]:starts[k+1]``, in time order.
+
+    A backtest keeps these (17 bytes a stream-bar) and builds the long ``equity`` table
+    from them only when asked: its key columns would take 32 bytes more a stream-bar."""
+
+    starts: np.ndarray  # int64, streams + 1
+    times: np.ndarray  # int64 epoch ms
+    equity: np.ndarray  # float64
+    side: np.ndarray  # int8: +1 long, -1 short, 0 flat
+
+    @property
+    def counts(self) -> np.ndarray:
+        """Bars of each stream."""
+        return np.diff(self.starts)
+
+
+@dataclass(frozen=True)
 class BacktestResult:
     """One row per closed trade (``trades``), per stream (``metrics``) and per bar and
     stream (``equity``: the equity marked at the close and the side held then).
@@ -35,7 +55,18 @@ class BacktestResult:
 
     trade_columns: dict[str, np.ndarray]
     metric_columns: dict[str, np.ndarray]
-    equity_columns: dict[str, np.ndarray]
+    curves: EquityCurves
+
+    @cached_property
+    def equity_columns(self) -> dict[str, np.ndarray]:
+        """The ``equity`` table's columns (built on first use from ``curves``)."""
+        counts = self.curves.counts
+        columns = {name: np.repeat(self.metric_columns[name], counts) for name in KEY_COLUMNS}
+        columns.update(
+            time=self.curves.times, equity=self.curves.equity,
+            side=self.curves.side.astype(np.int64),
+        )  # fmt: skip
+        return columns
 
     @property
     def trades(self) -> Any:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from atc_stream.core import inputs, output_row
-from atc_stream.core.backtest_result import BacktestResult
+from atc_stream.core.backtest_result import BacktestResult, EquityCurves
 from atc_stream.core.params import ATCParams
 from atc_stream.core.schema import ready_bar
 from atc_stream.core.strategy import EXIT_REASONS, Strategy
@@ -91,7 +91,7 @@ def backtest(
     return BacktestResult(
         _trade_columns(out, keys, bar_series, padded_times),
         _metric_columns(out, keys),
-        _equity_columns(out, keys, bar_series, padded_times, lengths),
+        _curves(out, bar_series, padded_times, lengths),
     )
 
 
@@ -299,13 +299,12 @@ def _metric_columns(out, keys) -> dict[str, np.ndarray]:
     return columns
 
 
-def _equity_columns(out, keys, bar_series, times, lengths) -> dict[str, np.ndarray]:
-    kept = np.arange(times.shape[1])[None, :] < lengths[bar_series][:, None]
-    stream = np.repeat(np.arange(bar_series.shape[0]), kept.sum(axis=1))
-    columns = {name: values[stream] for name, values in keys.items()}
-    columns.update(
-        time=times[bar_series][kept],
+def _curves(out, bar_series, times, lengths) -> EquityCurves:
+    counts = lengths[bar_series]
+    kept = np.arange(times.shape[1])[None, :] < counts[:, None]
+    return EquityCurves(
+        starts=np.r_[0, np.cumsum(counts)].astype(np.int64),
+        times=times[bar_series][kept],
         equity=out["equity"][kept],
-        side=out["held"][kept].astype(np.int64),
+        side=out["held"][kept],
     )
-    return columns

@@ -16,7 +16,7 @@ from atc_stream.app.durability import check_backend, load_cpu_kernels
 from atc_stream.app.extras import require
 from atc_stream.app.grid import Grid, GridError, load_grid
 from atc_stream.app.jobs.replay import bars_interval, check_interval_option
-from atc_stream.app.jobs.sweep_output import SweepOutput
+from atc_stream.app.jobs.sweep_output import SweepOutput, TradesFile
 from atc_stream.app.jobs.sweep_ray import sweep_on_ray
 from atc_stream.app.ranking import (
     KEYS,
@@ -27,13 +27,17 @@ from atc_stream.app.ranking import (
     rank,
     side_by_side,
 )
-from atc_stream.app.sweep_blocks import sweep_block, symbol_groups
+from atc_stream.app.sweep_blocks import (
+    CHUNK_STREAMS,
+    plan_blocks,
+    shift_ids,
+    streams_per_call,
+    sweep_block,
+)
 from atc_stream.core.timetext import text_to_ms
 from atc_stream.io.ohlc import OhlcTable, read_ohlc
 from atc_stream.io.readers import InputError, infer_interval
 
-#: Streams per backtest call (whole symbols: every set of the grid for each symbol).
-CHUNK_STREAMS = 4096
 #: Columns of the printed table, after the ids and the grid's varied keys.
 SHOWN = ("total_return", "max_drawdown", "win_rate", "trades", "exposure")
 
@@ -57,7 +61,9 @@ def run_sweep(
     """Backtest the grid over the bars of ``data``, write OUTDIR's tables, print the top
     sets on stdout; the exit status. ``ray``: the blocks run as tasks of a Ray cluster
     (``ray_address``, or a local one), trades written as a Parquet dataset. ``interval``
-    labels the rows (None: inferred from the bars' spacing, as ``replay`` does)."""
+    labels the rows (None: inferred from the bars' spacing, as ``replay`` does). A
+    backtest call takes at most ``chunk_streams`` streams, fewer with long histories
+    (``sweep_blocks.streams_per_call``)."""
     if ray_address is not None and not ray:
         raise OptionError("--ray-address needs --ray", "--ray-address")
     if ray:
@@ -92,21 +98,27 @@ def run_sweep(
     if not ray and backend != "cuda":
         load_cpu_kernels(strategies=True, progress=progress)  # not in the sweep's time
     started = time.perf_counter()
-    trades: pa.Table | None = None
+    chunk = streams_per_call(bars, chunk_streams)
+    trades: TradesFile | None = None
     if ray:
         n_trades, metrics = _sweep_on_ray(
-            bars, sets, split, backend, label, progress, chunk_streams, ray_address,
+            bars, sets, split, backend, label, progress, chunk, ray_address,
             output.staged_trades,
         )  # fmt: skip
     else:
+        trades = output.trades_file()
         try:
-            trades, metrics = _sweep(bars, sets, split, backend, label, progress, chunk_streams)
-        except MemoryError:  # a chunk holds every set of its symbols over all their bars
+            metrics = _sweep(bars, sets, split, backend, label, progress, chunk, trades)
+        except MemoryError:
+            trades.discard()
             raise RunError(
                 f"out of memory sweeping {sets.sets} sets over {len(bars)} bars; give fewer "
                 "sets, or fewer symbols or bars per run"
             ) from None
-        n_trades = trades.num_rows
+        except BaseException:
+            trades.discard()
+            raise
+        n_trades = trades.rows
     elapsed = time.perf_counter() - started
     periods = ("train", "test") if split is not None else ("all",)
     metrics = _ordered(metrics, periods)
@@ -160,23 +172,30 @@ def _split_time(text: str | None, time_unit: str) -> int | None:
 
 def _sweep(
     bars: OhlcTable, sets: Grid, split: int | None, backend: str, interval: str,
-    progress: bool, chunk: int,
-) -> tuple[pa.Table, pa.Table]:  # fmt: skip
-    """Trades and metrics (``period`` column) of every stream, symbols run in chunks."""
+    progress: bool, chunk: int, trades: TradesFile,
+) -> pa.Table:  # fmt: skip
+    """Metrics (``period`` column) of every stream, the blocks of ``plan_blocks`` run one
+    after another; their trades go to ``trades`` as each block ends."""
     bar = _progress(len(bars.symbol_names) * sets.sets, progress)
-    trades, metrics = [], []
+    groups, blocks = plan_blocks(bars, sets, chunk)
+    metrics: list[pa.Table] = []
+    table, table_group = None, -1
     try:
-        for group in symbol_groups(bars, sets, chunk):
-            part = bars.take(np.isin(bars.symbols, group))
+        for block in blocks:
+            if block.group != table_group:
+                table = bars.take(np.isin(bars.symbols, groups[block.group])).to_arrow()
+                table_group = block.group
+            first_ids = (block.params.start, block.strategies.start)
             block_trades, block_metrics = sweep_block(
-                part.to_arrow(), sets.params, sets.strategies, split, backend, interval
-            )
-            trades.append(block_trades)
-            metrics += block_metrics
-            bar.update(len(group) * sets.sets)
+                table, sets.params[block.params], sets.strategies[block.strategies], split,
+                backend, interval,
+            )  # fmt: skip
+            trades.write(shift_ids(block_trades, first_ids))
+            metrics += [shift_ids(m, first_ids) for m in block_metrics]
+            bar.update(block.streams)
     finally:
         bar.close()
-    return pa.concat_tables(trades), pa.concat_tables(metrics)
+    return pa.concat_tables(metrics)
 
 
 def _with_varied(ranking: pa.Table, sets: Grid) -> pa.Table:

@@ -8,7 +8,9 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 from pathlib import Path
+from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -64,8 +66,14 @@ class SweepOutput:
         except OSError as exc:
             raise RunError(f"cannot write {self.outdir}: {exc}") from None
 
-    def finish(self, tables: dict[str, pa.Table | None]) -> None:
-        """Replace the tables (``trades`` None: the staged dataset) and mark the set complete.
+    def trades_file(self) -> TradesFile:
+        """``trades.parquet``, written block by block under a temporary name; ``finish``
+        renames it into place when given it as the ``trades`` table."""
+        return TradesFile(self.outdir / "trades.parquet")
+
+    def finish(self, tables: dict[str, pa.Table | TradesFile | None]) -> None:
+        """Replace the tables (``trades`` None: the staged dataset; a ``TradesFile``: that
+        file) and mark the set complete.
 
         A kill before the marker is written leaves no marker: the files may then be of
         two runs, and the next sweep into OUTDIR replaces every one of them.
@@ -82,6 +90,9 @@ class SweepOutput:
                     continue
                 if final.is_dir():  # a --ray dataset: a file cannot be renamed over it
                     self._replace_dir(None, final)
+                if isinstance(table, TradesFile):
+                    table.close()
+                    continue
                 with atomic_file(final, f".{name}.parquet.") as f:
                     pq.write_table(table, f)
             with atomic_file(marker, f".{MARKER}.") as f:
@@ -103,6 +114,45 @@ class SweepOutput:
             os.replace(new, final)
         fsync_dir(self.outdir)
         _remove(old)
+
+
+class TradesFile:
+    """A Parquet file written a table at a time (one row group each), so that a sweep holds
+    one block's trades, not all of them; it appears at ``final`` on ``close``, complete
+    (``atomic_file``: a kill before leaves only a temporary file that the next
+    ``SweepOutput.begin`` removes). ``discard`` removes the temporary file."""
+
+    def __init__(self, final: Path) -> None:
+        self._stack = contextlib.ExitStack()
+        try:
+            self._file: BinaryIO = self._stack.enter_context(atomic_file(final, f".{final.name}."))
+        except OSError as exc:
+            raise RunError(f"cannot write {final}: {exc}") from None
+        self._writer: pq.ParquetWriter | None = None
+        self.rows = 0
+
+    def write(self, table: pa.Table) -> None:
+        """Append ``table`` (the first table's schema is the file's)."""
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self._file, table.schema)
+        self._writer.write_table(table.cast(self._writer.schema))
+        self.rows += table.num_rows
+
+    def close(self) -> None:
+        """Finish the file and rename it into place (synced)."""
+        if self._writer is None:
+            raise RuntimeError("TradesFile.close() before any table was written")
+        self._writer.close()
+        self._stack.close()
+
+    def discard(self) -> None:
+        """Remove the temporary file; called while handling the error that ends the
+        sweep, which ``atomic_file`` is given (it removes its file on any error)."""
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                self._writer.close()
+        with contextlib.suppress(OSError):
+            self._stack.__exit__(*sys.exc_info())
 
 
 def write_synced(table: pa.Table, path: Path) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,45 +17,10 @@ from atc_stream.app.grid import Grid
 from atc_stream.app.jobs.sweep_output import write_synced
 from atc_stream.app.ranking import KEYS
 from atc_stream.app.ray_connect import connect
-from atc_stream.app.sweep_blocks import sweep_block, symbol_groups
+from atc_stream.app.sweep_blocks import Block, plan_blocks, shift_ids, sweep_block
 from atc_stream.core.errors import first_line
 from atc_stream.io.ohlc import OhlcTable
 from atc_stream.kernels.threads import numba_config, set_default_threads
-
-
-@dataclass(frozen=True)
-class Block:
-    """One Ray task: a chunk of symbols with a slice of the parameter sets and strategies."""
-
-    index: int
-    group: int  #: the symbol chunk (``symbol_groups``) it belongs to
-    params: slice
-    strategies: slice
-    streams: int
-
-
-def plan_blocks(bars: OhlcTable, sets: Grid, chunk: int) -> tuple[list[np.ndarray], list[Block]]:
-    """The symbol chunks of the one-process sweep, and the blocks that run them: a chunk
-    is one block, unless one symbol alone has more than ``chunk`` streams; then its
-    parameter sets (and strategies, if they alone exceed ``chunk``) are cut in slices."""
-    groups = symbol_groups(bars, sets, chunk)
-    n_par, n_str = len(sets.params), len(sets.strategies)
-    per_str = min(n_str, max(1, chunk))
-    per_par = max(1, chunk // per_str)
-    blocks: list[Block] = []
-    for g, group in enumerate(groups):
-        if len(group) * sets.sets <= chunk:
-            cuts = [(slice(0, n_par), slice(0, n_str))]
-        else:
-            cuts = [
-                (slice(p, min(p + per_par, n_par)), slice(s, min(s + per_str, n_str)))
-                for p in range(0, n_par, per_par)
-                for s in range(0, n_str, per_str)
-            ]
-        for par, strat in cuts:
-            streams = len(group) * (par.stop - par.start) * (strat.stop - strat.start)
-            blocks.append(Block(len(blocks), g, par, strat, streams))
-    return groups, blocks
 
 
 def run_block(
@@ -72,16 +36,7 @@ def run_block(
     set_default_threads(cpus)  # the ATC kernels
     numba.set_num_threads(cpus)  # the backtest kernel's prange
     trades, metrics = sweep_block(table, params, strategies, split, backend, interval)
-    return _shift_ids(trades, first_ids), [_shift_ids(m, first_ids) for m in metrics]
-
-
-def _shift_ids(table: pa.Table, first_ids: tuple[int, int]) -> pa.Table:
-    for name, first in zip(("params_id", "strategy_id"), first_ids, strict=True):
-        if first:
-            i = table.schema.get_field_index(name)
-            column = pa.compute.add(table.column(name), pa.scalar(first, table.schema[i].type))
-            table = table.set_column(i, name, column)
-    return table
+    return shift_ids(trades, first_ids), [shift_ids(m, first_ids) for m in metrics]
 
 
 def sweep_on_ray(
