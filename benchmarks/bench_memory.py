@@ -48,12 +48,14 @@ def make_bars(directory: Path, n_symbols: int, n_bars: int) -> tuple[Path, Path,
     return csv_path, parquet_path, blocks_path
 
 
-#: Runs a command and prints its peak RSS (KiB) and exit status. Measuring through this
-#: small process matters: Linux starts a child's ``ru_maxrss`` at the RSS of the process
-#: that forked it (the hiwater mark of the image replaced at exec), and this benchmark
-#: holds the generated tables and the old loader's lists (3 GB at 8 M rows).
+#: Runs a command (its stdout dropped) and prints its peak RSS (KiB) and exit status.
+#: Measuring through this small process matters: Linux starts a child's ``ru_maxrss`` at
+#: the RSS of the process that forked it (the hiwater mark of the image replaced at
+#: exec), and a benchmark holds its generated tables (the old loader's lists: 3 GB at
+#: 8 M rows).
 _PEAK_OF = (
-    "import os, subprocess, sys; p = subprocess.Popen(sys.argv[1:]); "
+    "import os, subprocess, sys; "
+    "p = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL); "
     "_, status, usage = os.wait4(p.pid, 0); print(usage.ru_maxrss, status)"
 )
 
@@ -65,20 +67,28 @@ def replay_peak(path: Path, work: Path, pythonpath: str | None = None) -> tuple[
     args = [sys.executable, "-m", "atc_stream", "replay", str(path), "--no-progress"]
     args += ["--backend", "cpu", "--warmup", "1000", "-o", str(out)]
     args += ["--snapshot-dir", str(snaps), "--snapshot-every", "500000"]
-    started = time.perf_counter()
+    peak, seconds, _ = peak_rss(args, work, pythonpath, f"replay of {path}")
+    sizes = [p.stat().st_size for p in snaps.glob("*.atcsnap")]
+    return peak, seconds, max(sizes)
+
+
+def peak_rss(args: list[str], work: Path, pythonpath: str | None, what: str):
+    """(peak RSS MB, seconds, stderr) of ``args`` run in a fresh process in ``work`` (not
+    this checkout, which ``-m`` would put first), stdout dropped; ``pythonpath``: another
+    checkout's atc_stream (before/after comparisons). Exits naming ``what`` if it fails."""
     env = dict(os.environ)
-    if pythonpath:  # another checkout's atc_stream (before/after comparisons)
+    if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [pythonpath, env.get("PYTHONPATH")]))
-    proc = subprocess.run(  # cwd: not this checkout, which ``-m`` would put first
+    started = time.perf_counter()
+    proc = subprocess.run(
         [sys.executable, "-c", _PEAK_OF, *args], capture_output=True, text=True, env=env,
         cwd=work,
     )  # fmt: skip
     seconds = time.perf_counter() - started
     peak_kib, status = (int(x) for x in proc.stdout.split())
     if status != 0:
-        raise SystemExit(f"replay of {path} failed ({status}):\n{proc.stderr}")
-    sizes = [p.stat().st_size for p in snaps.glob("*.atcsnap")]
-    return peak_kib / 1024, seconds, max(sizes)
+        raise SystemExit(f"{what} failed ({status}):\n{proc.stderr}")
+    return peak_kib / 1024, seconds, proc.stderr
 
 
 def old_loader(path: Path) -> int:

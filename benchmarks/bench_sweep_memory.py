@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from bench_memory import peak_rss
 
 GRID = """
 [atc]
@@ -33,12 +33,6 @@ stop = [0.01, 0.02]
 take_profit = [0.0, 0.05]
 fee_bps = [5, 10]
 """
-#: Runs a command (its stdout dropped) and prints its peak RSS (KiB) and exit status: a
-#: child's ``ru_maxrss`` starts at its parent's, so the parent is this small process.
-PEAK_OF = (
-    "import os, subprocess, sys; p = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL);"
-    " _, status, usage = os.wait4(p.pid, 0); print(usage.ru_maxrss, status)"
-)
 SYMBOLS = 2
 MINUTE = 60_000
 START = 1_704_067_200_000  # 2024-01-01
@@ -69,19 +63,8 @@ def sweep_peak(data: Path, grid: Path, work: Path, split: str | None, pythonpath
     args += ["-o", str(work / "out"), "--no-progress", "--backend", "cpu"]
     if split:
         args += ["--train-until", split]
-    env = dict(os.environ)
-    if pythonpath:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [pythonpath, env.get("PYTHONPATH")]))
-    started = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-c", PEAK_OF, *args], capture_output=True, text=True, env=env,
-        cwd=work,
-    )  # fmt: skip
-    seconds = time.perf_counter() - started
-    peak_kib, status = (int(x) for x in proc.stdout.split())
-    if status != 0:
-        raise SystemExit(f"sweep of {data} failed ({status}):\n{proc.stderr}")
-    return peak_kib / 1024, seconds, proc.stderr.strip().splitlines()[-1]
+    peak, seconds, stderr = peak_rss(args, work, pythonpath, f"sweep of {data}")
+    return peak, seconds, stderr.strip().splitlines()[-1]
 
 
 def main() -> None:
