@@ -389,6 +389,25 @@ def test_a_sweep_out_of_memory_is_one_line(capsys, tmp_path, sweep_files, monkey
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # the trades' temporary file too
 
 
+def test_a_full_disk_while_trades_are_written_is_one_line(
+    capsys, tmp_path, sweep_files, monkeypatch
+):
+    """A disk cannot be filled here: the Parquet writer fails as a full one makes it."""
+    import pyarrow.parquet as parquet
+
+    def full(self, table, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(parquet.ParquetWriter, "write_table", full)
+    data, grid = sweep_files
+    out = tmp_path / "out"
+    args = ["sweep", str(data), "--grid", str(grid), "-o", str(out), "--no-progress"]
+    code, _, stderr = run_cli(capsys, [*args, "--backend", "cpu"])
+    assert code == 2 and len(stderr.strip().splitlines()) == 1, stderr
+    assert f"cannot write {out / 'trades.parquet'}: [Errno 28] No space left" in stderr
+    assert sorted(p.name for p in out.iterdir()) == []
+
+
 def test_a_sweep_stopped_between_blocks_leaves_no_temporary_file(
     tmp_path, sweep_files, monkeypatch
 ):

@@ -123,6 +123,7 @@ class TradesFile:
     ``SweepOutput.begin`` removes). ``discard`` removes the temporary file."""
 
     def __init__(self, final: Path) -> None:
+        self.final = final
         self._stack = contextlib.ExitStack()
         try:
             self._file: BinaryIO = self._stack.enter_context(atomic_file(final, f".{final.name}."))
@@ -133,9 +134,12 @@ class TradesFile:
 
     def write(self, table: pa.Table) -> None:
         """Append ``table`` (the first table's schema is the file's)."""
-        if self._writer is None:
-            self._writer = pq.ParquetWriter(self._file, table.schema)
-        self._writer.write_table(table.cast(self._writer.schema))
+        try:
+            if self._writer is None:
+                self._writer = pq.ParquetWriter(self._file, table.schema)
+            self._writer.write_table(table.cast(self._writer.schema))
+        except OSError as exc:  # a full disk, a lost mount
+            raise RunError(f"cannot write {self.final}: {exc}") from None
         self.rows += table.num_rows
 
     def close(self) -> None:
