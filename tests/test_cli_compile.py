@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -45,6 +46,31 @@ def test_threads_option_gives_the_same_rows(tmp_path):
     expected = compute(closes)["signal"]
     got = np.array([r["signal"] for r in rows["1"]], dtype=float)
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-9, equal_nan=True)
+
+
+def test_ctrl_c_during_a_first_compile_is_one_line_and_exit_130(tmp_path):
+    """SIGINT while the kernels compile (an empty cache: minutes of work) ends the command
+    as every other one ends on Ctrl-C, with one line and status 130; what the compile
+    left half built is dropped quietly, not reported as a traceback on the way out."""
+    import os
+    import signal
+
+    env = {**os.environ, "ATC_STREAM_CACHE_DIR": str(tmp_path)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "atc_stream", "compile"], stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        first = process.stderr.readline()
+        assert "compiling kernels (first run only)" in first, first
+        time.sleep(1.0)  # inside the compiler, not before it
+        process.send_signal(signal.SIGINT)
+        _, rest = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, first + rest
+    assert rest == "atc-stream: interrupted\n", first + rest
 
 
 def test_bad_threads_value_is_a_usage_error():

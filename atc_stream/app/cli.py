@@ -16,7 +16,7 @@ import typer
 
 from atc_stream.app.cluster_cli import cluster_app
 from atc_stream.app.config_file import load_config_file
-from atc_stream.app.console import PROGRAM, OptionError, RunError, err, error, lines_are_logged
+from atc_stream.app.console import PROGRAM, OptionError, RunError, error, lines_are_logged
 from atc_stream.app.defaults import INTERVAL, REDIS_PREFIX
 from atc_stream.app.logs import LogFormat, use_log_format
 from atc_stream.app.options import (
@@ -97,13 +97,14 @@ def compile_kernels() -> None:
     """Compile the CPU kernels into the on-disk cache now (e.g. in a Docker build step)."""
     from atc_stream.app.jobs.compile import run_compile
 
-    raise typer.Exit(run_compile())
+    _run_job(run_compile)
 
 
 @contextmanager
 def _user_errors():
     """Errors meant for the user (bad option, unusable output, refused resume) become one
     line on stderr and exit status 2, never a traceback."""
+    from atc_stream.app.console import interrupted
     from atc_stream.io.writers import OutputError
 
     try:
@@ -111,8 +112,8 @@ def _user_errors():
     except (RunError, OutputError) as exc:
         error(str(exc))
         raise typer.Exit(2) from None
-    except KeyboardInterrupt:  # typer would end the command with 130 and not a word
-        err(f"{PROGRAM}: interrupted")
+    except KeyboardInterrupt as exc:  # typer would end the command with 130 and not a word
+        interrupted(exc)
         raise typer.Exit(130) from None
 
 

@@ -8,6 +8,7 @@ With ``--log-format json`` (``app.logs``) those lines go to a sink that logs the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -75,6 +76,27 @@ def err(
 def error(message: str) -> None:
     """The one line of an error that ends the command."""
     err(f"{PROGRAM}: error: {message}", level="error")
+
+
+def interrupted(exc: KeyboardInterrupt) -> None:
+    """The line of a command stopped by Ctrl-C. Work cut short mid-call (a kernel compile)
+    can leave objects half built in the frames it unwound, whose finalizers then fail and
+    print tracebacks as the process exits: those frames are emptied now, with such
+    failures unreported, so the line stays the command's only one."""
+    import gc
+
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda _: None
+    try:
+        tb = exc.__traceback__
+        while tb is not None:
+            with contextlib.suppress(RuntimeError):  # a frame still running keeps its locals
+                tb.tb_frame.clear()
+            tb = tb.tb_next
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    err(f"{PROGRAM}: interrupted")
 
 
 def stderr_is_terminal() -> bool:

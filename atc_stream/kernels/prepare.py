@@ -5,10 +5,15 @@ Design: docs/design/kernels.md, "Compiling before work".
 
 from __future__ import annotations
 
+import _thread
+import contextlib
+import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 FIRST_RUN_MESSAGE = "compiling kernels (first run only)"
 
@@ -96,11 +101,44 @@ def prepare_kernels(
         report(f"{FIRST_RUN_MESSAGE}; cached in {directory} ...")
     calls = CALLS_PER_EXERCISE if strategies else ATC_CALLS_PER_EXERCISE
     description = FIRST_RUN_MESSAGE if first_run else "loading kernels"
-    with _phase_bar(progress, description, 2 * calls) as bar:
+    with _interrupts_kept(), _phase_bar(progress, description, 2 * calls) as bar:
         exercise(1, bar.update)
         exercise(_pool_threads(), bar.update)
     compiled = _cache_misses(strategies) > misses_before or directory is None
     return PrepareReport(compiled, time.perf_counter() - started, directory)
+
+
+@contextlib.contextmanager
+def _interrupts_kept() -> Iterator[None]:
+    """Ctrl-C while LLVM compiles: the first Python code to run after it is often one of
+    llvmlite's ctypes callbacks, where the ``KeyboardInterrupt`` is only reported (a
+    traceback on stderr) and the compile goes on for minutes, or fails for the callback's
+    work left undone. Such an interrupt is not reported but stops the compile."""
+    previous = sys.unraisablehook
+    again: list[threading.Timer] = []
+
+    def hook(unraisable: Any) -> None:
+        if unraisable.exc_type is None or not issubclass(unraisable.exc_type, KeyboardInterrupt):
+            previous(unraisable)
+        elif not (again and again[-1].is_alive()):  # one lost again: delivered again
+            # a moment later, from another thread: delivered now, it would be raised in
+            # this hook, still inside the callback, and be lost the same way
+            timer = threading.Timer(0.05, _thread.interrupt_main)
+            timer.daemon = True
+            timer.start()
+            again.append(timer)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    except Exception:
+        if not again:
+            raise
+        raise KeyboardInterrupt from None  # a failure of what the lost interrupt cut short
+    finally:
+        for timer in again:
+            timer.cancel()
+        sys.unraisablehook = previous
 
 
 class _NoBar:
