@@ -136,6 +136,7 @@ class KlineClient:
         self._state = {s: SymbolState(last=t) for s, t in self._engine_lasts(names).items()}
         self._engine_rejections_at_start = Counter(engine.rejections)
         self._pending: list[Kline] = []  # closed klines for the next step, in order
+        self._pending_from_rest: set[int] = set()  # id() of those REST brought
         self._preview_symbols: set[str] = set()
         self._stopper: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
         self.rest: KlineHistory | None = None  #: the REST client of the latest ``run``
@@ -185,7 +186,8 @@ class KlineClient:
         status_every: float = 1.0,
     ) -> LiveStats:
         """Subscribe, warm up / backfill, and stream until ``stop()``, ``max_seconds`` or
-        ``max_bars`` closed bars applied after warmup. Returns the statistics."""
+        exactly ``max_bars`` closed bars applied after warmup (backfilled ones too).
+        Returns the statistics."""
         import aiohttp
 
         if max_bars is not None and max_bars < 1:
@@ -398,7 +400,7 @@ class KlineClient:
                 cut += 1
             if cut:
                 warm[symbol] = closed[max(0, cut - history) : cut]
-                series[symbol] = self._series(warm[symbol])
+                series[symbol] = self._stepper.series(warm[symbol])
             later[symbol] = closed[cut:]
         if series:
             result = self.engine.warmup(series)
@@ -411,11 +413,7 @@ class KlineClient:
         for symbol, _ in histories:
             st = self._state[symbol]
             st.warming = False
-            for k in later[symbol]:
-                if st.last is None or k.open_time > st.last:
-                    self._pending.append(k)
-                    st.last = k.open_time
-                    self.stats.backfilled_bars += 1
+            self._queue_from_rest(st, later[symbol])
             self._release(io, st)
         self._warming -= len(histories)
         if self._warming <= 0 and self._warmed is not None:
@@ -469,9 +467,10 @@ class KlineClient:
                 elif warmups:
                     self._on_warmups(io, warmups)
                     warmups = []
-            self._flush()
+            self._flush(None if max_bars is None else max_bars - self.stats.bars)
             if max_bars is not None and self.stats.bars >= max_bars:
                 stop.set()
+                return  # another batch would apply bars past ``max_bars``
             await asyncio.sleep(0)
 
     def _dispatch(self, io: RunIO, k: Kline, released: bool = False) -> bool:
@@ -549,20 +548,6 @@ class KlineClient:
             self._preview_symbols.add(k.symbol)
         return False
 
-    def _bar(self, k: Kline) -> tuple:
-        """The engine's update of an in-progress kline: with strategies, its OHLC too."""
-        if self._ohlc:
-            return (k.symbol, k.open_time, k.open, k.high, k.low, k.close)
-        return (k.symbol, k.open_time, k.close)
-
-    def _series(self, klines: list[Kline]) -> tuple[np.ndarray, ...]:
-        """A warmup history of closed klines: ``(times, closes)``, with strategies
-        ``(times, opens, highs, lows, closes)``."""
-        times = np.array([k.open_time for k in klines], np.int64)
-        fields = ("open", "high", "low", "close") if self._ohlc else ("close",)
-        prices = (np.array([getattr(k, f) for k in klines], np.float64) for f in fields)
-        return (times, *prices)
-
     def _hold(self, st: SymbolState, k: Kline) -> None:
         if not k.closed:
             if st.held_preview is not None:
@@ -626,14 +611,19 @@ class KlineClient:
             )
             return
         st.failures = 0
-        for k in done.bars:
-            if st.last is None or k.open_time > st.last:
-                self._pending.append(k)
-                st.last = k.open_time
-                self.stats.backfilled_bars += 1
+        self._queue_from_rest(st, done.bars)
         if done.bound is not None:
             st.filled_until = max(st.filled_until or done.bound, done.bound)
         self._release(io, st)
+
+    def _queue_from_rest(self, st: SymbolState, klines: list[Kline]) -> None:
+        """Queues for the next step the closed klines from REST after ``st``'s last bar."""
+        for k in klines:
+            if st.last is None or k.open_time > st.last:
+                self._pending.append(k)
+                self._pending_from_rest.add(id(k))
+                st.last = k.open_time
+                self.stats.backfilled_bars += 1
 
     def _release(self, io: RunIO, st: SymbolState) -> None:
         """Dispatches the klines held while REST was asked, in order (those it brought
@@ -645,30 +635,21 @@ class KlineClient:
         if preview is not None:
             self._dispatch(io, preview, released=True)
 
-    def _flush(self) -> None:
-        if self._pending:
-            klines, self._pending = self._pending, []
-            started = time.perf_counter()
-            result, newest = self._stepper.step(klines)
-            self.stats.step_seconds.observe(time.perf_counter() - started)
-            rejected = {r.index for r in result.rejected}
-            if self.on_bars is not None:
-                self.on_bars([k for i, k in enumerate(klines) if i not in rejected])
-            applied = len(klines) - len(rejected)
-            self.stats.bars += applied
-            if rejected:  # resync with what the engine holds: a later kline refetches them
-                lasts = self._engine_lasts({klines[i].symbol for i in rejected})
-                for symbol, last in lasts.items():
-                    self._state[symbol].last = last
-            now = self.clock_ms()
-            self.stats.last_bar_lag_ms = float(now - next_open(newest, self.interval))
-            self.bursts.stepped(newest, now, burst=bool(self._arrived))
-            if self._arrived:  # the results are handed to the publisher now
-                arrived, self._arrived = np.array(self._arrived), []
-                self.stats.kline_to_publish_seconds.observe_many(time.perf_counter() - arrived)
-            self._emit(result)
-            if self.snapshotter is not None:
-                self.snapshotter.maybe_snapshot(applied, self.source_offsets)
+    def _flush(self, room: int | None = None) -> None:
+        """Steps the pending closed klines, at most ``room`` applied (what ``max_bars``
+        leaves: the run then stops, the klines past it left to a resume), then previews."""
+        pending, self._pending = self._pending, []
+        from_rest, self._pending_from_rest = self._pending_from_rest, set()
+        room = len(pending) if room is None else room
+        while pending and room > 0:  # more than one step only when the engine rejects some
+            klines, pending = pending[:room], pending[room:]
+            room -= self._step(klines)
+        if pending:  # left to a resume: uncounted, each symbol back at the engine's last bar
+            rest = sum(id(k) in from_rest for k in pending)
+            self.stats.backfilled_bars -= rest
+            self.stats.closed_klines -= len(pending) - rest
+            for symbol, last in self._engine_lasts({k.symbol for k in pending}).items():
+                self._state[symbol].last, self._state[symbol].preview = last, None
         if self._preview_symbols:
             updates = []
             for symbol in sorted(self._preview_symbols):
@@ -677,10 +658,35 @@ class KlineClient:
                 if k is None or st.backfill is not None or st.warming:
                     continue
                 if st.last is None or k.open_time > st.last:
-                    updates.append(self._bar(k))
+                    updates.append(self._stepper.update(k))
             self._preview_symbols.clear()
             if updates:
                 result = self.engine.preview(updates)
                 self.stats.previews += len(updates)
                 if self.on_preview is not None:
                     self.on_preview(result)
+
+    def _step(self, klines: list[Kline]) -> int:
+        """Steps ``klines`` and emits their results; the number the engine applied."""
+        started = time.perf_counter()
+        result, newest = self._stepper.step(klines)
+        self.stats.step_seconds.observe(time.perf_counter() - started)
+        rejected = {r.index for r in result.rejected}
+        if self.on_bars is not None:
+            self.on_bars([k for i, k in enumerate(klines) if i not in rejected])
+        applied = len(klines) - len(rejected)
+        self.stats.bars += applied
+        if rejected:  # resync with what the engine holds: a later kline refetches them
+            lasts = self._engine_lasts({klines[i].symbol for i in rejected})
+            for symbol, last in lasts.items():
+                self._state[symbol].last = last
+        now = self.clock_ms()
+        self.stats.last_bar_lag_ms = float(now - next_open(newest, self.interval))
+        self.bursts.stepped(newest, now, burst=bool(self._arrived))
+        if self._arrived:  # the results are handed to the publisher now
+            arrived, self._arrived = np.array(self._arrived), []
+            self.stats.kline_to_publish_seconds.observe_many(time.perf_counter() - arrived)
+        self._emit(result)
+        if self.snapshotter is not None:
+            self.snapshotter.maybe_snapshot(applied, self.source_offsets)
+        return applied

@@ -1,4 +1,5 @@
-"""Closed klines as one ``Engine.step_arrays`` call, each symbol's slots looked up once."""
+"""Klines as engine input: closed ones as one ``Engine.step_arrays`` call (each symbol's
+slots looked up once), in-progress ones as preview updates, histories as warmup series."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ _SYMBOL, _OPEN_TIME, _OPEN, _HIGH, _LOW, _CLOSE = (itemgetter(i) for i in (0, 1,
 class KlineStepper:
     """Steps ``engine`` with closed klines of ``symbols`` as slot, time and price arrays:
     the engine's per-item parsing of ``(symbol, time, close)`` tuples is left out.
-    ``ohlc``: the engine trades strategies, so open, high and low go with the close."""
+    ``ohlc``: the engine trades strategies, so open, high and low go with the close (in
+    the steps, the preview updates of ``update`` and the warmup series of ``series``)."""
 
     def __init__(self, engine: Engine, symbols: Sequence[str], ohlc: bool) -> None:
         self.engine = engine
@@ -27,6 +29,20 @@ class KlineStepper:
         self._slots = {s: engine.slots_of(s).tolist() for s in symbols}
         single = all(len(slots) == 1 for slots in self._slots.values())
         self._single_slot = {s: slots[0] for s, slots in self._slots.items()} if single else None
+
+    def update(self, k: Kline) -> tuple:
+        """The engine's update of an in-progress kline: with strategies, its OHLC too."""
+        if self.ohlc:
+            return (k.symbol, k.open_time, k.open, k.high, k.low, k.close)
+        return (k.symbol, k.open_time, k.close)
+
+    def series(self, klines: list[Kline]) -> tuple[np.ndarray, ...]:
+        """A warmup history of closed klines: ``(times, closes)``, with strategies
+        ``(times, opens, highs, lows, closes)``."""
+        times = np.array([k.open_time for k in klines], np.int64)
+        fields = ("open", "high", "low", "close") if self.ohlc else ("close",)
+        prices = (np.array([getattr(k, f) for k in klines], np.float64) for f in fields)
+        return (times, *prices)
 
     def step(self, klines: list[Kline]) -> tuple[StepResult, int]:
         """One step of ``klines`` (rejections index ``klines``) and their newest open time.
