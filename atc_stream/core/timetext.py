@@ -20,6 +20,7 @@ __all__ = [
     "ISO_PATTERN",
     "INT_PATTERN",
     "MAX_TIME_CHARS",
+    "MAX_TIME_MS",
     "EpochUnit",
     "EpochUnitError",
     "epoch_bands",
@@ -57,6 +58,10 @@ ISO_PATTERN = re.compile(ISO_REGEX, re.ASCII)
 INT_PATTERN = re.compile(r"[+-]?\d+", re.ASCII)
 #: Longer cells are refused without a look (no valid time comes close).
 MAX_TIME_CHARS = 64
+#: The latest time a bar may have (epoch ms): 9999-12-31T23:59:59.999Z, the end of the
+#: years ISO text can name. A later one is a broken value, and once applied it would make
+#: every real bar of its stream "not after" it; earlier ones, before 1970 too, are fine.
+MAX_TIME_MS = 253_402_300_799_999
 _NS_PER_MS = 1_000_000
 _FIELDS = ("year", "month", "day", "hour", "minute", "second", "zone_hour", "zone_minute")
 

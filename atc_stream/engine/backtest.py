@@ -13,6 +13,7 @@ from atc_stream.core.backtest_result import BacktestResult, EquityCurves
 from atc_stream.core.params import ATCParams
 from atc_stream.core.schema import ready_bar
 from atc_stream.core.strategy import EXIT_REASONS, Strategy
+from atc_stream.core.timetext import MAX_TIME_MS
 from atc_stream.engine.backends import make_backend
 from atc_stream.kernels.backtest_cpu import run_backtest
 from atc_stream.state import strategy_layout as SL
@@ -201,7 +202,15 @@ def _symbol_codes(raw: Any) -> _Symbols:
 
 
 def _check_prices(symbols: _Symbols, times: np.ndarray, prices: dict[str, np.ndarray]):
-    """Raise naming the first bar ``inputs.bad_ohlc`` refuses and the check it fails."""
+    """Raise naming the first bar ``inputs.bad_ohlc`` refuses and the check it fails, or
+    the first time past ``MAX_TIME_MS`` (the engine rejects those too)."""
+    late = np.flatnonzero(times > MAX_TIME_MS)
+    if late.size:
+        i = int(late[0])
+        raise ValueError(
+            f"bars row {i} (symbol {symbols[i]!r}): time {int(times[i])} is after "
+            "9999-12-31T23:59:59.999Z, the latest a bar may have"
+        )
     o, h, lo, c = (prices[name] for name in PRICE_COLUMNS)
     bad = np.flatnonzero(inputs.bad_ohlc(o, h, lo, c))
     if bad.size:

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from atc_stream.core.errors import first_line
 from atc_stream.core.inputs import bad_ohlc
 from atc_stream.core.intervals import interval_label
-from atc_stream.core.timetext import EpochUnit, EpochUnitError, parse_time_column
+from atc_stream.core.timetext import MAX_TIME_MS, EpochUnit, EpochUnitError, parse_time_column
 
 #: Cells longer than this are rejected (``oversized_field``); no valid cell comes close.
 MAX_FIELD_CHARS = 1024
@@ -314,6 +314,7 @@ def _parse_batch(
         (~symbol_ok, "empty_symbol", symbols_text),
         (nul, "bad_symbol", symbols_text),
         (~time_ok, "bad_time", times_text),
+        (times > MAX_TIME_MS, "time_out_of_range", times_text),
     ]
     prices = {}
     for name, text in prices_text.items():

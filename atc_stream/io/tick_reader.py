@@ -17,7 +17,7 @@ import pyarrow.csv as pcsv
 import pyarrow.dataset as ds
 
 from atc_stream.core.errors import first_line
-from atc_stream.core.timetext import text_to_ms
+from atc_stream.core.timetext import MAX_TIME_MS, text_to_ms
 from atc_stream.io.readers import (
     MAX_FIELD_CHARS,
     REPORT_FIRST,
@@ -137,6 +137,8 @@ def _make_table(times, codes, names, prices, sizes, rejected: Counter) -> TickTa
             f"{n}, {codes.shape[0]}, {prices.shape[0]}, {sizes.shape[0]}"
         )
     times, time_ok = _to_times(times)
+    late = time_ok & (times > MAX_TIME_MS)
+    time_ok &= ~late
     prices = _to_float(prices)
     sizes = _to_float(sizes)
     names = list(names)
@@ -151,7 +153,8 @@ def _make_table(times, codes, names, prices, sizes, rejected: Counter) -> TickTa
     ok = symbol_ok & time_ok & price_ok & size_ok
     if not ok.all():
         rejected["bad_symbol"] += int((~symbol_ok).sum())
-        rejected["bad_time"] += int((symbol_ok & ~time_ok).sum())
+        rejected["bad_time"] += int((symbol_ok & ~time_ok & ~late).sum())
+        rejected["time_out_of_range"] += int((symbol_ok & late).sum())
         rejected["bad_price"] += int((symbol_ok & time_ok & ~price_ok).sum())
         rejected["bad_size"] += int((symbol_ok & time_ok & price_ok & ~size_ok).sum())
         times, codes, prices, sizes = times[ok], codes[ok], prices[ok], sizes[ok]
@@ -332,6 +335,7 @@ def _parse_ticks(path, columns, roles, line_of, default_symbol, time_unit, bad) 
     for ok, reason, role in (
         (symbol_ok, "bad_symbol", "symbol"),
         (time_ok, "bad_time", "time"),
+        (times <= MAX_TIME_MS, "time_out_of_range", "time"),
         (price_ok, "bad_price", "price"),
         (size_ok, "bad_size", "size"),
     ):

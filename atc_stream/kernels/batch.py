@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from atc_stream.core.timetext import MAX_TIME_MS
 from atc_stream.kernels.cache import cached_jit
 from atc_stream.state.layout import LAST_TIME
 
@@ -17,6 +18,7 @@ NON_FINITE_CLOSE = 2
 NON_POSITIVE_CLOSE = 3
 DUPLICATE_BAR = 4
 OUT_OF_ORDER_BAR = 5
+TIME_OUT_OF_RANGE = 6
 
 #: reason code -> name used in rejection counters and reports
 REASON_NAMES = {
@@ -25,6 +27,7 @@ REASON_NAMES = {
     NON_POSITIVE_CLOSE: "non_positive_close",
     DUPLICATE_BAR: "duplicate_bar",
     OUT_OF_ORDER_BAR: "out_of_order_bar",
+    TIME_OUT_OF_RANGE: "time_out_of_range",
 }
 
 
@@ -41,6 +44,8 @@ def _check_close_and_slot(slot, close, in_use):
 
 @cached_jit(njit(cache=True))
 def _time_reason(bar_time, last_time):
+    if bar_time > MAX_TIME_MS:
+        return TIME_OUT_OF_RANGE
     if bar_time == last_time:
         return DUPLICATE_BAR
     if bar_time < last_time:

@@ -26,14 +26,16 @@ _PACKAGE = Path(__file__).resolve().parents[1]
 
 #: Files whose content the compiled kernels depend on (relative to the package).
 #: ``kernels/core.py`` reads constants of ``core/params.py``, ``core/output_row.py`` and
-#: ``state/layout.py`` (``kernels/strategy.py`` those of ``state/strategy_layout.py``),
-#: which numba freezes into the machine code.
+#: ``state/layout.py`` (``kernels/strategy.py`` those of ``state/strategy_layout.py``,
+#: ``kernels/batch.py`` the latest bar time of ``core/timetext.py``), which numba freezes
+#: into the machine code.
 KERNEL_SOURCES = (
     "kernels/*.py",
     "state/layout.py",
     "state/strategy_layout.py",
     "core/params.py",
     "core/output_row.py",
+    "core/timetext.py",
 )
 
 
