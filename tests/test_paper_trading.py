@@ -18,6 +18,7 @@ from short_params import SHORT
 from atc_stream import ATCParams, Engine, Strategy, backtest
 from atc_stream.core.backtest_result import TRADE_COLUMNS
 from atc_stream.core.strategy_outputs import POSITION_COLUMNS, StrategyRows
+from atc_stream.core.timetext import MAX_TIME_MS
 from atc_stream.engine.paper import BAD_OHLC, MISSING_OHLC, parse_ohlc_bars
 from atc_stream.state.layout import LANES, RING_HEAD
 from atc_stream.state.snapshot import FORMAT_VERSION, decode_snapshot
@@ -408,7 +409,8 @@ def test_an_arrow_table_with_renamed_price_columns_steps_like_tuples(bars):
     assert got.trade_records() == want.trade_records()
     assert got.position_records() == want.position_records()
     assert_same_metrics_between(a, b)
-    bad = a.step([("AAA", 2**63, 1.0, 1.0, 1.0, 1.0), ["BBB", 2**62, 1.0, 1.0, 1.0, 1.0]])
+    # the latest time a bar may have is applied; one past int64 is not a time
+    bad = a.step([("AAA", 2**63, 1.0, 1.0, 1.0, 1.0), ["BBB", MAX_TIME_MS, 1.0, 1.0, 1.0, 1.0]])
     assert [r.reason for r in bad.rejected] == ["bad_time_type"]
 
 
