@@ -638,18 +638,8 @@ class KlineClient:
     def _flush(self, room: int | None = None) -> None:
         """Steps the pending closed klines, at most ``room`` applied (what ``max_bars``
         leaves: the run then stops, the klines past it left to a resume), then previews."""
-        pending, self._pending = self._pending, []
-        from_rest, self._pending_from_rest = self._pending_from_rest, set()
-        room = len(pending) if room is None else room
-        while pending and room > 0:  # more than one step only when the engine rejects some
-            klines, pending = pending[:room], pending[room:]
-            room -= self._step(klines)
-        if pending:  # left to a resume: uncounted, each symbol back at the engine's last bar
-            rest = sum(id(k) in from_rest for k in pending)
-            self.stats.backfilled_bars -= rest
-            self.stats.closed_klines -= len(pending) - rest
-            for symbol, last in self._engine_lasts({k.symbol for k in pending}).items():
-                self._state[symbol].last, self._state[symbol].preview = last, None
+        if self._pending:
+            self._step_pending(room)
         if self._preview_symbols:
             updates = []
             for symbol in sorted(self._preview_symbols):
@@ -665,6 +655,21 @@ class KlineClient:
                 self.stats.previews += len(updates)
                 if self.on_preview is not None:
                     self.on_preview(result)
+
+    def _step_pending(self, room: int | None) -> None:
+        """``_flush``'s steps: the pending klines, at most ``room`` of them applied."""
+        pending, self._pending = self._pending, []
+        from_rest, self._pending_from_rest = self._pending_from_rest, set()
+        room = len(pending) if room is None else room
+        while pending and room > 0:  # more than one step only when the engine rejects some
+            klines, pending = pending[:room], pending[room:]
+            room -= self._step(klines)
+        if pending:  # left to a resume: uncounted, each symbol back at the engine's last bar
+            rest = sum(id(k) in from_rest for k in pending)
+            self.stats.backfilled_bars -= rest
+            self.stats.closed_klines -= len(pending) - rest
+            for symbol, last in self._engine_lasts({k.symbol for k in pending}).items():
+                self._state[symbol].last, self._state[symbol].preview = last, None
 
     def _step(self, klines: list[Kline]) -> int:
         """Steps ``klines`` and emits their results; the number the engine applied."""
