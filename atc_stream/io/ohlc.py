@@ -7,7 +7,9 @@ repeats a symbol's time is left out too and counted with its ``file:line``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -43,12 +45,40 @@ class OhlcTable:
     def __len__(self) -> int:
         return self.times.shape[0]
 
-    @property
-    def symbol_names(self) -> list[str]:
-        return sorted(set(self.symbols.tolist()))
+    @cached_property
+    def starts(self) -> np.ndarray:
+        """Where each symbol's bars start, in name order, and the number of rows last:
+        symbol ``k``'s bars are rows ``starts[k]:starts[k + 1]``. Found from the changes
+        of name (the rows are sorted by symbol): a sort or a set of every row's name takes
+        seconds at 10 M bars."""
+        symbols = self.symbols
+        changes = np.flatnonzero(symbols[1:] != symbols[:-1]) + 1
+        return np.r_[0, changes, symbols.shape[0]] if symbols.shape[0] else np.zeros(1, np.int64)
 
-    def take(self, rows: np.ndarray) -> OhlcTable:
-        """The bars at positions ``rows`` (a mask or indexes), same bad-row report."""
+    @cached_property
+    def symbol_names(self) -> list[str]:
+        """The symbols, in name order (the rows' order)."""
+        return self.symbols[self.starts[:-1]].tolist()
+
+    @property
+    def codes(self) -> np.ndarray:
+        """int64 ``codes[i]``: the position of row ``i``'s symbol in ``symbol_names``."""
+        return np.repeat(np.arange(len(self.starts) - 1), np.diff(self.starts))
+
+    def of_symbols(self, names: Iterable[str]) -> OhlcTable:
+        """The bars of ``names``, which must be symbols of the table, in name order: a view
+        when they are neighbours in name order (a sweep's chunks), no pass over the rows."""
+        position = {name: k for k, name in enumerate(self.symbol_names)}
+        ks = sorted(position[name] for name in names)
+        starts = self.starts
+        if not ks:
+            return self.take(slice(0, 0))
+        if ks[-1] - ks[0] == len(ks) - 1:
+            return self.take(slice(int(starts[ks[0]]), int(starts[ks[-1] + 1])))
+        return self.take(np.concatenate([np.arange(starts[k], starts[k + 1]) for k in ks]))
+
+    def take(self, rows: np.ndarray | slice) -> OhlcTable:
+        """The bars at positions ``rows`` (a mask, indexes or a slice), same bad-row report."""
         return OhlcTable(
             self.symbols[rows], self.times[rows], self.open[rows], self.high[rows],
             self.low[rows], self.close[rows], self.bad_rows,
@@ -76,7 +106,8 @@ def read_ohlc(
     path = Path(path)
     bad = bad if bad is not None else BadRows()
     codes = SymbolCodes()
-    parts: list[tuple[np.ndarray, ...]] = []
+    # one list of batches a column: code, time, open, high, low, close, line, file number
+    parts: list[list[np.ndarray]] = [[] for _ in range(8)]
     files = input_files(path)
     for number, f in enumerate(files):
         batches = iter_bar_batches(
@@ -85,29 +116,47 @@ def read_ohlc(
         )  # fmt: skip
         for b in batches:
             assert b.ohlc is not None  # read with open, high and low
-            parts.append((b.codes.astype(np.int64), b.times, *b.ohlc, b.closes, b.lines,
-                          np.full(len(b), number, np.int64)))  # fmt: skip
-    if parts:
-        code, times, open_, high, low, close, lines, file_no = (
-            np.concatenate(col) for col in zip(*parts, strict=True)
-        )
-    else:
-        code, times, lines, file_no = (np.empty(0, np.int64) for _ in range(4))
-        open_, high, low, close = (np.empty(0) for _ in range(4))
+            columns = (b.codes, b.times, *b.ohlc, b.closes, b.lines,
+                       np.full(len(b), number, np.int32))  # fmt: skip
+            for column, values in zip(parts, columns, strict=True):
+                column.append(values)
     names = codes.names
-    order = np.lexsort((times, _rank(names)[code] if code.size else code))
-    code, times, lines, file_no = code[order], times[order], lines[order], file_no[order]
-    open_, high, low, close = open_[order], high[order], low[order], close[order]
+    rank = _rank(names)
+    key = rank[_joined(parts[0], np.int32)]  # each row's symbol, as its place in name order
+    times = _joined(parts[1], np.int64)
+    # files are usually written by symbol and time already: then no sort and no copies
+    ordered = key.size < 2 or bool(
+        np.all((key[1:] > key[:-1]) | ((key[1:] == key[:-1]) & (times[1:] >= times[:-1])))
+    )
+    order = None if ordered else np.lexsort((times, key))  # stable: file order within a time
+    if order is not None:
+        key, times = key[order], times[order]
+    # the other columns one at a time, each batch let go of once joined (memory: the
+    # batches and one joined column, not two copies of every column)
+    open_, high, low, close, lines, file_no = (
+        _joined(column, dtype, order)
+        for column, dtype in zip(parts[2:], (*(np.float64,) * 4, np.int64, np.int32), strict=True)
+    )
+    sorted_names = names[np.argsort(rank)]
     repeat = np.zeros(times.shape[0], bool)
-    repeat[1:] = (code[1:] == code[:-1]) & (times[1:] == times[:-1])
+    repeat[1:] = (key[1:] == key[:-1]) & (times[1:] == times[:-1])
     for i in np.flatnonzero(repeat):
         where = row_where(files[file_no[i]], lines[i])
-        bad.add(where, "duplicate_time", f"{names[code[i]]} at {int(times[i])} (first kept)")
-    keep = ~repeat
-    return OhlcTable(
-        names[code[keep]] if code.size else np.empty(0, object), times[keep], open_[keep],
-        high[keep], low[keep], close[keep], bad,
-    )  # fmt: skip
+        bad.add(where, "duplicate_time", f"{sorted_names[key[i]]} at {int(times[i])} (first kept)")
+    if repeat.any():
+        keep = ~repeat
+        key, times, open_, high, low, close = (
+            c[keep] for c in (key, times, open_, high, low, close)
+        )
+    symbols = sorted_names[key] if key.size else np.empty(0, object)
+    return OhlcTable(symbols, times, open_, high, low, close, bad)
+
+
+def _joined(batches: list[np.ndarray], dtype, order: np.ndarray | None = None) -> np.ndarray:
+    """The batches of one column as one array (rows ``order``), the list emptied as it goes."""
+    joined = np.concatenate(batches).astype(dtype, copy=False) if batches else np.empty(0, dtype)
+    batches.clear()
+    return joined if order is None else joined[order]
 
 
 def _rank(names: np.ndarray) -> np.ndarray:

@@ -135,7 +135,7 @@ def _bars_of(bars: Path, symbol: str | None, recorded):
         symbol = names[0]
     if symbol not in names:
         raise OptionError(f"{bars} has no symbol {symbol!r} ({', '.join(names[:10])})", "--symbol")
-    return table.take(table.symbols == symbol)
+    return table.of_symbols([symbol])
 
 
 class _Relabelled:

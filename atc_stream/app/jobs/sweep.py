@@ -36,7 +36,7 @@ from atc_stream.app.sweep_blocks import (
 )
 from atc_stream.core.timetext import text_to_ms
 from atc_stream.io.ohlc import OhlcTable, read_ohlc
-from atc_stream.io.readers import InputError, infer_interval
+from atc_stream.io.readers import InputError, infer_interval_of
 
 #: Columns of the printed table, after the ids and the grid's varied keys.
 SHOWN = ("total_return", "max_drawdown", "win_rate", "trades", "exposure")
@@ -88,7 +88,7 @@ def run_sweep(
         err(f"atc-stream: {line}")
     if not len(bars):
         raise RunError(f"{data}: no usable bars")
-    label = bars_interval(interval, infer_interval(bars), False, data)
+    label = bars_interval(interval, infer_interval_of(bars.codes, bars.times), False, data)
     if split is not None and not (bars.times.min() < split <= bars.times.max()):
         raise OptionError(
             f"{train_until!r} leaves no bars on one side (bars span "
@@ -183,7 +183,7 @@ def _sweep(
     try:
         for block in blocks:
             if block.group != table_group:
-                table = bars.take(np.isin(bars.symbols, groups[block.group])).to_arrow()
+                table = bars.of_symbols(groups[block.group]).to_arrow()
                 table_group = block.group
             first_ids = (block.params.start, block.strategies.start)
             block_trades, block_metrics = sweep_block(

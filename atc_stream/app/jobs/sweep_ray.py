@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from atc_stream.app.console import RunError
@@ -59,7 +58,7 @@ def sweep_on_ray(
         task_backend, num_gpus = ("cuda", 1) if gpus and backend in ("auto", "cuda") else ("cpu", 0)
         groups, blocks = plan_blocks(bars, sets, chunk)
         remote = ray.remote(run_block).options(num_cpus=1, num_gpus=num_gpus)
-        tables = [ray.put(bars.take(np.isin(bars.symbols, g)).to_arrow()) for g in groups]
+        tables = [ray.put(bars.of_symbols(g).to_arrow()) for g in groups]
         pending = {
             remote.remote(
                 tables[b.group], sets.params[b.params], sets.strategies[b.strategies], split,
