@@ -212,6 +212,17 @@ def test_period_metrics_split_the_equity_curve_and_the_trades():
 # -- the command -------------------------------------------------------------------------
 
 
+def test_sweep_shows_the_file_being_read_then_the_streams(capsys, tmp_path, sweep_files):
+    data, grid = sweep_files
+    code, _, stderr = run_cli(
+        capsys, ["sweep", str(data), "--grid", str(grid), "-o", str(tmp_path / "out"),
+                 "--progress", "--backend", "cpu"],
+    )  # fmt: skip
+    assert code == 0, stderr
+    reading = stderr.index(f"reading {data.name}")
+    assert stderr.index("sweep") > reading and " bar" in stderr[reading:]
+
+
 def test_sweep_writes_the_tables_and_prints_the_top_sets(capsys, tmp_path, sweep_files):
     data, grid = sweep_files
     out = tmp_path / "out"

@@ -7,7 +7,7 @@ repeats a symbol's time is left out too and counted with its ``file:line``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -98,10 +98,12 @@ def read_ohlc(
     time_unit: str = "auto",
     bad: BadRows | None = None,
     symbol: str | None = None,
+    on_rows: Callable[[int], object] | None = None,
 ) -> OhlcTable:
     """An ``OhlcTable`` of a CSV/Parquet file or a directory of them (a file without a
     ``symbol`` column is the symbol ``symbol``, else of its stem; a directory's files
-    always their stems). ``InputError`` for an unreadable file."""
+    always their stems). ``on_rows(n)`` is told of each batch of good rows read (a
+    progress bar). ``InputError`` for an unreadable file."""
     epoch_unit(time_unit)
     path = Path(path)
     bad = bad if bad is not None else BadRows()
@@ -120,6 +122,8 @@ def read_ohlc(
                        np.full(len(b), number, np.int32))  # fmt: skip
             for column, values in zip(parts, columns, strict=True):
                 column.append(values)
+            if on_rows is not None:
+                on_rows(len(b))
     names = codes.names
     rank = _rank(names)
     key = rank[_joined(parts[0], np.int32)]  # each row's symbol, as its place in name order

@@ -80,10 +80,13 @@ def run_sweep(
         sets = load_grid(grid)
     except GridError as exc:
         raise OptionError(str(exc), "--grid") from None
+    reading = _progress(None, progress, f"reading {data.name}", "bar")
     try:
-        bars = read_ohlc(data, time_unit=time_unit)
+        bars = read_ohlc(data, time_unit=time_unit, on_rows=reading.update)
     except InputError as exc:
         raise RunError(str(exc)) from None
+    finally:
+        reading.close()
     for line in bars.bad_rows.lines():
         err(f"atc-stream: {line}")
     if not len(bars):
@@ -234,12 +237,12 @@ def _print_top(ranking: pa.Table, sets: Grid, periods, rank_by: str, top: int) -
     print(format_table(ranking.slice(0, top), columns))
 
 
-def _progress(total: int, enabled: bool):
+def _progress(total: int | None, enabled: bool, desc: str = "sweep", unit: str = "stream"):
     if not enabled:
         return _NoBar()
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="sweep", unit="stream", leave=False)
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=total is None, leave=False)
 
 
 class _NoBar:
