@@ -212,7 +212,12 @@ def test_period_metrics_split_the_equity_curve_and_the_trades():
 # -- the command -------------------------------------------------------------------------
 
 
-def test_sweep_shows_the_file_being_read_then_the_streams(capsys, tmp_path, sweep_files):
+def test_sweep_shows_the_file_being_read_then_the_streams(
+    capsys, monkeypatch, tmp_path, sweep_files
+):
+    import atc_stream.app.jobs.sweep as job
+
+    monkeypatch.setattr(job, "READ_BAR_DELAY_S", 0.0)  # as a file that takes seconds to read
     data, grid = sweep_files
     code, _, stderr = run_cli(
         capsys, ["sweep", str(data), "--grid", str(grid), "-o", str(tmp_path / "out"),

@@ -41,6 +41,10 @@ from atc_stream.io.readers import InputError, infer_interval_of
 #: Columns of the printed table, after the ids and the grid's varied keys.
 SHOWN = ("total_return", "max_drawdown", "win_rate", "trades", "exposure")
 
+#: seconds before the bar of the file being read shows: a small file, or one that fails
+#: to open, shows none (its error stays one line)
+READ_BAR_DELAY_S = 1.0
+
 
 def run_sweep(
     *,
@@ -242,7 +246,10 @@ def _progress(total: int | None, enabled: bool, desc: str = "sweep", unit: str =
         return _NoBar()
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=total is None, leave=False)
+    delay = READ_BAR_DELAY_S if total is None else 0.0
+    return tqdm(
+        total=total, desc=desc, unit=unit, unit_scale=total is None, leave=False, delay=delay
+    )
 
 
 class _NoBar:
