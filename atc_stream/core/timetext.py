@@ -189,7 +189,9 @@ class EpochUnit:
         magnitudes = np.abs(values.astype(np.float64))
         bands = epoch_bands(magnitudes)
         nonzero = magnitudes > 0
-        for band in np.unique(bands[nonzero]).tolist():
+        # the bands present, in order: a count per band, not a sort of every value
+        present = np.flatnonzero(np.bincount(bands[nonzero] - BELOW_BANDS)) + BELOW_BANDS
+        for band in present.tolist():
             if band not in self._seen:
                 i = int(np.flatnonzero(nonzero & (bands == band))[0])
                 self._seen[band] = (int(values[i]), where(i) if where is not None else "")

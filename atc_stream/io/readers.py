@@ -25,6 +25,12 @@ from atc_stream.core.errors import first_line
 from atc_stream.core.inputs import bad_ohlc
 from atc_stream.core.intervals import interval_label
 from atc_stream.core.timetext import MAX_TIME_MS, EpochUnit, EpochUnitError, parse_time_column
+from atc_stream.io.cells import Cells, StringCells, SymbolCells, any_byte_of, column_cells
+from atc_stream.io.cells import SymbolCodes as SymbolCodes
+from atc_stream.io.cells import as_text as as_text
+from atc_stream.io.cells import empty_cells as empty_cells
+from atc_stream.io.cells import parse_closes as parse_closes
+from atc_stream.io.rebatch import whole_batches
 
 #: Cells longer than this are rejected (``oversized_field``); no valid cell comes close.
 MAX_FIELD_CHARS = 1024
@@ -32,6 +38,8 @@ MAX_FIELD_CHARS = 1024
 #: its I/O thread, so this bounds the reader's memory (32 MiB ahead; 16 MiB blocks held
 #: 512 MiB); a field longer than this makes the file unreadable.
 BLOCK_BYTES = 1 << 20
+#: Rows per record batch of a Parquet file.
+PARQUET_BATCH_ROWS = 1 << 16
 #: The price columns read beside the close for bars with OHLC, in order.
 PRICE_NAMES = ("open", "high", "low")
 #: Suffixes of the bar and tick files read from a directory.
@@ -65,7 +73,6 @@ class BarTable:
         return sorted(set(self.symbols.tolist()))
 
 
-_FLOAT_PATTERN = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
 #: Rejected rows reported in full; later ones are only counted.
 REPORT_FIRST = 5
 
@@ -100,40 +107,6 @@ class BadRows:
             *self.examples,
             *([f"... and {more} more"] if more > 0 else []),
         ]
-
-
-def parse_closes(text):
-    """float64 closes of a pyarrow string array and the mask of cells that are numbers."""
-    text = pc.utf8_trim_whitespace(text)
-    ok = pc.fill_null(pc.match_substring_regex(text, _FLOAT_PATTERN), False)
-    ok_np = ok.to_numpy(zero_copy_only=False)
-    cleaned = pc.if_else(ok, text, "nan")
-    return pc.cast(cleaned, "float64").to_numpy(zero_copy_only=False), ok_np
-
-
-class SymbolCodes:
-    """Symbol names and their int32 codes, in first-seen order (shared by a file's batches)."""
-
-    def __init__(self) -> None:
-        self.codes: dict[str, int] = {}
-
-    def encode(self, symbols) -> np.ndarray:
-        """int32 codes of ``symbols`` (new names get the next codes)."""
-        uniq, inverse = np.unique(
-            np.asarray(symbols, dtype=object).astype(str), return_inverse=True
-        )
-        mapping = np.array(
-            [self.codes.setdefault(s, len(self.codes)) for s in uniq.tolist()], np.int32
-        )
-        return mapping[inverse].astype(np.int32, copy=False)
-
-    @property
-    def names(self) -> np.ndarray:
-        """Object array: ``names[code]``."""
-        names = np.empty(len(self.codes), dtype=object)
-        for name, code in self.codes.items():
-            names[code] = name
-        return names
 
 
 @dataclass
@@ -197,6 +170,7 @@ def iter_bar_batches(
     symbols: SymbolCodes | None = None,
     ohlc_columns: tuple[str, str, str] | None = None,
     hint: str | None = None,
+    _text_path: bool = False,
 ):
     """``BarBatch``es of a CSV/Parquet file or a directory's files (by name), streamed.
 
@@ -206,7 +180,8 @@ def iter_bar_batches(
     same one to read a file again with the same codes). ``ohlc_columns``: the (open,
     high, low) columns, read beside the close (a row whose prices do not make a bar,
     ``core.inputs.bad_ohlc``, is a bad row); ``hint`` ends a missing column's error.
-    Raises ``InputError`` for damage that makes a file unreadable.
+    Raises ``InputError`` for damage that makes a file unreadable. ``_text_path``: read
+    every cell as text (``io.cells``), the reading the typed one must match.
     """
     epoch_unit(time_unit)  # a bad unit name is refused before any file is read
     path = Path(path)
@@ -217,7 +192,7 @@ def iter_bar_batches(
         hint = COLUMN_HINT if ohlc_columns is None else OHLC_COLUMN_HINT
     for f in input_files(path):
         batches = (
-            parquet_batches(f, columns, hint)
+            parquet_batches(f, columns, hint, symbol_words=not _text_path)
             if f.suffix == ".parquet"
             else csv_batches(f, columns, bad, hint)
         )
@@ -229,7 +204,9 @@ def iter_bar_batches(
                     f"{f.name} has a symbol column {symbol_column!r}: a symbol given for the "
                     "file (--symbol) names the bars of a file without one; leave it out"
                 )
-            parsed = _parse_batch(f, batch, columns, default_symbol, unit, symbols, bad, line_of)
+            parsed = _parse_batch(
+                f, batch, columns, default_symbol, unit, symbols, bad, line_of, not _text_path
+            )
             if parsed is not None:
                 yield parsed
 
@@ -272,71 +249,75 @@ def read_bars(
 
 
 def _parse_batch(
-    path, batch, columns, default_symbol, unit: EpochUnit, symbols, bad, line_of
+    path, batch, columns, default_symbol, unit: EpochUnit, symbols, bad, line_of, typed: bool
 ) -> BarBatch | None:
     symbol_column, time_column, close_column, *ohlc_columns = columns
     names = batch.schema.names
     n = batch.num_rows
     if n == 0:
         return None
-    times_text = as_text(batch.column(names.index(time_column)))
+    time_cells = column_cells(batch.column(names.index(time_column)), typed)
     roles = {"close": close_column}
     if ohlc_columns:
         roles.update(zip(PRICE_NAMES, ohlc_columns, strict=True))
-    prices_text = {name: as_text(batch.column(names.index(col))) for name, col in roles.items()}
+    price_cells = {
+        name: column_cells(batch.column(names.index(col)), typed) for name, col in roles.items()
+    }
     if symbol_column in names:
-        symbols_text = as_text(batch.column(names.index(symbol_column)))
+        symbol_array = batch.column(names.index(symbol_column))
+    elif typed:
+        symbol_array = pa.repeat(pa.scalar(default_symbol, pa.string()), n)
     else:
-        symbols_text = pa.array([default_symbol] * n, pa.string())
-    present = [times_text, *prices_text.values()]
-    present += [symbols_text] if symbol_column in names else []
+        symbol_array = pa.array([default_symbol] * n, pa.string())
+    symbol_cells = SymbolCells(symbol_array, typed)
+    present: list[Cells] = [time_cells, *price_cells.values()]
+    present += [symbol_cells] if symbol_column in names else []
     blank = np.ones(n, bool)  # a blank line (every cell empty): nothing to report
-    for text in present:
-        blank &= empty_cells(text)
+    for cells in present:
+        blank &= cells.empty()
     keep = ~blank
-    for name, text in (("symbol", symbols_text), ("time", times_text), *prices_text.items()):
-        long = pc.fill_null(pc.greater(pc.utf8_length(text), MAX_FIELD_CHARS), False)
-        long = long.to_numpy(zero_copy_only=False) & keep
+    named: list[tuple[str, Cells]] = [("symbol", symbol_cells), ("time", time_cells)]
+    for name, cells in named + list(price_cells.items()):
+        long = cells.long(MAX_FIELD_CHARS) & keep
         for i in np.flatnonzero(long):
-            size = len(text[i].as_py())
-            bad.add(row_where(path, line_of(i)), "oversized_field", f"{name}: {size} chars")
+            bad.add(
+                row_where(path, line_of(i)), "oversized_field", f"{name}: {cells.size(i)} chars"
+            )
         keep &= ~long
-    symbols_text = pc.utf8_trim_whitespace(symbols_text)
-    symbol_ok = ~empty_cells(symbols_text)
+    symbol_ok = ~symbol_cells.blank()
     # a NUL in a name: NumPy's str arrays drop trailing NULs, which would merge "AB\0"
     # into "AB" (another symbol's series) -- refused instead
-    nul = pc.fill_null(pc.match_substring(symbols_text, "\x00"), False)
-    nul = nul.to_numpy(zero_copy_only=False) & symbol_ok
-    times, _, time_ok = parse_times(
-        batch.column(names.index(time_column)), unit, lambda i: row_where(path, line_of(i))
-    )
+    nul = symbol_cells.nul() & symbol_ok
+    time_array = batch.column(names.index(time_column))
+    if isinstance(time_cells, StringCells) and (epochs := time_cells.epochs()) is not None:
+        time_array = epochs
+    times, _, time_ok = parse_times(time_array, unit, lambda i: row_where(path, line_of(i)))
     checks = [
-        (~symbol_ok, "empty_symbol", symbols_text),
-        (nul, "bad_symbol", symbols_text),
-        (~time_ok, "bad_time", times_text),
-        (times > MAX_TIME_MS, "time_out_of_range", times_text),
+        (~symbol_ok, "empty_symbol", symbol_cells),
+        (nul, "bad_symbol", symbol_cells),
+        (~time_ok, "bad_time", time_cells),
+        (times > MAX_TIME_MS, "time_out_of_range", time_cells),
     ]
     prices = {}
-    for name, text in prices_text.items():
-        prices[name], ok = parse_closes(text)
-        checks.append((~ok, f"bad_{name}", text))
-    for mask, reason, text in checks:
+    for name, cells in price_cells.items():
+        prices[name], ok = cells.numbers()
+        checks.append((~ok, f"bad_{name}", cells))
+    for mask, reason, shown in checks:
         hit = mask & keep
         for i in np.flatnonzero(hit):
-            bad.add(row_where(path, line_of(i)), reason, repr(text[i].as_py()))
+            bad.add(row_where(path, line_of(i)), reason, shown.shown(i))
         keep &= ~hit
     if ohlc_columns:
         keep &= ~_bad_bars(path, line_of, prices, keep, bad)
     idx = np.flatnonzero(keep)
     if idx.size == 0:
         return None
-    names = symbols_text.to_numpy(zero_copy_only=False)
     if idx.size < n:
-        names, times = names[idx], times[idx]
+        times = times[idx]
         prices = {name: values[idx] for name, values in prices.items()}
     ohlc = (prices["open"], prices["high"], prices["low"]) if ohlc_columns else None
     lines = np.asarray(line_of(idx), np.int64)
-    return BarBatch(symbols.encode(names), times, prices["close"], lines, ohlc, path)
+    return BarBatch(symbol_cells.codes(idx, symbols), times, prices["close"], lines, ohlc, path)
 
 
 def _bad_bars(path, line_of, prices: dict[str, np.ndarray], keep, bad: BadRows) -> np.ndarray:
@@ -353,22 +334,6 @@ def _bad_bars(path, line_of, prices: dict[str, np.ndarray], keep, bad: BadRows) 
 def row_where(path: Path, line) -> str:
     """``file:line`` of a CSV row, ``file:row N`` of a Parquet row."""
     return f"{path.name}:{'row ' if path.suffix == '.parquet' else ''}{int(line)}"
-
-
-def empty_cells(text) -> np.ndarray:
-
-    return pc.fill_null(pc.equal(pc.utf8_length(text), 0), True).to_numpy(zero_copy_only=False)
-
-
-def as_text(column):
-    """A column as a pyarrow string array (Parquet columns may be numbers or timestamps)."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    if pa.types.is_dictionary(column.type):
-        column = column.dictionary_decode()
-    if not pa.types.is_string(column.type) and not pa.types.is_large_string(column.type):
-        column = pc.cast(column, pa.string())
-    return column
 
 
 class InvalidRows:
@@ -469,6 +434,8 @@ def check_one_line_cells(path: Path, batch, line_of) -> None:
     the rows it swallowed would be lost without a word."""
     for i, column in enumerate(batch.columns):
         if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+            continue
+        if not any_byte_of(column, b"\n\r"):  # the usual batch: no cell looked at
             continue
         broken = pc.or_(pc.match_substring(column, "\n"), pc.match_substring(column, "\r"))
         hit = np.flatnonzero(pc.fill_null(broken, False).to_numpy(zero_copy_only=False))
@@ -644,13 +611,22 @@ def check_column_types(path: Path, schema, names) -> None:
             )
 
 
-def parquet_batches(path: Path, columns, hint: str = COLUMN_HINT):
+def parquet_batches(path: Path, columns, hint: str = COLUMN_HINT, symbol_words: bool = False):
     """(record batch, line_of(rows in batch)) of a Parquet file, one row group decoded at
-    a time (``pyarrow.dataset``'s scanner reads ahead: 5x the memory here)."""
+    a time (``pyarrow.dataset``'s scanner reads ahead: 5x the memory here);
+    ``symbol_words``: a text column ``columns[0]`` comes as a dictionary array (the
+    file's own dictionary: each name decoded once, not once per row), in batches of the
+    same rows as without."""
 
+    as_words = False
     try:
         parquet = pq.ParquetFile(path)
         names = parquet.schema_arrow.names
+        if symbol_words and columns[0] in names:
+            as_words = parquet.schema_arrow.field(columns[0]).type == pa.string()
+            if as_words:
+                parquet.close()
+                parquet = pq.ParquetFile(path, read_dictionary=[columns[0]])
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(f"{path}: cannot read Parquet: {first_line(exc)}") from None
     missing = [c for c in columns[1:] if c not in names]
@@ -662,7 +638,12 @@ def parquet_batches(path: Path, columns, hint: str = COLUMN_HINT):
     check_column_types(path, parquet.schema_arrow, wanted)
     rows_before = 0
     try:
-        for batch in parquet.iter_batches(batch_size=1 << 16, columns=wanted):
+        batches = parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=wanted)
+        if as_words:  # dictionary pieces end at row groups: joined into the batches read
+            # without them, since a batch's new names get their codes in sorted order
+            # and its bad rows are reported check by check
+            batches = whole_batches(batches, PARQUET_BATCH_ROWS)
+        for batch in batches:
             base = rows_before
 
             def line_of(i, base=base):
