@@ -94,10 +94,7 @@ class SymbolCodes:
         uniq, inverse = np.unique(
             np.asarray(symbols, dtype=object).astype(str), return_inverse=True
         )
-        mapping = np.array(
-            [self.codes.setdefault(s, len(self.codes)) for s in uniq.tolist()], np.int32
-        )
-        return mapping[inverse].astype(np.int32, copy=False)
+        return self.encode_names(uniq.tolist())[inverse.reshape(-1)]
 
     def encode_names(self, names: list[str]) -> np.ndarray:
         """int32 codes of ``names``, each name once or more: the new ones get the next

@@ -125,7 +125,9 @@ def read_ohlc(
             if on_rows is not None:
                 on_rows(len(b))
     names = codes.names
-    rank = _rank(names)
+    by_name = np.argsort(names.astype(str), kind="stable")  # the codes in name order
+    rank = np.empty(len(names), np.int64)
+    rank[by_name] = np.arange(len(names))  # each code's place in name order
     key = rank[_joined(parts[0], np.int32)]  # each row's symbol, as its place in name order
     times = _joined(parts[1], np.int64)
     # files are usually written by symbol and time already: then no sort and no copies
@@ -141,7 +143,7 @@ def read_ohlc(
         _joined(column, dtype, order)
         for column, dtype in zip(parts[2:], (*(np.float64,) * 4, np.int64, np.int32), strict=True)
     )
-    sorted_names = names[np.argsort(rank)]
+    sorted_names = names[by_name]
     repeat = np.zeros(times.shape[0], bool)
     repeat[1:] = (key[1:] == key[:-1]) & (times[1:] == times[:-1])
     for i in np.flatnonzero(repeat):
@@ -161,10 +163,3 @@ def _joined(batches: list[np.ndarray], dtype, order: np.ndarray | None = None) -
     joined = np.concatenate(batches).astype(dtype, copy=False) if batches else np.empty(0, dtype)
     batches.clear()
     return joined if order is None else joined[order]
-
-
-def _rank(names: np.ndarray) -> np.ndarray:
-    """``rank[code]``: the position of each symbol code in name order."""
-    rank = np.empty(len(names), np.int64)
-    rank[np.argsort(names.astype(str), kind="stable")] = np.arange(len(names))
-    return rank
