@@ -16,7 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from atc_stream.core.timetext import iso_parts, parse_time_column, text_to_ms
-from atc_stream.io.readers import InputError, infer_interval, read_bars
+from atc_stream.io import readers
+from atc_stream.io.readers import BadRows, InputError, infer_interval, iter_bar_batches, read_bars
 
 T0 = 1_700_000_040_000  # a whole minute, epoch ms
 
@@ -191,6 +192,30 @@ def test_bad_cells_are_counted_with_their_lines(tmp_path):
     assert "bars.csv:3: empty_symbol: ''" in table.bad_rows.examples
     assert "bars.csv:4: bad_close: '1_0'" in table.bad_rows.examples
     assert "bars.csv:7: wrong_columns: 4 columns, expected 3" in table.bad_rows.examples
+
+
+@pytest.mark.parametrize("text_path", [False, True], ids=["typed", "text"])
+def test_a_close_beyond_the_largest_float_is_a_bad_close_with_its_line(tmp_path, text_path):
+    text = f"symbol,time,close\nA,{T0},1\nA,{T0 + 60_000},1e999\nA,{T0 + 120_000},-1E400\n"
+    bad = BadRows()
+    batches = list(iter_bar_batches(write(tmp_path, text), bad=bad, _text_path=text_path))
+    assert [b.closes.tolist() for b in batches] == [[1.0]]
+    assert bad.counts == {"bad_close": 2}
+    assert bad.examples == ["bars.csv:3: bad_close: '1e999'", "bars.csv:4: bad_close: '-1E400'"]
+
+
+def test_a_column_that_is_not_read_is_never_parsed(tmp_path, monkeypatch):
+    """Columns beside the ones read (a volume, or the opens when only closes are read)
+    may hold anything, in any block: every row is still read."""
+    monkeypatch.setattr(readers, "BLOCK_BYTES", 256)  # the odd cells in a later block
+    lines = [f"A,{T0 + 60_000 * i},{i + 1},{i + 1},7" for i in range(100)]
+    lines[80] = f"A,{T0 + 60_000 * 80},1.2.3,81,x"
+    table = read_bars(write(tmp_path, "symbol,time,open,close,volume\n" + "\n".join(lines)))
+    assert rows(table) == [("A", T0 + 60_000 * i, float(i + 1)) for i in range(100)]
+    assert table.bad_rows.total == 0
+    no_symbol = "time,open,close\n" + "\n".join(line[2:-2] for line in lines)
+    table = read_bars(write(tmp_path, no_symbol, "B.csv"))
+    assert rows(table) == [("B", T0 + 60_000 * i, float(i + 1)) for i in range(100)]
 
 
 def test_bom_blank_lines_and_trailing_blank_lines(tmp_path):

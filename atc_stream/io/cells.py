@@ -18,12 +18,21 @@ _FLOAT_PATTERN = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
 
 
 def parse_closes(text):
-    """float64 closes of a pyarrow string array and the mask of cells that are numbers."""
+    """float64 closes of a pyarrow string array and the mask of cells that are finite
+    numbers (``1e999`` is written as a number but is no price)."""
     text = pc.utf8_trim_whitespace(text)
     ok = pc.fill_null(pc.match_substring_regex(text, _FLOAT_PATTERN), False)
     ok_np = ok.to_numpy(zero_copy_only=False)
     cleaned = pc.if_else(ok, text, "nan")
-    return pc.cast(cleaned, "float64").to_numpy(zero_copy_only=False), ok_np
+    return _finite(pc.cast(cleaned, "float64").to_numpy(zero_copy_only=False), ok_np)
+
+
+def _finite(values: np.ndarray, ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(``values`` with NaN where not finite, ``ok`` and finite) of parsed cells."""
+    finite = np.isfinite(values)
+    if finite.all():
+        return values, ok
+    return np.where(finite, values, np.nan), ok & finite
 
 
 def empty_cells(text) -> np.ndarray:
@@ -239,7 +248,7 @@ class StringCells(TextCells):
         if plain and not self.data.translate(None, _NUMBER_BYTES):
             try:  # cells of number bytes that Arrow parses are the pattern's numbers
                 values = pc.cast(self.text, pa.float64()).to_numpy(zero_copy_only=False)
-                return values, np.ones(len(self.text), bool)
+                return _finite(values, np.ones(len(self.text), bool))
             except pa.ArrowInvalid:
                 pass  # "1.2.3", "e5" ...: the cells one by one
         return parse_closes(self.text)

@@ -541,10 +541,29 @@ def csv_batches(path: Path, columns, bad: BadRows, hint: str = COLUMN_HINT):
 
 
 def _open_csv(path: Path, columns, rejected: InvalidRows):
-    """A pyarrow streaming reader of a bar CSV, or the one-line ``InputError``."""
+    """A pyarrow streaming reader of a bar CSV's ``columns`` (the symbol column only
+    where the file has one), or the one-line ``InputError``.
+
+    Only those columns are read: any other would be type-guessed from the first block,
+    and one later cell that breaks the guess would stop the whole read. A file without a
+    column it needs is opened whole, so that ``_csv_reader_batches`` names its columns.
+    """
+    for wanted in (columns, columns[1:]):
+        try:
+            return _open_csv_columns(path, wanted, rejected, only=True)
+        except KeyError:  # pyarrow's ArrowKeyError: a column of ``wanted`` is not there
+            continue
+    return _open_csv_columns(path, columns, rejected, only=False)
+
+
+def _open_csv_columns(path: Path, columns, rejected: InvalidRows, *, only: bool):
+    """``pcsv.open_csv`` of a bar CSV with ``csv_text_options``; a missing column of
+    ``columns`` (``only``) raises pyarrow's ``ArrowKeyError``."""
+    rejected.invalid.clear()  # a failed open may have reported its first block's rows
+    rejected.unterminated.clear()
     try:
         with quiet_undecodable_rows() as undecodable:
-            return pcsv.open_csv(path, **csv_text_options(columns, rejected.handler()))
+            return pcsv.open_csv(path, **csv_text_options(columns, rejected.handler(), only=only))
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as exc:
         raise unreadable_csv(path, exc, undecodable, "cannot read CSV") from None
 
