@@ -15,6 +15,7 @@ from output_subsets import SUBSETS, assert_subset_matches, drive
 
 from atc_stream.core import schema
 from atc_stream.core.params import ATCParams
+from atc_stream.core.results import results_to_arrow
 from atc_stream.engine.engine import Engine
 from atc_stream.io.writers import OutputError, open_writer
 
@@ -119,6 +120,17 @@ def test_csv_writer_refuses_results_of_other_columns(tmp_path):
     with open_writer(tmp_path / "x.csv") as writer:  # the header of every column
         with pytest.raises(OutputError, match="same requested outputs"):
             writer.write(results[1])
+
+
+@pytest.mark.parametrize("outputs", [None, "all"], ids=repr)
+def test_one_table_of_many_results_is_their_tables_joined(outputs):
+    import pyarrow as pa
+
+    results = _results(outputs)  # the warmup's rows hold NaN before the MAs are ready
+    joined = pa.concat_tables([r.to_arrow() for r in results])
+    assert results_to_arrow(results).equals(joined)
+    with pytest.raises(ValueError, match="different columns"):
+        results_to_arrow([results[0], *_results("growth")])
 
 
 def test_redis_records_of_a_subset_round_trip():

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from atc_stream.core.results import StepResult
+from atc_stream.core.results import StepResult, results_to_arrow
 from atc_stream.core.schema import COLUMNS
 from atc_stream.io.files import atomic_file
 
@@ -306,13 +306,11 @@ class ParquetWriter:
             self._flush()
 
     def _flush(self) -> None:
-        import pyarrow as pa
         import pyarrow.parquet as pq
 
         if not self._pending:
             return
-        table = pa.concat_tables([r.to_arrow() for r in self._pending])
-        table = table.replace_schema_metadata(self._metadata)
+        table = results_to_arrow(self._pending).replace_schema_metadata(self._metadata)
         name = f"part-{self._next_part:05d}.parquet"
         with atomic_file(self.path / name, f".{name}.") as f:
             pq.write_table(table, f)
