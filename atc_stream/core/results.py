@@ -24,6 +24,10 @@ class StreamKey:
         return f"{self.symbol}:{self.interval}:{self.params_id}"
 
 
+#: The key of a free slot, in per-slot key columns (no row of a result points at one).
+_NO_KEY = StreamKey("", "", -1)
+
+
 class UnknownStreamError(KeyError, ValueError):
     """A stream key (or symbol) that is not registered. A ``KeyError`` (lookups) and a
     ``ValueError`` (bad argument), so either ``except`` catches it; the message names
@@ -237,19 +241,39 @@ class StepResult:
         ``symbol``/``interval`` are object arrays of str; ``time`` is int64 epoch ms;
         discrete columns bool/int64, continuous ones float64.
         """
-        keys = self.keys
-        n = len(keys)
+        n = len(self)
+        symbol, interval, params_id = self._key_columns()
         kernel = schema.columns_from_fields(self.fields, self.ready_from, self.groups)
         columns: dict[str, np.ndarray] = {
-            "symbol": np.array([k.symbol for k in keys], dtype=object).reshape(n),
-            "interval": np.array([k.interval for k in keys], dtype=object).reshape(n),
-            "params_id": np.array([k.params_id for k in keys], np.int64).reshape(n),
+            "symbol": symbol,
+            "interval": interval,
+            "params_id": params_id,
             "time": np.asarray(self.times, np.int64),
             "close": np.asarray(self.closes, np.float64),
             "provisional": np.full(n, self.provisional),
         }
         columns.update(kernel)
         return {name: columns[name] for name in self.column_names}
+
+    def _key_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``symbol``, ``interval`` (object arrays of str) and ``params_id`` of the rows:
+        of each slot once, then taken by row, where the rows outnumber the slots (a
+        replay's call of many bar times); else of each row's key."""
+        n, keys_by_slot = len(self), self._keys_by_slot
+        if n >= len(keys_by_slot):
+            free = np.array([k is None for k in keys_by_slot], bool)
+            if not free[self.slots].any():  # (a freed slot's row fails below, as it must)
+                slot_keys = [_NO_KEY if k is None else k for k in keys_by_slot]
+                symbol = np.array([k.symbol for k in slot_keys], dtype=object)[self.slots]
+                interval = np.array([k.interval for k in slot_keys], dtype=object)[self.slots]
+                params_id = np.array([k.params_id for k in slot_keys], np.int64)[self.slots]
+                return symbol, interval, params_id
+        keys = [keys_by_slot[s] for s in self.slots.tolist()]
+        return (
+            np.array([k.symbol for k in keys], dtype=object).reshape(n),
+            np.array([k.interval for k in keys], dtype=object).reshape(n),
+            np.array([k.params_id for k in keys], np.int64).reshape(n),
+        )
 
     def column_values(self) -> list[list[Any]]:
         """Per column (:attr:`column_names` order), the plain Python values of every row;

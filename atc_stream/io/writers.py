@@ -142,13 +142,12 @@ class JsonlWriter:
         self.rows_written = 0
 
     def write(self, result: StepResult) -> None:
-        from atc_stream.core.messages import encoded_rows
+        from atc_stream.core.messages import encoded_row_chunks
 
-        rows = encoded_rows(result)
-        if not rows:
-            return
-        self._out.write(b"\n".join(rows) + b"\n")
-        self.rows_written += len(rows)
+        for rows in encoded_row_chunks(result):
+            if rows:
+                self._out.write(b"\n".join(rows) + b"\n")
+                self.rows_written += len(rows)
 
     def position(self) -> dict[str, Any] | None:
         self._out.sync()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from atc_stream.core.results import Rejection, StepResult
+from atc_stream.engine.bar_times import step_bar_times
 from atc_stream.engine.engine import Engine
 from atc_stream.io.readers import REPORT_FIRST, BadRows, BarTable
 
@@ -149,7 +150,9 @@ class TableBars:
 
 class BarPlayer:
     """Replays a bar source (a ``BarTable`` or a ``replay.stream.BarFileSource``) through
-    an engine, one bar time per ``step`` batch."""
+    an engine: bar times in order, up to ``batch_rows`` rows of whole bar times a call
+    (``engine.bar_times.step_bar_times``), or one bar time a ``step_arrays`` call when
+    paced (``speed``) or trading strategies."""
 
     def __init__(
         self,
@@ -161,6 +164,7 @@ class BarPlayer:
         on_result: Callable[[StepResult], None] | None = None,
         progress: bool = False,
         events_before_ready: bool = False,
+        batch_rows: int = 65_536,
     ) -> None:
         if warmup_bars < 0:
             raise ValueError(f"warmup_bars must be >= 0, got {warmup_bars}")
@@ -173,6 +177,8 @@ class BarPlayer:
         self.on_result = on_result
         self.progress = progress
         self.summary = ReplaySummary(events_before_ready=events_before_ready)
+        #: rows of whole bar times applied per engine call (0: one bar time a call)
+        self.batch_rows = batch_rows
 
     def run(self, applied_until: np.ndarray | None = None) -> ReplaySummary:
         """Play the source; with ``applied_until`` (per symbol of ``source.symbol_names``,
@@ -218,10 +224,15 @@ class BarPlayer:
         # parameter set: rectangular, so each batch is built with array indexing alone)
         slot_table = np.stack(slots) if slots else np.zeros((0, 1), np.int64)
         fan = slot_table.shape[1]
+        # many bar times a call (``bar_times.step_bar_times``) unless bars are paced or
+        # traded: the same rows, values and state as one step a bar time
+        many = self.speed is None and not self.engine.strategies and self.batch_rows > 0
         for block in blocks:  # time-ordered; whole bar times
             boundaries = np.flatnonzero(np.diff(block.times)) + 1
-            for start, end in zip(np.r_[0, boundaries], np.r_[boundaries, len(block)],
-                                  strict=True):  # fmt: skip
+            starts, ends = np.r_[0, boundaries], np.r_[boundaries, len(block)]
+            if many:
+                starts, ends = _calls(starts, ends, block.codes, fan, self.batch_rows)
+            for start, end in zip(starts, ends, strict=True):
                 bar_time = int(block.times[start])
                 if self.speed is not None:
                     self._pace(bar_time, self.speed)
@@ -232,13 +243,16 @@ class BarPlayer:
                         for name, prices in zip(("opens", "highs", "lows"), block.ohlc,
                                                 strict=True)
                     }  # fmt: skip
-                result = self.engine.step_arrays(
+                update = (
                     slot_table[block.codes[start:end]].ravel(),
                     np.repeat(block.times[start:end], fan),
                     np.repeat(block.closes[start:end], fan),
-                    inputs=np.repeat(block.rows[start:end], fan),
-                    **ohlc,
+                    np.repeat(block.rows[start:end], fan),
                 )
+                if many and block.times[start] != block.times[end - 1]:
+                    result = step_bar_times(self.engine, *update)
+                else:
+                    result = self.engine.step_arrays(*update[:3], inputs=update[3], **ohlc)
                 if result.rejected:
                     self._report(result.rejected, _step_where(self.source, block, start, end))
                 if self.speed is not None and self._clock_origin is None:
@@ -284,6 +298,33 @@ class BarPlayer:
         self.summary.count_events(result)
         if self.on_result is not None:
             self.on_result(result)
+
+
+#: Most cells (stream x bar time) of one ``step_bar_times`` call's histories: 136 B of
+#: outputs each, so a call of sparse symbols cannot allocate without bound.
+MAX_CALL_CELLS = 1 << 20
+
+
+def _calls(starts, ends, codes, fan: int, batch_rows: int):
+    """(starts, ends) of the engine calls of one block: whole bar times (``starts`` /
+    ``ends`` of each), together up to ``batch_rows`` rows (at least one bar time) while
+    their streams x bar times stay within ``MAX_CALL_CELLS``."""
+    rows_before = np.r_[0, np.cumsum(ends - starts)] * fan
+    call_starts, call_ends = [], []
+    first = 0
+    while first < starts.shape[0]:
+        # the most bar times whose rows fit, then fewer while the histories' cells do not
+        last = int(np.searchsorted(rows_before, rows_before[first] + batch_rows, "right")) - 1
+        last = max(last, first + 1)
+        while last > first + 1:
+            streams = np.unique(codes[starts[first] : ends[last - 1]]).shape[0] * fan
+            if streams * (last - first) <= MAX_CALL_CELLS:
+                break
+            last = first + max(1, (last - first) // 2)
+        call_starts.append(int(starts[first]))
+        call_ends.append(int(ends[last - 1]))
+        first = last
+    return call_starts, call_ends
 
 
 def _step_where(source, block, start: int, end: int) -> Callable[[Rejection], str | None]:
