@@ -358,13 +358,12 @@ def play_durably(
         warmup = 0
     rows_before = int(recorded.get("rows", 0)) if recorded else 0
     durability.start(engine)
-    # Redis gets one batch message per engine step (docs/messages.md): a bar time each
-    one_bar_time = durability.publisher is not None
     player = BarPlayer(
         engine, bars, warmup_bars=warmup, speed=speed, progress=progress,
         events_before_ready=durability.events_before_ready,
-        **({"batch_rows": 0} if one_bar_time else {}),
     )  # fmt: skip
+    if durability.publisher is not None:
+        player.batch_rows = 0  # Redis gets one batch message per engine step: a bar time
     snapshotter = durability.snapshotter
 
     def offsets() -> dict[str, Any]:
