@@ -707,6 +707,35 @@ def test_cli_live_snapshot_resume_every_bar_once(tmp_path):
     assert_rows_once_and_exact(rows, closes, t0, start, history)  # across the restart
 
 
+def test_cli_live_resume_without_a_snapshot_keeps_an_earlier_output(tmp_path):
+    """A run without snapshots, then ``--resume``: nothing to resume from, and the bars of
+    the first run cannot be had again, so its output is kept and the run refused."""
+    from typer.testing import CliRunner
+
+    from atc_stream.app.cli import app
+
+    closes = make_bars(["BTCUSDT"], 270, seed=13)
+    start = 230
+    t0 = int(time.time() * 1000) - start * IMS - 1000
+    out = tmp_path / "a.jsonl"
+    common = ["live", "--symbols", "BTCUSDT", "--history", "100", "--backend", "cpu",
+              "--no-previews", "--status-every", "0", "--max-seconds", "60",
+              "--output", str(out)]  # fmt: skip
+    with FakeExchange(closes, start, t0=t0, bar_pause=0.01) as ex:
+        urls = ["--ws-url", ex.ws_url, "--rest-url", ex.rest_url]
+        first = CliRunner().invoke(app, [*common, *urls, "--max-bars", "3"])
+        assert first.exit_code == 0, first.output
+        written = out.read_bytes()
+        again = CliRunner().invoke(
+            app, [*common, *urls, "--snapshot-dir", str(tmp_path / "s"), "--resume"]
+        )
+    assert again.exit_code == 2, again.output
+    last = again.stderr.strip().splitlines()[-1]
+    assert last.startswith("atc-stream: error: --resume: no snapshot") and str(out) in last
+    assert "already holds the output of an earlier run" in last
+    assert out.read_bytes() == written and written
+
+
 def assert_rows_once_and_exact(rows, closes, t0, start, history):
     """Written rows (dicts) of BTCUSDT and ETHUSDT: every bar exactly once, from the
     warmup's last bar to bar 269, each signal equal to ``compute`` over the history."""

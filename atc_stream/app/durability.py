@@ -89,6 +89,23 @@ def _strategy_difference(asked: list[dict], traded: list[dict]) -> str:
     return "their order"
 
 
+def refuse_earlier_output(output, store) -> None:
+    """``RunError`` when ``--resume`` found no snapshot but ``output`` (a file, or a
+    Parquet directory) already holds rows of an earlier run that a fresh start could
+    not write again: it would overwrite them."""
+    if output is None or str(output) == "-":
+        return
+    path = Path(output)
+    held = path.is_file() and path.stat().st_size > 0
+    held |= path.is_dir() and any(path.iterdir())
+    if held:
+        raise RunError(
+            f"--resume: no snapshot in the {store} to resume from, but {path} already holds "
+            "the output of an earlier run; starting fresh would overwrite it. Move it away "
+            "(or choose another -o) to start fresh"
+        )
+
+
 class StopRun(Exception):
     """Raised from a result callback to end a run early (after SIGINT/SIGTERM)."""
 
@@ -220,11 +237,15 @@ class Durability:
                 self.redis, prefix=self.redis_prefix, events_before_ready=self.events_before_ready
             )
 
-    def open_output(self, engine, output, source_name: str):
+    def open_output(self, engine, output, source_name: str, *, replayable: bool = True):
         """The writer of ``output`` (Parquet parts carry the parameter sets): after a
         restore, cut back to the position the snapshot recorded for ``source_name`` and
-        appended to; else new."""
+        appended to; else new. ``replayable`` False (``live``: bars that closed while the
+        process was down cannot be had again): ``--resume`` without a snapshot refuses an
+        output that holds an earlier run's rows rather than start it afresh."""
         recorded = engine.source_offsets.get(source_name) if self.restored else None
+        if self.resume and not self.restored and not replayable:
+            refuse_earlier_output(output, self.store)
         if self.restored and str(output) == "-":
             err(
                 "atc-stream: note: resuming to stdout: rows written after the snapshot by "

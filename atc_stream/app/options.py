@@ -114,7 +114,8 @@ SnapshotDirOption = Annotated[
     Path | None,
     typer.Option(
         "--snapshot-dir",
-        help="Keep snapshots in this directory (else in Redis when --redis is given).",
+        help="Keep snapshots in this directory (else, with --snapshot-every or --resume, in "
+        "Redis when --redis is given; with neither, none are taken).",
     ),
 ]
 ShardSnapshotsOption = Annotated[

@@ -149,7 +149,7 @@ def run_live(
         from atc_stream.app.jobs.cluster import kline_router
 
         routing, on_bars = kline_router(redis, redis_prefix, route_shards)
-    with durability.open_output(engine, output, LIVE_SOURCE) as signals:
+    with durability.open_output(engine, output, LIVE_SOURCE, replayable=False) as signals:
         sink = signals
         if paper is not None:
             recorded = engine.source_offsets.get(LIVE_SOURCE) if durability.restored else None
