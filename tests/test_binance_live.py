@@ -20,6 +20,7 @@ import random
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -734,6 +735,30 @@ def test_cli_live_resume_without_a_snapshot_keeps_an_earlier_output(tmp_path):
     assert last.startswith("atc-stream: error: --resume: no snapshot") and str(out) in last
     assert "already holds the output of an earlier run" in last
     assert out.read_bytes() == written and written
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_cli_live_output_on_a_full_disk_is_one_line_and_exit_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from atc_stream.app.cli import app
+
+    closes = make_bars(["BTCUSDT"], 270, seed=13)
+    start = 230
+    t0 = int(time.time() * 1000) - start * IMS - 1000
+    out = tmp_path / "full.jsonl"
+    out.symlink_to("/dev/full")  # every write: ENOSPC
+    with FakeExchange(closes, start, t0=t0, bar_pause=0.01) as ex:
+        result = CliRunner().invoke(
+            app,
+            ["live", "--symbols", "BTCUSDT", "--history", "100", "--backend", "cpu",
+             "--no-previews", "--status-every", "0", "--max-seconds", "60", "--max-bars", "5",
+             "--ws-url", ex.ws_url, "--rest-url", ex.rest_url, "--output", str(out)],
+        )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == f"atc-stream: error: cannot write {out}: No space left on device"
+    assert "Traceback" not in result.stderr
 
 
 def assert_rows_once_and_exact(rows, closes, t0, start, history):

@@ -320,6 +320,16 @@ def test_a_damaged_only_snapshot_is_reported_once(bars, tmp_path, run_main, capl
     assert said.count(snapshot.stem) == 1 and "previous one" not in said
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+def test_an_output_on_a_full_disk_is_one_line_and_exit_2(bars, tmp_path, run_main, suffix):
+    out = tmp_path / f"full{suffix}"
+    out.symlink_to("/dev/full")  # every write: ENOSPC
+    code, err = run_main(["replay", str(bars), "-o", str(out), "--no-progress"])
+    one_error_line(code, err, f"cannot write {out}: No space left on device")
+    assert "Traceback" not in err
+
+
 def test_a_summary_of_no_time_shows_no_rate():
     lines = ReplaySummary(step_bars=0, seconds=0.0).lines()
     assert not any("inf" in line for line in lines)

@@ -115,21 +115,30 @@ class LineFile:
         self._file.seek(resume_bytes)
 
     def write(self, data: bytes) -> None:
-        self._file.write(data)
+        try:
+            self._file.write(data)
+        except OSError as exc:  # a full disk, a lost mount: one line for the user
+            raise cannot_write(self.path or "stdout", exc) from None
 
     def tell(self) -> int | None:
         return None if self.path is None else self._file.tell()
 
     def sync(self) -> None:
-        self._file.flush()
-        if self.path is not None:
-            os.fsync(self._file.fileno())
+        try:
+            self._file.flush()
+            if self.path is not None:
+                os.fsync(self._file.fileno())
+        except OSError as exc:
+            raise cannot_write(self.path or "stdout", exc) from None
 
     def close(self) -> None:
-        if self.path is None:
-            self._file.flush()
-        else:
-            self._file.close()
+        try:
+            if self.path is None:
+                self._file.flush()
+            else:
+                self._file.close()
+        except OSError as exc:
+            raise cannot_write(self.path or "stdout", exc) from None
 
 
 class JsonlWriter:
@@ -311,8 +320,11 @@ class ParquetWriter:
             return
         table = results_to_arrow(self._pending).replace_schema_metadata(self._metadata)
         name = f"part-{self._next_part:05d}.parquet"
-        with atomic_file(self.path / name, f".{name}.") as f:
-            pq.write_table(table, f)
+        try:
+            with atomic_file(self.path / name, f".{name}.") as f:
+                pq.write_table(table, f)
+        except OSError as exc:  # (pyarrow's own errors on a full disk are OSErrors too)
+            raise cannot_write(self.path / name, exc) from None
         self._next_part += 1
         self.rows_written += table.num_rows
         self._pending, self._pending_rows = [], 0
