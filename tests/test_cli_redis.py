@@ -221,12 +221,26 @@ def test_run_stream_refuses_a_group_already_read_without_resume(redis_url, run_m
     client.close()
 
 
-@pytest.mark.parametrize("command", [["run-stream", "--input-stream", "bars"], ["subscribe"]])
+@pytest.mark.parametrize(
+    "command",
+    [["run-stream", "--input-stream", "bars"], ["subscribe"], ["live", "--symbols", "BTCUSDT"],
+     ["replay", "bars.csv"]],
+)  # fmt: skip
 @pytest.mark.parametrize(
     "database, says",
     [(None, "cannot reach Redis at redis://127.0.0.1:1/0"), ("99", "DB index is out of range")],
 )
-def test_an_unusable_redis_is_one_line_and_exit_2(command, database, says, redis_url, run_main):  # noqa: F811
+def test_an_unusable_redis_is_one_line_and_exit_2(
+    command,
+    database,
+    says,
+    redis_url,  # noqa: F811
+    run_main,
+    tmp_path,
+    monkeypatch,
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bars.csv").write_text("symbol,time,close\nA,1700000000000,1\n")
     url = "redis://127.0.0.1:1/0" if database is None else redis_url.rsplit("/", 1)[0] + "/99"
     code, stderr = run_main([*command, "--redis", url, "--backend", "cpu"][: len(command) + 2])
     assert code == 2

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from atc_stream.app.console import RunError, err, stderr_is_terminal
+from atc_stream.app.console import RunError, err, redis_failure, stderr_is_terminal
 from atc_stream.app.defaults import INTERVAL, REDIS_PREFIX, SNAPSHOT_EVERY
 from atc_stream.app.extras import require
 from atc_stream.connectors.replay.player import BarPlayer
@@ -89,6 +89,22 @@ def _strategy_difference(asked: list[dict], traded: list[dict]) -> str:
     return "their order"
 
 
+def check_redis_reachable(url: str) -> None:
+    """``RunError`` (``redis_failure``) when Redis at ``url`` cannot be reached or
+    refuses to serve it (a database out of range, refused credentials) at the start: a
+    run would otherwise publish into the void, counting drops, until it ends. Later
+    outages are retried with backoff."""
+    import redis as redis_lib
+
+    client = redis_lib.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5)
+    try:
+        client.ping()
+    except (redis_lib.RedisError, OSError) as exc:
+        raise redis_failure(url, exc, "at the start") from None
+    finally:
+        client.close()
+
+
 def refuse_earlier_output(output, store) -> None:
     """``RunError`` when ``--resume`` found no snapshot but ``output`` (a file, or a
     Parquet directory) already holds rows of an earlier run that a fresh start could
@@ -155,6 +171,8 @@ class Durability:
             return
         if snapshot_dir is not None or snapshot_every is not None or resume:
             self.store = open_snapshot_store(target, namespace=namespace)
+        if redis is not None:  # after the options' own checks
+            check_redis_reachable(redis)
         if refuse_existing and self.store is not None and not resume:
             try:
                 existing = self.store.list()

@@ -120,12 +120,13 @@ def run_live(
     if route_shards is not None and redis is None:
         raise OptionError("--route-shards needs --redis URL (the cluster's Redis)")
     paper = check_paper_options(strategies, trades=trades, positions=positions)
-    _check_symbols(venue, config, interval, names, max_seconds)
+    # the local checks (snapshot options, Redis at the start) before the exchange's
     durability = Durability(
         redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
         snapshot_every=snapshot_every, resume=resume, events_before_ready=events_before_ready,
         publish=False,  # the client publishes from its event loop (LoopPublisher)
     )  # fmt: skip
+    _check_symbols(venue, config, interval, names, max_seconds)
     try:  # before connecting
         engine = durability.open_engine(
             backend, param_sets, interval, strategies=paper.strategies if paper else None
