@@ -10,6 +10,7 @@ uninterrupted run writes (the live tests show a run equals ``compute``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -133,3 +134,44 @@ def test_sigterm_stops_within_5_s_with_a_final_snapshot_and_resume_writes_each_r
         for r in mine:
             expected = want[(r["time"] - t0) // 1000]
             assert (r["signal"] is None and np.isnan(expected)) or r["signal"] == expected
+
+
+def test_sigterm_during_start_up_is_one_line_and_exit_0(tmp_path):
+    """SIGTERM while live still starts up (here: waiting on an exchange that accepts the
+    connection and never answers), before it handles the signal as a run: one line, exit
+    0, nothing written, no traceback."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(listener.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    log = tmp_path / "live.log"
+    url = f"127.0.0.1:{port}"
+    process = start_live(
+        ["--symbols", "BTCUSDT", "--rest-url", f"http://{url}", "--ws-url", f"ws://{url}",
+         "--backend", "cpu", "-o", str(tmp_path / "out.jsonl")], log,
+    )  # fmt: skip
+    try:
+        wait_for("a request to the exchange", lambda: bool(held), process, log)
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        listener.close()
+        for conn in held:
+            conn.close()
+    text = log.read_text()
+    assert code == 0, text
+    assert text.strip().splitlines()[-1] == (
+        "atc-stream: SIGTERM: stopped during start-up, before any bar was applied"
+    )
+    assert "Traceback" not in text

@@ -78,11 +78,11 @@ def error(message: str) -> None:
     err(f"{PROGRAM}: error: {message}", level="error")
 
 
-def interrupted(exc: KeyboardInterrupt) -> None:
-    """The line of a command stopped by Ctrl-C. Work cut short mid-call (a kernel compile)
-    can leave objects half built in the frames it unwound, whose finalizers then fail and
-    print tracebacks as the process exits: those frames are emptied now, with such
-    failures unreported, so the line stays the command's only one."""
+def interrupted(exc: KeyboardInterrupt, line: str = f"{PROGRAM}: interrupted") -> None:
+    """The line of a command stopped by Ctrl-C (or ``line``). Work cut short mid-call (a
+    kernel compile) can leave objects half built in the frames it unwound, whose
+    finalizers then fail and print tracebacks as the process exits: those frames are
+    emptied now, with such failures unreported, so the line stays the command's only one."""
     import gc
 
     hook = sys.unraisablehook
@@ -96,7 +96,7 @@ def interrupted(exc: KeyboardInterrupt) -> None:
         gc.collect()
     finally:
         sys.unraisablehook = hook
-    err(f"{PROGRAM}: interrupted")
+    err(line)
 
 
 def stderr_is_terminal() -> bool:

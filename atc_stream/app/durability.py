@@ -3,6 +3,7 @@ resume and signals (docs/design/snapshots.md)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import signal
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from atc_stream.app.console import RunError, err, redis_failure, stderr_is_terminal
+from atc_stream.app.console import RunError, err, interrupted, redis_failure, stderr_is_terminal
 from atc_stream.app.defaults import INTERVAL, REDIS_PREFIX, SNAPSHOT_EVERY
 from atc_stream.app.extras import require
 from atc_stream.connectors.replay.player import BarPlayer
@@ -120,6 +121,36 @@ def refuse_earlier_output(output, store) -> None:
             "the output of an earlier run; starting fresh would overwrite it. Move it away "
             "(or choose another -o) to start fresh"
         )
+
+
+class TerminatedBeforeStart(KeyboardInterrupt):
+    """SIGTERM while a job starts up, before its ``Durability`` handles the signal."""
+
+
+def sigterm_stops_start_up(job: Callable[..., int]) -> Callable[..., int]:
+    """``job`` (a command's run function) ended cleanly by a SIGTERM that comes before its
+    ``Durability`` takes the signal over (checks, restoring a snapshot, loading kernels,
+    connecting): nothing is applied by then, so the snapshots are as they were; one line,
+    exit 0. Without it the process would die on the spot without a word."""
+
+    @functools.wraps(job)
+    def run(**options: Any) -> int:
+        def stop(signum, frame) -> None:
+            if not Durability.entered:  # (after the run, its own stop is under way)
+                raise TerminatedBeforeStart
+
+        Durability.entered = False
+        previous = signal.signal(signal.SIGTERM, stop)
+        try:
+            return job(**options)
+        except TerminatedBeforeStart as exc:
+            interrupted(exc, "atc-stream: SIGTERM: stopped during start-up, before any bar "
+                        "was applied")  # fmt: skip
+            return 0
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    return run
 
 
 class StopRun(Exception):
@@ -286,7 +317,11 @@ class Durability:
         for callback in self._on_stop:
             callback()
 
+    #: whether a run has taken over SIGINT/SIGTERM (``sigterm_stops_start_up``)
+    entered = False
+
     def __enter__(self) -> Durability:
+        Durability.entered = True
         self._previous = {
             sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)
         }

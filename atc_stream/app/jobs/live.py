@@ -25,7 +25,7 @@ from atc_stream.app.console import (
     status,
     stderr_is_terminal,
 )
-from atc_stream.app.durability import Durability, check_backend
+from atc_stream.app.durability import Durability, check_backend, sigterm_stops_start_up
 from atc_stream.app.extras import require
 from atc_stream.app.paper import check_paper_options, paper_lines
 from atc_stream.core.intervals import validate_interval
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 LIVE_SOURCE = "live"
 
 
+@sigterm_stops_start_up
 def run_live(
     *,
     symbols: str,
