@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import socket
 import threading
@@ -266,6 +267,36 @@ def test_ops_server_on_a_taken_port_is_an_error_and_frees_nothing():
             assert status == 200
 
     asyncio.run(main())
+
+
+def test_a_request_the_server_cannot_parse_is_one_log_line(caplog):
+    """A request line over aiohttp's limit gets a 400; the log says so in one line, no
+    traceback, and the endpoints go on serving."""
+    import socket
+
+    async def main():
+        client = KlineClient(
+            Engine(backend="cpu", interval=INTERVAL), ["BTCUSDT"],
+            LiveConfig(ws_url="ws://127.0.0.1:9", rest_url="http://127.0.0.1:9"),
+        )  # fmt: skip
+        async with OpsServer(client) as server:
+
+            def oversized() -> bytes:
+                with socket.create_connection(("127.0.0.1", server.port), timeout=10) as conn:
+                    conn.sendall(b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+                    return conn.recv(200)
+
+            answer = await asyncio.to_thread(oversized)
+            status, _ = await asyncio.to_thread(get, f"{server.url}/healthz")
+        return answer, status
+
+    with caplog.at_level(logging.DEBUG, logger="atc_stream.ops_server.http"):
+        answer, status = asyncio.run(main())
+    assert answer.split(b"\r\n")[0].endswith(b" 400 Bad Request") and status == 200
+    records = [r for r in caplog.records if r.name == "atc_stream.ops_server.http"]
+    assert records and all(r.exc_info is None and "\n" not in r.getMessage() for r in records)
+    assert all(r.levelname == "WARNING" and "LineTooLong" in r.getMessage() for r in records)
+    assert "Traceback" not in caplog.text
 
 
 # -- the command: --config, --log-format json, --metrics-port ------------------------------------

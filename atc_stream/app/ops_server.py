@@ -7,6 +7,7 @@ state between two batches, with no lock and no torn read; one port serves all th
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from atc_stream.app.metrics import LiveCollector
@@ -14,6 +15,29 @@ from atc_stream.connectors.exchanges.feed import KlineClient
 
 #: Seconds a request in flight may take to finish when the server stops.
 SHUTDOWN_TIMEOUT = 1.0
+
+
+class _OneLineErrors(logging.Filter):
+    """A request aiohttp cannot serve (a malformed or oversized request line from some
+    client) is answered with 400 and logged with its traceback: kept to one line, the
+    exception's own, so that a scanner on the port never floods the service's stderr."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            text = " ".join(str(exc).split())[:200]
+            record.msg = f"{record.getMessage()}: {type(exc).__name__}: {text}"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+            # the client's error, not the service's
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+#: The logger of the endpoints' HTTP server (aiohttp's ``RequestHandler`` logger).
+http_log = logging.getLogger("atc_stream.ops_server.http")
+http_log.addFilter(_OneLineErrors())
 
 
 class OpsServer:
@@ -59,7 +83,9 @@ class OpsServer:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT)
+        runner = web.AppRunner(
+            app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT, logger=http_log
+        )
         await runner.setup()
         try:
             site = web.TCPSite(runner, self.host, self.port)
