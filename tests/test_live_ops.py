@@ -254,12 +254,17 @@ def test_collector_exposes_every_field_of_live_stats():
     assert found[(f"{PREFIX}_kline_to_publish_seconds_bucket", (("le", "0.0025"),))] == 3
 
 
+def unconnected_client() -> KlineClient:
+    """A client of one symbol that is never run: the endpoints' server alone."""
+    return KlineClient(
+        Engine(backend="cpu", interval=INTERVAL), ["BTCUSDT"],
+        LiveConfig(ws_url="ws://127.0.0.1:9", rest_url="http://127.0.0.1:9"),
+    )  # fmt: skip
+
+
 def test_ops_server_on_a_taken_port_is_an_error_and_frees_nothing():
     async def main():
-        client = KlineClient(
-            Engine(backend="cpu", interval=INTERVAL), ["BTCUSDT"],
-            LiveConfig(ws_url="ws://127.0.0.1:9", rest_url="http://127.0.0.1:9"),
-        )  # fmt: skip
+        client = unconnected_client()
         async with OpsServer(client) as first:
             with pytest.raises(OSError):
                 await OpsServer(client, port=first.port).start()
@@ -275,10 +280,7 @@ def test_a_request_the_server_cannot_parse_is_one_log_line(caplog):
     import socket
 
     async def main():
-        client = KlineClient(
-            Engine(backend="cpu", interval=INTERVAL), ["BTCUSDT"],
-            LiveConfig(ws_url="ws://127.0.0.1:9", rest_url="http://127.0.0.1:9"),
-        )  # fmt: skip
+        client = unconnected_client()
         async with OpsServer(client) as server:
 
             def oversized() -> bytes:
