@@ -13,11 +13,12 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from atc_stream.connectors.replay.player import ReplaySummary
+from atc_stream.connectors.replay.player import BarPlayer, ReplaySummary
 from atc_stream.state.snapshot import SnapshotWarning
 
 T0 = 1_700_000_000_000
@@ -328,6 +329,75 @@ def test_an_output_on_a_full_disk_is_one_line_and_exit_2(bars, tmp_path, run_mai
     code, err = run_main(["replay", str(bars), "-o", str(out), "--no-progress"])
     one_error_line(code, err, f"cannot write {out}: No space left on device")
     assert "Traceback" not in err
+
+
+def test_an_output_that_is_a_hard_link_to_the_input_is_refused(bars, tmp_path, run_main):
+    linked = tmp_path / "linked.csv"
+    linked.hardlink_to(bars)
+    before = bars.read_bytes()
+    code, err = run_main(["replay", str(bars), "-o", str(linked), "--no-progress"])
+    one_error_line(code, err, f"-o {linked} is the input BARS")
+    assert bars.read_bytes() == before
+
+
+def test_a_symlink_loop_is_one_line(bars, tmp_path, run_main):
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    for args in (["replay", str(tmp_path / "loop1")],
+                 ["replay", str(bars), "-o", str(tmp_path / "loop1")]):  # fmt: skip
+        code, err = run_main([*args, "--no-progress"])
+        one_error_line(code, err, "loop1: Symlink loop")
+
+
+def test_a_month_interval_on_minute_bars_is_refused(bars, tmp_path, run_main):
+    code, err = run_main(["replay", str(bars), "-o", str(tmp_path / "o.jsonl"),
+                          "--interval", "1M", "--no-progress"])  # fmt: skip
+    one_error_line(code, err, "--interval 1M does not match the bars, which are 1m apart")
+
+
+def test_resume_from_another_directory_finds_its_output(tmp_path, run_main, monkeypatch):
+    """A relative ``-o``, resumed from a mid-run snapshot in another directory with the
+    same file spelled another way: the file is cut back and completed there."""
+    from atc_stream.state.snapshot_stores import DirectorySnapshotStore
+
+    work = tmp_path / "work"
+    work.mkdir()
+    times = T0 + 60_000 * np.arange(50_000)
+    bars = tmp_path / "bars.parquet"
+    pq.write_table(pa.table({"symbol": np.repeat(["A", "B", "C"], 50_000), "time":
+                             np.tile(times, 3), "close": np.tile(100 + np.sin(times / 9e6), 3)}),
+                   bars)  # fmt: skip
+    monkeypatch.chdir(work)
+    args = ["replay", str(bars), "--no-progress", "--snapshot-dir", "snaps"]
+    assert run_main([*args, "--snapshot-every", "1000", "-o", "out.jsonl"])[0] == 0
+    whole = (work / "out.jsonl").read_bytes()
+    store = DirectorySnapshotStore(work / "snaps")
+    while len(store.list()) > 1:  # back to the first snapshot, as if killed after it
+        store.delete(store.list()[-1])
+    assert store.latest().header.source_offsets["file"]["output"]["bytes"] < len(whole)
+    monkeypatch.chdir(tmp_path)
+    code, err = run_main(["replay", str(bars), "--no-progress", "--snapshot-dir",
+                          "work/snaps", "--resume", "-o", "work/out.jsonl"])  # fmt: skip
+    assert code == 0 and "another file" not in err, err
+    assert (work / "out.jsonl").read_bytes() == whole
+
+
+def test_a_paced_wait_too_long_for_one_sleep_is_slept_in_slices(monkeypatch):
+    from atc_stream.connectors.replay import player as player_module
+
+    slept = []
+
+    def sleep(seconds):
+        slept.append(seconds)
+        if len(slept) == 3:
+            raise StopIteration  # (the run would sleep for eons)
+
+    monkeypatch.setattr(player_module.time, "sleep", sleep)
+    bar_player = BarPlayer.__new__(BarPlayer)
+    bar_player._clock_origin = (0, player_module.time.perf_counter())
+    with pytest.raises(StopIteration):
+        bar_player._pace(60_000, 1e-300)
+    assert slept == [player_module.MAX_SLEEP_S] * 3
 
 
 def test_a_summary_of_no_time_shows_no_rate():

@@ -106,6 +106,13 @@ def check_redis_reachable(url: str) -> None:
         client.close()
 
 
+def _resolved(path) -> Path | None:
+    try:
+        return Path(path).resolve()
+    except (RuntimeError, OSError):  # a link loop: checked where the output is opened
+        return None
+
+
 def refuse_earlier_output(output, store) -> None:
     """``RunError`` when ``--resume`` found no snapshot but ``output`` (a file, or a
     Parquet directory) already holds rows of an earlier run that a fresh start could
@@ -202,8 +209,6 @@ class Durability:
             return
         if snapshot_dir is not None or snapshot_every is not None or resume:
             self.store = open_snapshot_store(target, namespace=namespace)
-        if redis is not None:  # after the options' own checks
-            check_redis_reachable(redis)
         if refuse_existing and self.store is not None and not resume:
             try:
                 existing = self.store.list()
@@ -216,6 +221,8 @@ class Durability:
                     "to continue from them, or use another --snapshot-dir/--namespace "
                     "(or delete them) to start fresh"
                 )
+        if redis is not None:  # after the local checks of the options and the store
+            check_redis_reachable(redis)
 
     def restore(self, backend: str, outputs="all"):
         """The engine of the newest good snapshot with ``--resume``; None to start fresh."""
@@ -295,6 +302,12 @@ class Durability:
         recorded = engine.source_offsets.get(source_name) if self.restored else None
         if self.resume and not self.restored and not replayable:
             refuse_earlier_output(output, self.store)
+        earlier = ((recorded or {}).get("output") or {}).get("path")
+        if earlier and str(output) != "-" and _resolved(earlier) != _resolved(output):
+            err(
+                f"atc-stream: note: the snapshot's output is {earlier}; {output} is another "
+                "file and gets only the rows from the snapshot on"
+            )
         if self.restored and str(output) == "-":
             err(
                 "atc-stream: note: resuming to stdout: rows written after the snapshot by "

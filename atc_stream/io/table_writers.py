@@ -60,9 +60,17 @@ class ColumnsWriter:
     def position(self) -> dict[str, Any]:
         if self._lines is not None:
             self._lines.sync()
-            return {"format": "jsonl", "path": str(self.path), "bytes": self._lines.tell()}
+            return {
+                "format": "jsonl",
+                "path": str(self.path.absolute()),
+                "bytes": self._lines.tell(),
+            }
         assert self._parts is not None
-        return {"format": "parquet", "path": str(self.path), "parts": self._parts.flush()}
+        return {
+            "format": "parquet",
+            "path": str(self.path.absolute()),
+            "parts": self._parts.flush(),
+        }
 
     def close(self) -> None:
         if self._lines is not None:

@@ -35,14 +35,14 @@ def check_apart(inputs: dict[str, Path | None], outputs: dict[str, str | Path | 
     output is a directory) or lies inside one: opening it would destroy what is read or
     written elsewhere. Keys name the options (``-o``, ``BARS``); paths are compared
     resolved; ``-`` and None are left out. Called before any output is opened."""
-    named = [(name, path, Path(path).resolve()) for name, path in outputs.items()
+    named = [(name, path, _resolved(path)) for name, path in outputs.items()
              if path is not None and str(path) != "-"]  # fmt: skip
-    read = [("input " + name, path, Path(path).resolve()) for name, path in inputs.items()
+    read = [("input " + name, path, _resolved(path)) for name, path in inputs.items()
             if path]  # fmt: skip
     for i, (name, given, out) in enumerate(named):
         earlier = [("output " + other, path, resolved) for other, path, resolved in named[:i]]
         for other, other_given, path in read + earlier:
-            if out == path:
+            if out == path or _same_file(out, path):  # a hard link is the same file too
                 how = "is"
             elif path.is_relative_to(out):
                 how = "contains"
@@ -53,6 +53,21 @@ def check_apart(inputs: dict[str, Path | None], outputs: dict[str, str | Path | 
             raise OutputError(
                 f"{name} {given} {how} the {other} {other_given}; choose another path"
             )
+
+
+def _resolved(path: str | Path) -> Path:
+    """``path`` resolved; ``OutputError`` for a symbolic link loop (one line)."""
+    try:
+        return Path(path).resolve()
+    except (RuntimeError, OSError) as exc:  # "Symlink loop from ..."
+        raise OutputError(f"{path}: {exc}") from None
+
+
+def _same_file(one: Path, other: Path) -> bool:
+    try:
+        return one.exists() and other.exists() and os.path.samefile(one, other)
+    except OSError:
+        return False
 
 
 class Writer(Protocol):
@@ -162,7 +177,11 @@ class JsonlWriter:
         self._out.sync()
         if self._out.path is None:
             return None
-        return {"format": self.format, "path": str(self._out.path), "bytes": self._out.tell()}
+        return {
+            "format": self.format,
+            "path": str(self._out.path.absolute()),
+            "bytes": self._out.tell(),
+        }
 
     def close(self) -> None:
         self._out.close()
@@ -331,7 +350,7 @@ class ParquetWriter:
 
     def position(self) -> dict[str, Any]:
         self._flush()
-        return {"format": self.format, "path": str(self.path), "parts": self._next_part}
+        return {"format": self.format, "path": str(self.path.absolute()), "parts": self._next_part}
 
     def close(self) -> None:
         self._flush()

@@ -214,6 +214,8 @@ def replay_source(
                 engine, bars, warmup=warmup, speed=speed, progress=progress, writer=writer,
                 durability=durability, source=source,
             )  # fmt: skip
+        except InputError as exc:  # the file changed after it was scanned: one line
+            raise RunError(str(exc)) from None
         finally:
             if paper is not None:
                 writer.close()
@@ -275,6 +277,9 @@ def _report_bad_rows(bad_rows, path: Path, strict: bool) -> None:
         raise RunError(f"{bad_rows.total} rejected rows in {path} (--strict)")
 
 
+DAY_MS = 86_400_000
+
+
 def bars_interval(interval: str | None, inferred: str | None, resume: bool, path: Path):
     """The interval to label bars with: ``interval`` (refused when the bars' spacing
     ``inferred`` says otherwise), else ``inferred`` (on ``--resume``: the snapshot's,
@@ -285,13 +290,22 @@ def bars_interval(interval: str | None, inferred: str | None, resume: bool, path
         if inferred is None:
             err(f"atc-stream: note: cannot infer the interval (no symbol has two bars); {INTERVAL}")
         return inferred or INTERVAL
-    if inferred is not None and not is_calendar(interval):
-        if interval_ms(interval) != interval_ms(inferred):
-            raise RunError(
-                f"--interval {interval} does not match the bars, which are {inferred} apart "
-                f"(most common spacing in {path.name}); give --interval {inferred}"
-            )
+    if inferred is not None and not _spacing_fits(interval, inferred):
+        raise RunError(
+            f"--interval {interval} does not match the bars, which are {inferred} apart "
+            f"(most common spacing in {path.name}); give --interval {inferred}"
+        )
     return interval
+
+
+def _spacing_fits(interval: str, inferred: str) -> bool:
+    """Whether bars ``inferred`` apart (their most common spacing) are ``interval`` bars:
+    the same length, or for N months 28 N to 31 N days."""
+    spacing = interval_ms(inferred)
+    if not is_calendar(interval):
+        return interval_ms(interval) == spacing
+    months = int(interval[:-1] or 1)
+    return 28 * months * DAY_MS <= spacing <= 31 * months * DAY_MS
 
 
 def tick_bars(

@@ -20,6 +20,9 @@ from atc_stream.io.readers import REPORT_FIRST, BadRows, BarTable
 
 log = logging.getLogger("atc_stream.replay")
 
+#: Longest single sleep of a paced replay (``time.sleep`` refuses a wait beyond time_t).
+MAX_SLEEP_S = 3600.0
+
 
 @dataclass
 class ReplaySummary:
@@ -289,9 +292,9 @@ class BarPlayer:
             return
         origin_time, origin_wall = self._clock_origin
         due = origin_wall + (bar_time - origin_time) / 1000.0 / speed
-        delay = due - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
+        # in slices: a very slow speed can make a wait longer than one sleep may be
+        while (delay := due - time.perf_counter()) > 0:
+            time.sleep(min(delay, MAX_SLEEP_S))
 
     def _emit(self, result: StepResult) -> None:
         self.summary.rows_out += len(result)
