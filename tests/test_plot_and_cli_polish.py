@@ -4,6 +4,7 @@ metadata and ``py.typed``."""
 from __future__ import annotations
 
 import importlib.metadata
+import re
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +84,18 @@ def test_plot_command_errors_are_one_clear_line(tmp_path, signal_files):
     assert result.exit_code == 2 and "no rows for symbol 'NOPE'" in result.output
     result = runner.invoke(app, ["plot", str(tmp_path / "missing.parquet"), "-o", str(out)])
     assert result.exit_code == 2 and "no such file" in result.output
+    assert "Traceback" not in result.output and not out.exists()
+
+
+@pytest.mark.parametrize("field, value", [("close", '"abc"'), ("time", '"abc"')])
+def test_plot_of_rows_with_text_for_numbers_is_one_line(tmp_path, signal_files, field, value):
+    lines = signal_files[1].read_text().splitlines()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(re.sub(f'"{field}":[^,]*', f'"{field}":{value}', x) for x in lines))
+    out = tmp_path / "chart.png"
+    result = runner.invoke(app, ["plot", str(bad), "--symbol", "BTCUSDT", "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    assert "do not hold the output schema's types" in result.output
     assert "Traceback" not in result.output and not out.exists()
 
 

@@ -64,11 +64,17 @@ def plot_signals(
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    frame = _one_stream(_frame(rows), symbol, params_id)
-
-    x = _x_axis(frame)
-    close = frame["close"].to_numpy(float)
-    signal = frame["signal"].to_numpy(float)
+    try:  # a column of text where the schema has numbers: one line, not a traceback
+        frame = _one_stream(_frame(rows), symbol, params_id)
+        x = _x_axis(frame)
+        close = frame["close"].to_numpy(float)
+        signal = frame["signal"].to_numpy(float)
+    except PlotError:
+        raise
+    except (ValueError, TypeError) as exc:
+        raise PlotError(
+            f"the rows do not hold the output schema's types ({' '.join(str(exc).split())})"
+        ) from None
     fig, (top, bottom) = plt.subplots(
         2, 1, sharex=True, figsize=figsize, height_ratios=(2, 1), layout="constrained"
     )
