@@ -22,7 +22,7 @@ from atc_stream.core.params import ATCParams
 from atc_stream.core.schema import params_metadata
 from atc_stream.core.strategy import Strategy
 from atc_stream.engine.engine import Engine
-from atc_stream.io.writers import open_writer
+from atc_stream.io.writers import open_writer, same_path
 from atc_stream.kernels import cuda_available
 from atc_stream.state.snapshot import SnapshotError, SnapshotWarning
 from atc_stream.state.snapshot_stores import DirectorySnapshotStore, SnapshotStore
@@ -104,13 +104,6 @@ def check_redis_reachable(url: str) -> None:
         raise redis_failure(url, exc, "at the start") from None
     finally:
         client.close()
-
-
-def _resolved(path) -> Path | None:
-    try:
-        return Path(path).resolve()
-    except (RuntimeError, OSError):  # a link loop: checked where the output is opened
-        return None
 
 
 def refuse_earlier_output(output, store) -> None:
@@ -303,7 +296,7 @@ class Durability:
         if self.resume and not self.restored and not replayable:
             refuse_earlier_output(output, self.store)
         earlier = ((recorded or {}).get("output") or {}).get("path")
-        if earlier and str(output) != "-" and _resolved(earlier) != _resolved(output):
+        if earlier and str(output) != "-" and not same_path(earlier, output):
             err(
                 f"atc-stream: note: the snapshot's output is {earlier}; {output} is another "
                 "file and gets only the rows from the snapshot on"

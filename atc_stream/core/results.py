@@ -259,20 +259,21 @@ class StepResult:
         """``symbol``, ``interval`` (object arrays of str) and ``params_id`` of the rows:
         of each slot once, then taken by row, where the rows outnumber the slots (a
         replay's call of many bar times); else of each row's key."""
-        n, keys_by_slot = len(self), self._keys_by_slot
-        if n >= len(keys_by_slot):
-            free = np.array([k is None for k in keys_by_slot], bool)
-            if not free[self.slots].any():  # (a freed slot's row fails below, as it must)
-                slot_keys = [_NO_KEY if k is None else k for k in keys_by_slot]
-                symbol = np.array([k.symbol for k in slot_keys], dtype=object)[self.slots]
-                interval = np.array([k.interval for k in slot_keys], dtype=object)[self.slots]
-                params_id = np.array([k.params_id for k in slot_keys], np.int64)[self.slots]
-                return symbol, interval, params_id
-        keys = [keys_by_slot[s] for s in self.slots.tolist()]
+        keys_by_slot = self._keys_by_slot
+        # (a row of a freed slot takes the per-row path, and fails there, as it must)
+        per_slot = (
+            len(self) >= len(keys_by_slot)
+            and not np.array([k is None for k in keys_by_slot], bool)[self.slots].any()
+        )
+        rows: Any  # which entries of ``keys`` the rows take, in row order
+        if per_slot:
+            keys, rows = [_NO_KEY if k is None else k for k in keys_by_slot], self.slots
+        else:
+            keys, rows = [keys_by_slot[s] for s in self.slots.tolist()], slice(None)
         return (
-            np.array([k.symbol for k in keys], dtype=object).reshape(n),
-            np.array([k.interval for k in keys], dtype=object).reshape(n),
-            np.array([k.params_id for k in keys], np.int64).reshape(n),
+            np.array([k.symbol for k in keys], dtype=object).reshape(len(keys))[rows],
+            np.array([k.interval for k in keys], dtype=object).reshape(len(keys))[rows],
+            np.array([k.params_id for k in keys], np.int64).reshape(len(keys))[rows],
         )
 
     def column_values(self) -> list[list[Any]]:

@@ -8,7 +8,7 @@ import numpy as np
 
 from atc_stream.core.output_row import N_OUT
 from atc_stream.core.results import Rejection, StepResult
-from atc_stream.engine.parsing import as_update_arrays
+from atc_stream.engine.parsing import as_update_arrays, pad_histories
 from atc_stream.kernels import batch
 
 
@@ -56,13 +56,9 @@ def _apply_histories(engine: Any, slots, times, closes, outputs) -> None:
     )
     bar = np.arange(by_stream.shape[0]) - np.repeat(starts, counts)  # its place in history
     stream = np.repeat(np.arange(stream_slots.shape[0]), counts)
-    width = int(counts.max())
-    histories_times = np.zeros((stream_slots.shape[0], width), np.int64)
-    histories_closes = np.ones((stream_slots.shape[0], width))  # padding as pad_histories
-    histories_times[stream, bar] = times[by_stream]
-    histories_closes[stream, bar] = closes[by_stream]
-    recorded = engine.backend.warmup(
-        stream_slots.astype(np.int64), histories_times, histories_closes,
-        counts.astype(np.int64), True,
-    )  # fmt: skip
+    histories = [
+        (slot, times[rows], closes[rows])
+        for slot, rows in zip(stream_slots.tolist(), np.split(by_stream, starts[1:]), strict=True)
+    ]
+    recorded = engine.backend.warmup(*pad_histories(histories), True)
     outputs[by_stream] = recorded[stream, bar]

@@ -20,6 +20,7 @@ from atc_stream.io.writers import (
     ParquetWriter,
     Writer,
     output_format,
+    same_output,
 )
 
 _ENCODER = msgspec.json.Encoder()
@@ -34,7 +35,7 @@ class ColumnsWriter:
         if self.format == "csv":
             raise OutputError(f"{str(path)!r}: trades and positions go to .jsonl or .parquet")
         self.path = Path(path)
-        here = resume_from if _same_output(resume_from, self.format, self.path) else None
+        here = resume_from if same_output(resume_from, self.format, self.path) else None
         self.rows_written = 0
         if self.format == "jsonl":
             self._lines: LineFile | None = LineFile(
@@ -77,14 +78,6 @@ class ColumnsWriter:
             self._lines.close()
         elif self._parts is not None:
             self._parts.flush()
-
-
-def _same_output(recorded: dict[str, Any] | None, fmt: str, path: Path) -> bool:
-    return (
-        recorded is not None
-        and recorded.get("format") == fmt
-        and Path(recorded.get("path", "")).resolve() == path.resolve()
-    )
 
 
 class _Parts(ParquetWriter):

@@ -5,10 +5,12 @@ Formats, columns and resumable positions: docs/design/output-files.md.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -61,6 +63,24 @@ def _resolved(path: str | Path) -> Path:
         return Path(path).resolve()
     except (RuntimeError, OSError) as exc:  # "Symlink loop from ..."
         raise OutputError(f"{path}: {exc}") from None
+
+
+def same_path(one: str | Path, other: str | Path) -> bool:
+    """Whether two paths name the same place once resolved (a link loop names none)."""
+    try:
+        return Path(one).resolve() == Path(other).resolve()
+    except (RuntimeError, OSError):
+        return False
+
+
+def same_output(recorded: dict[str, Any] | None, fmt: str, path: str | Path) -> bool:
+    """Whether ``recorded``, a writer's ``position()`` kept by a snapshot, is of the
+    output ``path`` in format ``fmt`` (however either path is spelled)."""
+    return (
+        recorded is not None
+        and recorded.get("format") == fmt
+        and same_path(recorded.get("path", ""), path)
+    )
 
 
 def _same_file(one: Path, other: Path) -> bool:
@@ -129,31 +149,33 @@ class LineFile:
         self._file.truncate(resume_bytes)
         self._file.seek(resume_bytes)
 
-    def write(self, data: bytes) -> None:
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A full disk, a lost mount: ``cannot_write``, one line for the user."""
         try:
-            self._file.write(data)
-        except OSError as exc:  # a full disk, a lost mount: one line for the user
+            yield
+        except OSError as exc:
             raise cannot_write(self.path or "stdout", exc) from None
+
+    def write(self, data: bytes) -> None:
+        with self._writing():
+            self._file.write(data)
 
     def tell(self) -> int | None:
         return None if self.path is None else self._file.tell()
 
     def sync(self) -> None:
-        try:
+        with self._writing():
             self._file.flush()
             if self.path is not None:
                 os.fsync(self._file.fileno())
-        except OSError as exc:
-            raise cannot_write(self.path or "stdout", exc) from None
 
     def close(self) -> None:
-        try:
+        with self._writing():
             if self.path is None:
                 self._file.flush()
             else:
                 self._file.close()
-        except OSError as exc:
-            raise cannot_write(self.path or "stdout", exc) from None
 
 
 class JsonlWriter:
@@ -378,13 +400,7 @@ def open_writer(
     """
     fmt = output_format(path)
     here = None  # the position to resume from: one of this same output
-    if (
-        resume_from is not None
-        and path is not None
-        and path != "-"
-        and resume_from.get("format") == fmt
-        and Path(resume_from.get("path", "")).resolve() == Path(path).resolve()
-    ):
+    if path is not None and path != "-" and same_output(resume_from, fmt, path):
         here = resume_from
     if fmt == "parquet":
         assert path is not None  # "-" and None are JSONL
