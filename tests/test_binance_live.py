@@ -460,6 +460,9 @@ def test_config_and_argument_validation():
         LiveConfig(max_streams_per_connection=0)
     with pytest.raises(ValueError, match="idle_timeout"):
         LiveConfig(idle_timeout=-1)
+    for bad in (-1, True, "3"):
+        with pytest.raises(ValueError, match="warm_before_ms"):
+            LiveConfig(warm_before_ms=bad)
     with pytest.raises(ValueError, match="rest_url"):
         LiveConfig(rest_url="api.binance.com")
     with pytest.raises(ValueError, match="symbols"):

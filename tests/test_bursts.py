@@ -1,4 +1,5 @@
-"""Garbage collection and start-up work go between the bursts of closed klines, not inside them."""
+"""Garbage collection and start-up work go between the bursts of closed klines, not inside
+them; the step's path is warmed up once just before each."""
 
 from __future__ import annotations
 
@@ -199,3 +200,87 @@ def test_a_long_overdue_collection_also_waits_for_room():
             assert all(r() is None for r in refs)
 
     asyncio.run(main())
+
+
+def test_the_next_burst_is_expected_a_close_plus_the_shortest_lag_less_its_applying():
+    now = [0]
+    clock = BurstClock(IV, lambda: now[0])
+    assert clock.next_burst_ms() is None  # no grid before the first step
+    months = BurstClock(None, lambda: now[0])
+    months.stepped(T0)
+    assert months.next_burst_ms() is None
+    clock.stepped(T0, now_ms=T0 + IV + 4)  # applied 4 ms after its close: ~ no lag
+    for phase, ahead in [(0, 0), (1, IV - 1), (500, 500), (999, 1)]:
+        now[0] = T0 + 9 * IV + phase
+        assert clock.next_burst_ms() == now[0] + ahead, phase
+    # a remote exchange: every burst stepped 60 or more ms after its close is expected
+    # 50 ms after it (the 10 ms of applying taken off), the one under way included
+    for lag in (80, 60, 95):
+        clock.stepped(T0, now_ms=T0 + IV + lag)
+    clock._lags.popleft()  # the 4 ms one
+    now[0] = T0 + 3 * IV + 20
+    assert clock.next_burst_ms() == T0 + 3 * IV + 50
+    now[0] = T0 + 3 * IV + 51
+    assert clock.next_burst_ms() == T0 + 4 * IV + 50
+    # backfills and caught-up histories teach no lag
+    clock.stepped(T0 - 50 * IV, now_ms=T0 + IV + 30)
+    clock.stepped(T0, now_ms=T0 + IV + 30, burst=False)
+    assert clock.next_burst_ms(T0 + 3 * IV + 20) == T0 + 3 * IV + 50
+
+
+def _warm_ups(clock: BurstClock, lead_s: float, seconds: float, warm=None) -> list[float]:
+    """Runs ``clock.before_bursts(lead_s, ...)`` for ``seconds``; the clock times (ms) of
+    its calls."""
+    calls: list[float] = []
+
+    def record() -> None:
+        calls.append(clock.clock_ms())
+        if warm is not None:
+            warm()
+
+    async def main() -> None:
+        task = asyncio.ensure_future(clock.before_bursts(lead_s, record))
+        await asyncio.sleep(seconds)
+        assert not task.done() or task.exception() is None
+        task.cancel()
+
+    asyncio.run(main())
+    return calls
+
+
+def test_the_step_path_is_warmed_once_just_before_each_burst():
+    iv = 200
+    clock = BurstClock(iv, lambda: int(time.time() * 1000))
+    assert _warm_ups(clock, 0.02, 0.3) == []  # no grid yet: nothing to warm up for
+    now = clock.clock_ms()
+    clock.stepped(now - now % iv - iv, now_ms=now - now % iv + 3)  # closes: multiples of iv
+    calls = _warm_ups(clock, 0.02, 1.1)
+    assert 4 <= len(calls) <= 6, calls
+    # 20 ms before each close (the loop's timers are late by a few ms at most)
+    assert all(-25 <= (t % iv) - iv <= -12 for t in calls), [t % iv for t in calls]
+    assert len({(t + 30) // iv for t in calls}) == len(calls)  # one a close
+
+
+def test_a_failing_warm_up_is_logged_once_and_the_feed_goes_on(caplog):
+    iv = 100
+    clock = BurstClock(iv, lambda: int(time.time() * 1000))
+    now = clock.clock_ms()
+    clock.stepped(now - now % iv - iv, now_ms=now - now % iv + 3)
+
+    def broken() -> None:
+        raise RuntimeError("boom")
+
+    calls = _warm_ups(clock, 0.01, 0.5, broken)
+    assert len(calls) == 1
+    assert [r.levelname for r in caplog.records] == ["ERROR"]
+    assert "warming up before bursts failed" in caplog.records[0].getMessage()
+
+
+def test_a_standing_clock_warms_up_once_not_again_and_again():
+    stopped = int(time.time() * 1000)
+    iv = 200
+    frozen = BurstClock(iv, lambda: stopped)
+    # 10 ms before a close (no lag learnt: the burst is due at the close)
+    frozen.stepped(stopped - 2 * iv + 10, now_ms=stopped, burst=False)
+    assert frozen.next_burst_ms() == stopped + 10
+    assert len(_warm_ups(frozen, 0.02, 0.4)) == 1

@@ -313,14 +313,13 @@ def live(
             "spent at most.",
         ),
     ] = None,
-    ws_compression: Annotated[
-        bool,
-        typer.Option(
-            "--ws-compression/--no-ws-compression",
-            help="Offer permessage-deflate on the websocket: less traffic, ~7 us more CPU "
-            "per kline.",
-        ),
-    ] = False,
+    ws_compression: Annotated[bool, typer.Option("--ws-compression/--no-ws-compression",
+        help="Offer permessage-deflate on the websocket: less traffic, ~7 us more CPU "
+        "per kline.")] = False,
+    warm_before_ms: Annotated[float, typer.Option(min=0, help="MS before each bar's klines "
+        "are due, run the step once on a preview (nothing is sent), so that the bar finds "
+        "the CPU's caches warm: ~0.4 ms less latency at 200 symbols for ~1 ms of CPU a "
+        "bar (0: off).")] = 3.0,
     status_every: Annotated[
         float, typer.Option(min=0, help="Status line on stderr every SECONDS (0: none).")
     ] = 1.0,
@@ -362,7 +361,7 @@ def live(
         ws_url=ws_url, rest_url=rest_url, output=output, previews=previews, max_seconds=max_seconds,
         max_bars=max_bars, max_streams_per_connection=max_streams_per_connection,
         idle_timeout=idle_timeout, rest_weight_budget=rest_weight_budget,
-        ws_compression=ws_compression, started_ms=_started_ms,
+        ws_compression=ws_compression, warm_before_ms=warm_before_ms, started_ms=_started_ms,
         status_every=status_every, params=params, backend=backend, redis=redis,
         redis_prefix=redis_prefix, snapshot_dir=snapshot_dir, snapshot_every=snapshot_every,
         resume=resume, events_before_ready=events_before_ready, strategies=strategy or [],

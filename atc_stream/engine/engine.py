@@ -532,22 +532,22 @@ class Engine:
         columns: Mapping[str, str] | None = None,
     ) -> StepResult:
         """Outputs for in-progress bars as if they closed now; state is not changed.
-
         Accepts the same forms as :meth:`step` (with strategies, bars with OHLC); the
-        strategies are not previewed (the result has no strategy outputs).
-        """
+        strategies are not previewed (the result has no strategy outputs)."""
         return self._preview(*self._parse_input(bars, time_unit, columns)[:5])
 
-    def preview_arrays(self, slots, times, closes) -> StepResult:
+    def preview_arrays(self, slots, times, closes, *, count_rejected: bool = True) -> StepResult:
+        """:meth:`preview` of arrays; ``count_rejected=False`` leaves out rows it cannot
+        preview silently (a warm-up run of the path: nothing in ``rejections``)."""
         slots, times, closes = as_update_arrays(slots, times, closes)
-        return self._preview(slots, times, closes, np.arange(slots.shape[0]), [])
+        return self._preview(slots, times, closes, np.arange(len(slots)), [], count_rejected)
 
-    def _preview(self, slots, times, closes, origin, rejected) -> StepResult:
+    def _preview(self, slots, times, closes, origin, rejected, count=True) -> StepResult:
         store = self.store
         reasons = np.zeros(slots.shape[0], np.int64)
         batch.check_previews(store.counters, store.in_use, slots, times, closes, reasons)
         accepted = reasons == batch.ACCEPTED
-        if not accepted.all():
+        if count and not accepted.all():
             self._report_codes(reasons, slots, times, closes, origin, rejected)
         fields = self.backend.preview_outputs(slots, times, closes, accepted, self._outputs)
         if not accepted.all():

@@ -57,6 +57,7 @@ def run_live(
     idle_timeout: float,
     rest_weight_budget: int | None,
     ws_compression: bool,
+    warm_before_ms: float = 3.0,
     status_every: float,
     params: Path | None,
     backend: str,
@@ -97,7 +98,7 @@ def run_live(
             history=history, max_streams_per_connection=max_streams_per_connection,
             previews=previews, idle_timeout=idle_timeout,
             rest_weight_budget=rest_weight_budget, ws_compression=ws_compression,
-            ws_url=ws_url, rest_url=rest_url,
+            warm_before_ms=warm_before_ms, ws_url=ws_url, rest_url=rest_url,
         )  # fmt: skip
         if max_seconds is not None and not max_seconds > 0:
             raise ValueError(f"--max-seconds must be > 0, got {max_seconds}")

@@ -119,7 +119,6 @@ class KlineClient:
         self.on_bars = on_bars  #: the closed bars applied (warmup included), in order
         self.snapshotter = snapshotter
         self.source_offsets = source_offsets
-
         self.publisher = publisher
         self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         #: when the next burst of closed klines comes: start-up work runs around it
@@ -132,7 +131,7 @@ class KlineClient:
         self.chunks = [names[i : i + per] for i in range(0, len(names), per)]
         self.stats.connections = len(self.chunks)
         self.engine.add_symbols(names)
-        self._stepper = KlineStepper(engine, names, self._ohlc)
+        self._stepper = KlineStepper(engine, names, self._ohlc, self._interval_ms, publisher)
         self._state = {s: SymbolState(last=t) for s, t in self._engine_lasts(names).items()}
         self._engine_rejections_at_start = Counter(engine.rejections)
         self._pending: list[Kline] = []  # closed klines for the next step, in order
@@ -248,6 +247,9 @@ class KlineClient:
                 tasks += [startup, stop_wait]
                 if on_status is not None:
                     tasks.append(asyncio.ensure_future(self._status_loop(on_status, status_every)))
+                if self.config.warm_before_ms:  # the step's path run just before each burst
+                    lead, warm = self.config.warm_before_ms / 1000, self._stepper.warm
+                    tasks.append(asyncio.ensure_future(self.bursts.before_bursts(lead, warm)))
                 await asyncio.wait(
                     [startup, consumer, stop_wait], timeout=left(),
                     return_when=asyncio.FIRST_COMPLETED,

@@ -1,14 +1,17 @@
 """Klines as engine input: closed ones as one ``Engine.step_arrays`` call (each symbol's
-slots looked up once), in-progress ones as preview updates, histories as warmup series."""
+slots looked up once), in-progress ones as preview updates, histories as warmup series;
+and the step's path run once on a preview before a burst (``KlineStepper.warm``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from operator import itemgetter
+from typing import Any
 
 import numpy as np
 
 from atc_stream.connectors.exchanges.klines import Kline
+from atc_stream.core.messages import encoded_rows
 from atc_stream.core.results import StepResult
 from atc_stream.engine.engine import Engine
 from atc_stream.engine.parsing import fan_out
@@ -21,14 +24,30 @@ class KlineStepper:
     """Steps ``engine`` with closed klines of ``symbols`` as slot, time and price arrays:
     the engine's per-item parsing of ``(symbol, time, close)`` tuples is left out.
     ``ohlc``: the engine trades strategies, so open, high and low go with the close (in
-    the steps, the preview updates of ``update`` and the warmup series of ``series``)."""
+    the steps, the preview updates of ``update`` and the warmup series of ``series``).
+    ``interval_ms`` (None: calendar bars) and ``publisher`` (a ``LoopPublisher``, or
+    None) are for :meth:`warm`."""
 
-    def __init__(self, engine: Engine, symbols: Sequence[str], ohlc: bool) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        symbols: Sequence[str],
+        ohlc: bool,
+        interval_ms: int | None = None,
+        publisher: Any | None = None,
+    ) -> None:
         self.engine = engine
         self.ohlc = ohlc
+        self.interval_ms = interval_ms
+        self.publisher = publisher
         self._slots = {s: engine.slots_of(s).tolist() for s in symbols}
         single = all(len(slots) == 1 for slots in self._slots.values())
         self._single_slot = {s: slots[0] for s, slots in self._slots.items()} if single else None
+        # each slot's latest stepped bar (open time, close): what ``warm`` previews from
+        size = max((max(slots) for slots in self._slots.values() if slots), default=-1) + 1
+        self._latest_time = np.zeros(size, np.int64)
+        self._latest_close = np.zeros(size, np.float64)
+        self._stepped = np.zeros(size, np.bool_)
 
     def update(self, k: Kline) -> tuple:
         """The engine's update of an in-progress kline: with strategies, its OHLC too."""
@@ -68,4 +87,29 @@ class KlineStepper:
         if self.ohlc:
             ohlc = {"opens": columns[2], "highs": columns[3], "lows": columns[4]}
         result = self.engine.step_arrays(slots, columns[0], columns[1], origin, **ohlc)
+        self._latest_time[result.slots] = result.times  # rows the engine applied
+        self._latest_close[result.slots] = result.closes
+        self._stepped[result.slots] = True
         return result, newest
+
+    def warm(self) -> None:
+        """Runs the step's path once without changing anything: a preview of the next bar
+        of every slot stepped so far, at its latest close, encoded and packed as the
+        publisher would send it (the JSONL rows without one), and thrown away.
+
+        Called just before a burst is due (``BurstClock.before_bursts``), it brings the
+        state, the kernels' code and the encoders into the CPU's caches; after an idle
+        second the burst otherwise meets them evicted (docs/design/live-feed.md)."""
+        if self.interval_ms is None:
+            return
+        slots = np.flatnonzero(self._stepped)
+        if slots.shape[0] == 0:
+            return
+        times = self._latest_time[slots] + self.interval_ms
+        closes = self._latest_close[slots]
+        result = self.engine.preview_arrays(slots, times, closes, count_rejected=False)
+        if len(result) == 0:
+            return
+        if self.publisher is not None:
+            self.publisher.warm(result)
+        encoded_rows(result)

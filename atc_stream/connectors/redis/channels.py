@@ -197,6 +197,12 @@ class SignalMessages:
         fanout, messages = self._fanout_commands(encoded)
         return batches + fanout, len(batches) + messages
 
+    def warm(self, result: StepResult) -> None:
+        """Encodes and packs ``result``'s messages as a publish would, and sends nothing:
+        run just before a burst, it brings this code and its data into the CPU's caches
+        (``KlineStepper.warm``). Counters and sequence numbers are untouched."""
+        self._commands([(0, result)])
+
     def _encode(self, items: Sequence[tuple[int, StepResult]]) -> list[tuple]:
         """(seq, result, encoded records) of each item."""
         return [(seq, result, self._encoded_records(result)) for seq, result in items]
