@@ -167,6 +167,38 @@ def test_files_that_are_not_utf8_are_one_line(tmp_path, run_main, ticks, content
     one_error_line(code, err, needle)
 
 
+@pytest.mark.parametrize(
+    ("header", "row", "ticks", "needle"),
+    [
+        ("symbol,time,close,close", "AAA,{t},1,2", False, "column 'close' 2 times"),
+        ("symbol,time,symbol,close", "AAA,{t},BBB,1", False, "column 'symbol' 2 times"),
+        ("\ufefftime,close,time", "{t},1,{t}", False, "column 'time' 2 times"),
+        ("symbol,time,price,size,price", "AAA,{t},1,1,2", True, "column 'price' 2 times"),
+    ],
+    ids=["close", "symbol", "time-after-a-bom", "tick-price"],
+)
+def test_a_column_the_reader_needs_named_twice_is_one_line(
+    tmp_path, run_main, header, row, ticks, needle
+):
+    path = tmp_path / "b.csv"
+    lines = [header] + [row.format(t=T0 + 60_000 * i) for i in range(5)]
+    path.write_text("\r\n".join(lines) + "\r\n", encoding="utf-8")
+    source = ["--ticks", str(path)] if ticks else [str(path)]
+    code, err = run_main(["replay", *source, "--interval", "1m", "--no-progress"])
+    one_error_line(code, err, needle)
+
+
+def test_a_column_it_does_not_read_may_be_named_twice(tmp_path, run_main):
+    path = tmp_path / "b.csv"
+    text = "symbol,time,close,volume,volume\n" + "".join(
+        f"AAA,{T0 + 60_000 * i},{100 + i},1,2\n" for i in range(5)
+    )
+    path.write_text(text)
+    code, err = run_main(["replay", str(path), "--interval", "1m", "-o", str(tmp_path / "o.jsonl")])
+    assert code == 0, err
+    assert len((tmp_path / "o.jsonl").read_text().splitlines()) == 5
+
+
 @pytest.mark.parametrize("ticks", [False, True])
 def test_a_row_of_too_many_cells_that_is_not_utf8_is_one_line_without_a_traceback(tmp_path, ticks):
     """pyarrow cannot hand such a row to the reader (making text of it fails, an exception

@@ -1,6 +1,11 @@
-"""Error text shared by every floor: the one-line form of an exception for a user message."""
+"""Errors shared by every floor: a bad input file (``InputError``), and the one-line form
+of an exception for a user message."""
 
 from __future__ import annotations
+
+
+class InputError(ValueError):
+    """An input file cannot be read (one line for the user; the CLI exits 2)."""
 
 
 def first_line(exc: BaseException) -> str:

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
+from atc_stream.core.errors import InputError as InputError
 from atc_stream.core.errors import first_line
 from atc_stream.core.inputs import bad_ohlc
 from atc_stream.core.intervals import interval_label
@@ -30,6 +31,7 @@ from atc_stream.io.cells import SymbolCodes as SymbolCodes
 from atc_stream.io.cells import as_text as as_text
 from atc_stream.io.cells import empty_cells as empty_cells
 from atc_stream.io.cells import parse_closes as parse_closes
+from atc_stream.io.csv_header import check_header
 from atc_stream.io.rebatch import whole_batches
 
 #: Cells longer than this are rejected (``oversized_field``); no valid cell comes close.
@@ -75,10 +77,6 @@ class BarTable:
 
 #: Rejected rows reported in full; later ones are only counted.
 REPORT_FIRST = 5
-
-
-class InputError(ValueError):
-    """An input file cannot be read (one line for the user; the CLI exits 2)."""
 
 
 @dataclass
@@ -397,37 +395,6 @@ def csv_text_options(columns, on_invalid, *, threads: bool = False, only=False) 
     }
 
 
-#: Byte order marks of the encodings a CSV file is refused in, by name.
-_FOREIGN_BOMS = (
-    (b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
-    (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"),
-)  # fmt: skip
-
-
-def check_utf8_header(path: Path) -> None:
-    """``InputError`` for a CSV file whose header line is not UTF-8 text (a UTF-16 or
-    UTF-32 file is named as such): pyarrow would fail on it with a raw decode error."""
-    try:
-        with open(path, "rb") as f:
-            start = f.read(BLOCK_BYTES)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read CSV: {exc.strerror or exc}") from None
-    for bom, name in _FOREIGN_BOMS:
-        if start.startswith(bom):
-            raise InputError(f"{path}: the file is {name} text; save it as UTF-8")
-    header = start.split(b"\n", 1)[0]
-    if b"\x00" in header:  # UTF-16 without a byte order mark: every other byte is NUL
-        raise InputError(f"{path}: the header holds NUL bytes (UTF-16?); save it as UTF-8")
-    try:
-        header.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        if exc.start < len(header) - 3:  # not a character cut by the read size
-            raise InputError(
-                f"{path}: the header line is not UTF-8 (byte 0x{header[exc.start]:02x} at "
-                f"offset {exc.start}); save the file as UTF-8"
-            ) from None
-
-
 def check_one_line_cells(path: Path, batch, line_of) -> None:
     """``InputError`` when a text cell of ``batch`` (record batch or table) holds a line
     break: only a quote left open (or a quoted field spanning lines) puts one there, and
@@ -530,7 +497,7 @@ def csv_batches(path: Path, columns, bad: BadRows, hint: str = COLUMN_HINT):
     number of columns, or a cell of ``columns`` that is not UTF-8, go to ``bad``."""
 
     rejected = InvalidRows("columns")
-    check_utf8_header(path)
+    check_header(path, columns)
     try:
         # the reader is never bound here: the handler it holds must go with it
         yield from _csv_reader_batches(

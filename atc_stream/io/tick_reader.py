@@ -18,6 +18,7 @@ import pyarrow.dataset as ds
 
 from atc_stream.core.errors import first_line
 from atc_stream.core.timetext import MAX_TIME_MS, text_to_ms
+from atc_stream.io.csv_header import check_header
 from atc_stream.io.readers import (
     MAX_FIELD_CHARS,
     REPORT_FIRST,
@@ -26,7 +27,6 @@ from atc_stream.io.readers import (
     InvalidRows,
     check_column_types,
     check_one_line_cells,
-    check_utf8_header,
     csv_text_options,
     drop_non_utf8_rows,
     epoch_unit,
@@ -221,7 +221,7 @@ def _csv_columns(path: Path, roles: dict, bad):
     an unterminated quote raises ``InputError``.
     """
 
-    check_utf8_header(path)
+    check_header(path, roles.values())
     try:  # the header line alone: a bad byte further on is a data row's problem
         with open(path, "rb") as f:
             first = f.readline().decode("utf-8-sig")
