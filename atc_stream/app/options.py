@@ -135,7 +135,10 @@ SnapshotToOption = Annotated[
 SnapshotEveryOption = Annotated[
     int | None,
     typer.Option(
-        "--snapshot-every", min=1, help=f"Snapshot every N bars (default {SNAPSHOT_EVERY})."
+        "--snapshot-every",
+        min=1,
+        help=f"Snapshot once at least N bars were applied since the last one (default "
+        f"{SNAPSHOT_EVERY}; a replay checks between its calls of up to 65,536 rows).",
     ),
 ]
 ResumeOption = Annotated[
