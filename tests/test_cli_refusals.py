@@ -472,3 +472,21 @@ def test_a_resume_to_stdout_says_rows_after_the_snapshot_come_again(bars, tmp_pa
     code, err = run_main(["replay", str(bars), "-o", "-", *snapshots, "--resume"])
     assert code == 0, err
     assert "note: resuming to stdout: rows written after the snapshot" in err
+
+
+def test_a_reader_that_closes_stdout_ends_the_run_quietly(tmp_path):
+    """`atc-stream replay ... | head -1`: status 141 (as a command killed by SIGPIPE), and
+    not a word on stderr after the summary's absence."""
+    path = tmp_path / "g.csv"
+    path.write_text(bars_text(5000))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "atc_stream", "replay", str(path), "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.readline()
+    assert first.startswith(b'{"symbol":"AAA"')
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) == 141, err
+    assert "error" not in err and "Traceback" not in err and "Exception" not in err, err

@@ -104,11 +104,14 @@ def compile_kernels() -> None:
 def _user_errors():
     """Errors meant for the user (bad option, unusable output, refused resume) become one
     line on stderr and exit status 2, never a traceback."""
-    from atc_stream.app.console import interrupted
-    from atc_stream.io.writers import OutputError
+    from atc_stream.app.console import interrupted, reader_gone
+    from atc_stream.io.writers import OutputError, ReaderGone
 
     try:
         yield
+    except ReaderGone:  # `| head` has what it wants: not a word
+        reader_gone()
+        raise typer.Exit(141) from None
     except (RunError, OutputError) as exc:
         error(str(exc))
         raise typer.Exit(2) from None
@@ -290,13 +293,9 @@ def live(
             "not published to Redis).",
         ),
     ] = True,
-    max_seconds: Annotated[
-        float | None, typer.Option("--max-seconds", help="Stop after SECONDS.")
-    ] = None,
-    max_bars: Annotated[
-        int | None,
-        typer.Option("--max-bars", min=1, help="Stop after N closed bars applied after warmup."),
-    ] = None,
+    max_seconds: Annotated[float | None, typer.Option(help="Stop after SECONDS.")] = None,
+    max_bars: Annotated[int | None, typer.Option(min=1,
+        help="Stop after N closed bars applied after warmup.")] = None,
     max_streams_per_connection: Annotated[
         int, typer.Option(min=1, help="Streams per websocket connection.")
     ] = 1024,

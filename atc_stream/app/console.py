@@ -78,6 +78,14 @@ def error(message: str) -> None:
     err(f"{PROGRAM}: error: {message}", level="error")
 
 
+def reader_gone() -> None:
+    """stdout's reader closed the pipe: stdout goes to the null device, so that the
+    interpreter's flush at exit has no write left to fail (and report)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def interrupted(exc: KeyboardInterrupt, line: str = f"{PROGRAM}: interrupted") -> None:
     """The line of a command stopped by Ctrl-C (or ``line``). Work cut short mid-call (a
     kernel compile) can leave objects half built in the frames it unwound, whose

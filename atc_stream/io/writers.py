@@ -27,6 +27,12 @@ class OutputError(ValueError):
     """The output cannot be written or resumed (message is one line for the user)."""
 
 
+class ReaderGone(OutputError):
+    """stdout's reader closed the pipe (``atc-stream replay ... | head``): nothing more can
+    be written, and nobody reads a message; the CLI stops quietly with status 141, as a
+    command killed by SIGPIPE."""
+
+
 def cannot_write(path: str | Path, exc: OSError) -> OutputError:
     """The one-line ``OutputError`` of an output the system refuses to create or open."""
     return OutputError(f"cannot write {path}: {exc.strerror or exc}")
@@ -154,6 +160,10 @@ class LineFile:
         """A full disk, a lost mount: ``cannot_write``, one line for the user."""
         try:
             yield
+        except BrokenPipeError:
+            if self.path is None:
+                raise ReaderGone("stdout was closed by its reader") from None
+            raise
         except OSError as exc:
             raise cannot_write(self.path or "stdout", exc) from None
 
