@@ -94,8 +94,8 @@ class KlineStepper:
 
     def warm(self) -> None:
         """Runs the step's path once without changing anything: a preview of the next bar
-        of every slot stepped so far, at its latest close, encoded and packed as the
-        publisher would send it (the JSONL rows without one), and thrown away.
+        of every slot stepped so far, at its latest close, packed as the publisher would
+        send it (when there is one) and cut into JSONL rows, then thrown away.
 
         Called just before a burst is due (``BurstClock.before_bursts``), it brings the
         state, the kernels' code and the encoders into the CPU's caches; after an idle
