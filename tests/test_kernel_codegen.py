@@ -71,7 +71,10 @@ def test_lane_kernel_is_vectorized(compiled_kernels):
     assert sum_adds >= 18, f"fadd on {sum_vector}: {sum_adds} in the lane kernel's IR"
     scalar_adds = len(re.findall(r"= fadd double ", ir))
     vector_adds = len(re.findall(r"= fadd <\d+ x double> ", ir))
-    assert vector_adds > 4 * scalar_adds, (vector_adds, scalar_adds)
+    # a kernel whose lanes fell back to scalar code would have few vector adds and
+    # thousands of scalar ones; where the sums run on whole rows (AVX-512, one part) the
+    # lane kernel has ~590 vector adds against ~160 scalar ones (the streams' own sums)
+    assert vector_adds > 2 * scalar_adds, (vector_adds, scalar_adds)
     if platform.machine() in ("x86_64", "AMD64"):
         assert len(PACKED_ASM.findall(asm)) >= 50, "few packed-double instructions"
         assert len(CHAIN_ASM.findall(asm)) >= 8, "no window sum chained in a register"
