@@ -345,6 +345,28 @@ def test_steady_slot_set_shortcut_equals_full_planning():
     np.testing.assert_array_equal(fast.store.values, full.store.values)
 
 
+@pytest.mark.parametrize("groups", [("signal",), ("signal", "events"), ("layers", "growth")])
+def test_cpu_typed_fields_equal_the_schema_conversion(groups):
+    """The CPU backend's one-pass conversion of output rows (bar index, long, short)
+    gives ``schema.kernel_fields``'s fields, NaN rows (rejected updates) included."""
+    from atc_stream.core import output_row, schema
+    from atc_stream.kernels import cpu
+
+    rng = np.random.default_rng(3)
+    out = rng.normal(size=(40, output_row.N_OUT))
+    out[:, output_row.OUT_BAR_INDEX] = rng.integers(0, 10**9, 40)
+    out[:, output_row.OUT_LONG] = rng.integers(0, 2, 40)
+    out[:, output_row.OUT_SHORT] = rng.choice([0.0, 1.0, np.nan], 40)
+    out[::7] = np.nan
+    expected = schema.kernel_fields(out, groups)
+    fields = cpu.kernel_fields(out, groups)
+    assert list(fields) == list(expected)
+    for name, values in expected.items():
+        assert fields[name].dtype == values.dtype, name
+        np.testing.assert_array_equal(fields[name], values, err_msg=name)
+    assert (fields["bar_index"][::7] == -1).all()
+
+
 # -- the backend seam ------------------------------------------------------------------
 
 

@@ -163,22 +163,33 @@ def float_columns(groups: Sequence[str]) -> np.ndarray:
     return np.array(columns, np.int64)
 
 
-def kernel_fields(outputs: np.ndarray, groups: Sequence[str] = ALL_OUTPUTS) -> dict:
+def kernel_fields(
+    outputs: np.ndarray,
+    groups: Sequence[str] = ALL_OUTPUTS,
+    events: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+) -> dict:
     """The typed fields of ``groups`` from kernel output rows ``[row, OUT_*]``.
 
     Floats are views of ``outputs`` (no copy); ``long``/``short`` bool, ``bar_index``
-    int64 (-1 in rows that hold no result). The CUDA backend builds the same fields
-    from packed device buffers.
+    int64 (-1 in rows that hold no result). ``events``: ``(bar_index, long, short)``
+    already converted (the CPU backend does it in one compiled pass). The CUDA backend
+    builds the same fields from packed device buffers.
     """
-    bar_index = outputs[:, output_row.OUT_BAR_INDEX]
-    if np.isnan(bar_index).any():  # rows of rejected updates hold no result
-        bar_index = np.where(np.isnan(bar_index), -1.0, bar_index)
-    fields: dict[str, np.ndarray] = {"bar_index": bar_index.astype(np.int64)}
+    if events is None:
+        bar_index = outputs[:, output_row.OUT_BAR_INDEX]
+        if np.isnan(bar_index).any():  # rows of rejected updates hold no result
+            bar_index = np.where(np.isnan(bar_index), -1.0, bar_index)
+        events = (
+            bar_index.astype(np.int64),
+            outputs[:, output_row.OUT_LONG] == 1.0,
+            outputs[:, output_row.OUT_SHORT] == 1.0,
+        )
+    fields: dict[str, np.ndarray] = {"bar_index": events[0]}
     for name in fields_for(groups)[1:]:
         if name == "long":
-            fields[name] = outputs[:, output_row.OUT_LONG] == 1.0
+            fields[name] = events[1]
         elif name == "short":
-            fields[name] = outputs[:, output_row.OUT_SHORT] == 1.0
+            fields[name] = events[2]
         else:
             first, last = FLOAT_FIELD_COLUMNS[name][0], FLOAT_FIELD_COLUMNS[name][-1]
             fields[name] = outputs[:, first] if first == last else outputs[:, first : last + 1]

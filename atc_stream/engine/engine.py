@@ -316,7 +316,6 @@ class Engine:
         fast = parse_columns(bars, slot_lists, self._single_slot)
         if fast is not None:
             return fast
-
         return parse_items(bars, slot_lists, self._rejecter(rejected))
 
     def _rejecter(self, rejected: list[Rejection]) -> Reject:
@@ -350,13 +349,9 @@ class Engine:
             reported.add((origin[u], reasons[u]))
             key = self._keys_by_slot[slots[u]] if 0 <= slots[u] < len(self._keys_by_slot) else None
             where = f"symbol {key.symbol!r}" if key else f"slot {slots[u]}"
-            self._reject(
-                rejected,
-                int(origin[u]),
-                batch.REASON_NAMES[int(reasons[u])],
-                f"{where} time {times[u]} close {float(closes[u])!r}",
-                key.symbol if key else None,
-            )
+            detail = f"{where} time {times[u]} close {float(closes[u])!r}"
+            reason = batch.REASON_NAMES[int(reasons[u])]
+            self._reject(rejected, int(origin[u]), reason, detail, key.symbol if key else None)
 
     # -- step / preview -------------------------------------------------------------
 
@@ -450,34 +445,36 @@ class Engine:
         """``batch.plan_rounds``, or its steady-case shortcut: while a batch's slots are
         those of the last batch that was one round with every update accepted (each
         stream once), the rounds are known and only the checks run
-        (``batch.check_unique_step``: no per-slot scratch, fewer scattered reads)."""
-        store = self.store
-        n = slots.shape[0]
-        unique = self._unique_slots
-        if unique is not None and unique.shape[0] == n and np.array_equal(unique, slots):
+        (``batch.check_unique_step``, which also gives the updates' ready bars). Returns
+        the order, the round starts and the ready bars (None: not looked up)."""
+        store, n, unique = self.store, slots.shape[0], self._unique_slots
+        if unique is not None:
+            ready_from = np.empty(n, np.int64)
             n_ok = batch.check_unique_step(
-                store.counters, store.in_use, slots, times, closes, reasons
-            )
+                store.counters, store.in_use, store.params.ready_bars, unique, slots, times,
+                closes, reasons, ready_from,
+            )  # fmt: skip
             if n_ok == n:
                 if self._all_rows.shape[0] != n:
                     self._all_rows = np.arange(n, dtype=np.int64)
-                return self._all_rows, np.array([0, n], np.int64)
-            order = np.flatnonzero(reasons == batch.ACCEPTED)
-            return order, np.array([0, n_ok] if n_ok else [0], np.int64)
+                return self._all_rows, np.array([0, n], np.int64), ready_from
+            if n_ok >= 0:
+                order = np.flatnonzero(reasons == batch.ACCEPTED)
+                return order, np.array([0, n_ok] if n_ok else [0], np.int64), ready_from
         order, round_starts = batch.plan_rounds(
             store.counters, store.in_use, store.pending_last, store.pending_count,
             slots, times, closes, reasons,
         )  # fmt: skip
         one_round_all_accepted = order.shape[0] == n and round_starts.shape[0] == 2
         self._unique_slots = slots.copy() if one_round_all_accepted and n > 1 else None
-        return order, round_starts
+        return order, round_starts, None
 
     _unique_slots: np.ndarray | None = None
     _all_rows = np.zeros(0, np.int64)
 
     def _step(self, slots, times, closes, origin, rejected, ohlc=None) -> PendingStep:
         reasons = np.zeros(slots.shape[0], np.int64)
-        order, round_starts = self._plan(slots, times, closes, reasons)
+        order, round_starts, ready_from = self._plan(slots, times, closes, reasons)
         if order.shape[0] != slots.shape[0]:
             self._report_codes(reasons, slots, times, closes, origin, rejected)
         strategy = None
@@ -495,12 +492,14 @@ class Engine:
             keep = np.sort(order)
             slots, times, closes = slots[keep], times[keep], closes[keep]
             strategy = None if strategy is None else strategy.take(keep)
+            ready_from = None if ready_from is None else ready_from[keep]
         else:
             keep = None
         if not self._strategy_output:
             strategy = None
         # the result's rows are fixed now (a later step may reuse or free a slot)
-        ready_from = self.store.params.ready_bars[self.store.counters[slots, L.PARAM_ROW]]
+        if ready_from is None:
+            ready_from = self.store.params.ready_bars[self.store.counters[slots, L.PARAM_ROW]]
         outputs, keys_by_slot = self._outputs, self._keys_by_slot
 
         def result() -> StepResult:

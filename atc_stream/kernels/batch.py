@@ -10,7 +10,7 @@ from numba import njit
 
 from atc_stream.core.timetext import MAX_TIME_MS
 from atc_stream.kernels.cache import cached_jit
-from atc_stream.state.layout import LAST_TIME
+from atc_stream.state.layout import LAST_TIME, PARAM_ROW
 
 ACCEPTED = 0
 UNKNOWN_STREAM = 1
@@ -95,15 +95,27 @@ def plan_rounds(counters, in_use, pending_last, pending_count, slots, times, clo
 
 
 @cached_jit(njit(cache=True))
-def check_unique_step(counters, in_use, slots, times, closes, reasons):
-    """Validate a step batch known to hold each stream at most once (one round); return
-    the number of accepted updates. Same reasons as ``plan_rounds`` gives such a batch."""
+def check_unique_step(
+    counters, in_use, ready_bars, last_slots, slots, times, closes, reasons, ready_from
+):
+    """Validate a step batch whose slots are ``last_slots``, a batch known to hold each
+    stream at most once (one round); return the number of accepted updates, or -1
+    (nothing checked) when the slots are not ``last_slots``. Same reasons as
+    ``plan_rounds`` gives such a batch; ``ready_from[u]`` gets an accepted update's
+    ``ready_bars`` entry (its parameter row's first ready bar index)."""
+    n = slots.shape[0]
+    if last_slots.shape[0] != n:
+        return -1
+    for u in range(n):
+        if slots[u] != last_slots[u]:
+            return -1
     n_ok = 0
-    for u in range(slots.shape[0]):
+    for u in range(n):
         slot = slots[u]
         reason = _check_close_and_slot(slot, closes[u], in_use)
         if reason == ACCEPTED:
             reason = _time_reason(times[u], counters[slot, LAST_TIME])
+            ready_from[u] = ready_bars[counters[slot, PARAM_ROW]]
         reasons[u] = reason
         if reason == ACCEPTED:
             n_ok += 1

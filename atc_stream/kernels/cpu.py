@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit, prange
 
 from atc_stream.core import schema
-from atc_stream.core.output_row import N_OUT
+from atc_stream.core.output_row import N_OUT, OUT_BAR_INDEX, OUT_LONG, OUT_SHORT
 from atc_stream.kernels import lanes as lane_source
 from atc_stream.kernels import threads as threading_policy
 from atc_stream.kernels.backend import Ohlc, ReadyFields
@@ -269,6 +269,26 @@ def steady_param_rows(counters, param_lengths, slots, counts, param_rows, last_s
     return all_steady, same
 
 
+@cached_jit(njit(cache=True))
+def event_columns(out, bar_index, long, short):
+    """``schema.kernel_fields``'s integer and bool columns of output rows ``out`` in one
+    pass: ``bar_index`` (-1 where a row holds no result), ``long`` and ``short``."""
+    for u in range(out.shape[0]):
+        b = out[u, OUT_BAR_INDEX]
+        bar_index[u] = -1 if np.isnan(b) else np.int64(b)
+        long[u] = out[u, OUT_LONG] == 1.0
+        short[u] = out[u, OUT_SHORT] == 1.0
+
+
+def kernel_fields(out: np.ndarray, groups: Sequence[str]) -> dict[str, np.ndarray]:
+    """``schema.kernel_fields`` of ``out``, its events converted by ``event_columns``
+    (one compiled pass instead of four over strided columns)."""
+    n = out.shape[0]
+    events = (np.empty(n, np.int64), np.empty(n, np.bool_), np.empty(n, np.bool_))
+    event_columns(out, *events)
+    return schema.kernel_fields(out, groups, events)
+
+
 _NO_PLAN = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
 
 
@@ -345,8 +365,13 @@ class CpuBackend:
         """A one-round step in lane blocks (``plan_blocks``, one bar per stream); returns
         the updates left to the scalar driver."""
         n = slots.shape[0]
-        ones = np.zeros(n, np.int64)
-        ones[order] = 1
+        if order.shape[0] == n:  # every update accepted (the usual step): kept, never written
+            if self._all_ones.shape[0] != n:
+                self._all_ones = np.ones(n, np.int64)
+            ones = self._all_ones
+        else:
+            ones = np.zeros(n, np.int64)
+            ones[order] = 1
         _ring, _values, counters, param_lengths, _param_values = arrays
         members, block_starts, scalar_rows, in_place = self._step_plan(
             counters, param_lengths, slots, ones, keep_plan
@@ -381,6 +406,7 @@ class CpuBackend:
         return plan
 
     _last_plan: tuple | None = None
+    _all_ones = np.zeros(0, np.int64)
 
     def step_outputs(
         self,
@@ -393,7 +419,7 @@ class CpuBackend:
     ) -> dict[str, np.ndarray]:
         """``step``'s outputs as the typed fields of output ``groups``
         (``schema.kernel_fields``: floats are views of the rows, events bool)."""
-        return schema.kernel_fields(self.step(slots, times, closes, order, round_starts), groups)
+        return kernel_fields(self.step(slots, times, closes, order, round_starts), groups)
 
     def step_outputs_async(
         self,
@@ -417,7 +443,7 @@ class CpuBackend:
         groups: Sequence[str],
     ) -> dict[str, np.ndarray]:
         """``preview``'s outputs as the typed fields of output ``groups``."""
-        return schema.kernel_fields(self.preview(slots, times, closes, accepted), groups)
+        return kernel_fields(self.preview(slots, times, closes, accepted), groups)
 
     def preview(
         self, slots: np.ndarray, times: np.ndarray, closes: np.ndarray, accepted: np.ndarray
@@ -500,7 +526,7 @@ class CpuBackend:
         cells = run_strategy_step(
             self.store, slots, times, *ohlc, closes, out, order, round_starts, self.threads
         )
-        return schema.kernel_fields(out, groups), cells
+        return kernel_fields(out, groups), cells
 
     def warmup_with_strategies(
         self,

@@ -39,7 +39,7 @@ def _dispatchers(strategies: bool = True):
 
     planners = (
         batch.plan_rounds, batch.check_unique_step, batch.check_previews,
-        batch.check_history, cpu.plan_blocks,
+        batch.check_history, cpu.plan_blocks, cpu.steady_param_rows, cpu.event_columns,
     )  # fmt: skip
     if not strategies:
         return (*cpu.DRIVERS, *planners)
