@@ -13,11 +13,13 @@ from numba import njit, prange
 from atc_stream.core import schema
 from atc_stream.core.output_row import N_OUT, OUT_BAR_INDEX, OUT_LONG, OUT_SHORT
 from atc_stream.kernels import lanes as lane_source
+from atc_stream.kernels import task_share
 from atc_stream.kernels import threads as threading_policy
 from atc_stream.kernels.backend import Ohlc, ReadyFields
 from atc_stream.kernels.cache import cached_jit
 from atc_stream.kernels.compile import compile_both, compile_core, compile_module
 from atc_stream.kernels.paper_cpu import run_strategy_step, run_strategy_warmup
+from atc_stream.kernels.task_share import DONE_TASKS, NEXT_TASK, fetch_add
 from atc_stream.state.arrays import StateStore, rows_to_lanes, values_of
 from atc_stream.state.layout import BAR_INDEX, PARAM_ROW
 
@@ -55,6 +57,9 @@ SCALAR_WORK = 3
 #: lane blocks a parallel task runs with one allocation of scratch (a step of 1,000
 #: streams is 125 blocks: enough tasks for the threads, few allocations)
 BLOCKS_PER_TASK = 8
+#: lane blocks a task of ``warmup_blocks_shared`` takes (~3 us of a step): small, so that
+#: the threads finish together and a thread that waits waits for little
+SHARED_TASK_BLOCKS = 2
 
 
 def step(
@@ -132,6 +137,58 @@ def warmup_blocks(
                 block_starts[b + 1] - start, in_place[b], h, vals, o, lane, starts, sums, diffs,
                 weights,
             )  # fmt: skip
+
+
+def warmup_blocks_shared(
+    ring,
+    values,
+    counters,
+    param_lengths,
+    param_values,
+    slots,
+    times,
+    closes,
+    counts,
+    out,
+    record_all,
+    members,
+    block_starts,
+    in_place,
+    progress,
+):
+    """``warmup_blocks`` run by every thread that calls it with the same ``progress``
+    (``task_share`` counters): each takes ``SHARED_TASK_BLOCKS`` blocks at a time until
+    none is left, then waits until every taken task is finished, whoever took it."""
+    capacity = ring.shape[1] // 2
+    rows = capacity + times.shape[1]
+    n_blocks = block_starts.shape[0] - 1
+    tasks = (n_blocks + SHARED_TASK_BLOCKS - 1) // SHARED_TASK_BLOCKS
+    # every allocation before the first task: a thread that fails does so holding none
+    h = np.empty((rows, LANES))
+    vals = np.empty((values.shape[1], LANES))
+    o = np.empty((N_OUT, LANES))
+    lane = np.empty((lane_source.N_LANE_ROWS, LANES))
+    starts = np.empty((lane_source.N_START_ROWS, LANES), np.int64)
+    sums = np.empty((lane_source.N_SUM_ROWS, LANES))
+    diffs = np.empty((capacity, LANES))
+    weights = np.empty((capacity, LANES))
+    for i in range(capacity):
+        weights[i, :] = float(i)
+    while True:
+        task = fetch_add(progress, NEXT_TASK, 1)
+        if task >= tasks:
+            break
+        for b in range(task * SHARED_TASK_BLOCKS, min(n_blocks, (task + 1) * SHARED_TASK_BLOCKS)):
+            start = block_starts[b]
+            block_warmup(
+                ring, values, counters, param_lengths, param_values, slots, times, closes,
+                counts, out, record_all, members[start:block_starts[b + 1]],
+                block_starts[b + 1] - start, in_place[b], h, vals, o, lane, starts, sums, diffs,
+                weights,
+            )  # fmt: skip
+        fetch_add(progress, DONE_TASKS, 1)
+    while fetch_add(progress, DONE_TASKS, 0) < tasks:
+        pass
 
 
 @cached_jit(njit(cache=True))
@@ -300,10 +357,14 @@ def n_tasks(n_blocks: int) -> int:
 
 step_serial, step_parallel = compile_both(step)
 warmup_blocks_serial, warmup_blocks_parallel = compile_both(warmup_blocks)
+# nogil: the calling thread and the helpers run it at once
+warmup_blocks_shared = cached_jit(njit(error_model="numpy", cache=True, nogil=True))(
+    warmup_blocks_shared
+)
 # the plain name stays the parallel driver, as before the serial variant existed
 step = step_parallel
 DRIVERS = (step_serial, step_parallel, warmup_blocks_serial, warmup_blocks_parallel,
-           growth_factor)  # fmt: skip
+           warmup_blocks_shared, growth_factor)  # fmt: skip
 
 
 class CpuBackend:
@@ -376,14 +437,25 @@ class CpuBackend:
         members, block_starts, scalar_rows, in_place = self._step_plan(
             counters, param_lengths, slots, ones, keep_plan
         )
-        if members.shape[0]:
-            threading_policy.run(
-                warmup_blocks_serial, warmup_blocks_parallel,
-                self._threads(members.shape[0], n_tasks(block_starts.shape[0] - 1)),
-                *arrays, slots, np.ascontiguousarray(times, np.int64).reshape(n, 1),
-                np.ascontiguousarray(closes, np.float64).reshape(n, 1), ones,
-                out.reshape(n, 1, N_OUT), False, members, block_starts, in_place,
-            )  # fmt: skip
+        if not members.shape[0]:
+            return scalar_rows
+        args = (
+            *arrays, slots, np.ascontiguousarray(times, np.int64).reshape(n, 1),
+            np.ascontiguousarray(closes, np.float64).reshape(n, 1), ones,
+            out.reshape(n, 1, N_OUT), False, members, block_starts, in_place,
+        )  # fmt: skip
+        n_threads = self._threads(members.shape[0], n_tasks(block_starts.shape[0] - 1))
+        if n_threads <= 1:
+            warmup_blocks_serial(*args)
+            return scalar_rows
+        # the calling thread starts at once; helpers take what is left when they wake
+        args = (*args, np.zeros(task_share.N_COUNTERS, np.int64))
+        helpers = task_share.helper_threads()
+        helpers.post(warmup_blocks_shared, args, n_threads - 1)
+        try:
+            warmup_blocks_shared(*args)
+        finally:
+            helpers.retire(args)
         return scalar_rows
 
     def _step_plan(self, counters, param_lengths, slots, counts, keep=True):
