@@ -99,6 +99,30 @@ def test_plot_of_rows_with_text_for_numbers_is_one_line(tmp_path, signal_files, 
     assert "Traceback" not in result.output and not out.exists()
 
 
+def test_plot_skips_unreadable_jsonl_lines_and_says_which(tmp_path, signal_files):
+    """A stray line and a last line cut short (a writer killed mid-line) are left out and
+    counted; the chart is drawn from the other rows."""
+    lines = signal_files[1].read_text().splitlines()
+    damaged = tmp_path / "damaged.jsonl"
+    damaged.write_text("\n".join([*lines[:10], "garbage", *lines[10:], lines[0][:25]]))
+    out = tmp_path / "chart.png"
+    result = runner.invoke(app, ["plot", str(damaged), "--symbol", "BTCUSDT", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "skipped 2 unreadable line(s): line 11: not JSON" in result.output
+    assert "and 1 more" in result.output
+    assert_real_png(out)
+    from atc_stream.app.plot import load_signals
+
+    frame = load_signals(damaged)
+    assert len(frame) == len(lines)
+    assert [line for line, _ in frame.attrs["skipped_lines"]] == [11, len(lines) + 2]
+    nothing = tmp_path / "nothing.jsonl"
+    nothing.write_text("garbage\n[1, 2]\n")
+    result = runner.invoke(app, ["plot", str(nothing), "--symbol", "BTCUSDT", "-o", str(out)])
+    assert result.exit_code == 2
+    assert "no readable signal rows; line 1: not JSON" in result.output
+
+
 def test_plot_signals_function_on_compute_output(tmp_path):
     index = pd.date_range("2024-01-01", periods=160, freq="h", tz="UTC")
     frame = compute(pd.Series(closes_of(3), index=index))

@@ -9,6 +9,8 @@ is the same from the command line. matplotlib and pandas are imported only when 
 
 from __future__ import annotations
 
+import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,11 @@ class PlotError(ValueError):
 
 def load_signals(path: str | Path):
     """Signal rows from a Parquet file or directory of parts (what ``-o x.parquet`` writes),
-    a JSONL or a CSV file, as a pandas DataFrame."""
+    a JSONL or a CSV file, as a pandas DataFrame.
+
+    JSONL lines that are not a JSON object (a line cut short by a kill, a stray text) are
+    left out, and listed in ``frame.attrs["skipped_lines"]`` as ``(line number, reason)``.
+    """
     require("pandas", "load_signals")
     import pandas as pd
 
@@ -35,12 +41,44 @@ def load_signals(path: str | Path):
         if suffix in (".parquet", ".pq"):
             return pd.read_parquet(path)
         if suffix in (".jsonl", ".json", ".ndjson"):
-            return pd.read_json(path, lines=True)
+            return _read_jsonl(path)
         if suffix == ".csv":
             return pd.read_csv(path)
     except (OSError, ValueError) as exc:
         raise PlotError(f"{path}: cannot read signal rows ({exc})") from None
     raise PlotError(f"{path}: unknown file type {suffix!r} (want .parquet, .jsonl or .csv)")
+
+
+def _read_jsonl(path: Path):
+    """``pd.read_json(lines=True)``; when it refuses the file, the same on its readable
+    lines (``load_signals``)."""
+    import pandas as pd
+
+    try:
+        return pd.read_json(path, lines=True)
+    except ValueError:
+        pass
+    good: list[str] = []
+    skipped: list[tuple[int, str]] = []
+    with open(path, encoding="utf-8", errors="replace") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                skipped.append((number, f"not JSON ({getattr(exc, 'msg', exc)})"))
+                continue
+            if not isinstance(row, dict):
+                skipped.append((number, "not a JSON object"))
+                continue
+            good.append(line.rstrip("\n") + "\n")
+    if not good:
+        first = f"; line {skipped[0][0]}: {skipped[0][1]}" if skipped else ""
+        raise PlotError(f"{path}: no readable signal rows{first}")
+    frame = pd.read_json(io.StringIO("".join(good)), lines=True)
+    frame.attrs["skipped_lines"] = skipped
+    return frame
 
 
 def plot_signals(

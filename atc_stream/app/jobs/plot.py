@@ -28,6 +28,12 @@ def run_plot(
     check_image_path(output)
     try:
         frame = load_signals(signals)
+        skipped = frame.attrs.get("skipped_lines", [])
+        if skipped:
+            line, reason = skipped[0]
+            more = f" and {len(skipped) - 1} more" if len(skipped) > 1 else ""
+            err(f"atc-stream: {signals}: skipped {len(skipped)} unreadable line(s): "
+                f"line {line}: {reason}{more}")  # fmt: skip
         figure = plot_signals(frame, symbol=symbol, params_id=params_id, title=title)
     except PlotError as exc:
         raise RunError(str(exc)) from None
