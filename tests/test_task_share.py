@@ -159,3 +159,26 @@ def test_a_failing_helper_is_logged_once_and_stops_helping(caplog):
         assert not ran.wait(0.2)  # the failed helper runs no more jobs
     assert calls == ["fail"]
     assert sum("helper thread failed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_forked_child_starts_its_own_helpers():
+    """The helper threads stay in the parent; a forked child steps with helpers of its
+    own and gets the same results."""
+    import multiprocessing
+
+    engine, slots, closes = _warmed_engine(300, threads=2)
+    engine.step_arrays(slots, np.full(slots.shape[0], 80 * 60_000), closes)  # helpers start
+    context = multiprocessing.get_context("fork")
+    with context.Pool(1) as pool:
+        child = pool.apply(_step_in_child, (closes,))
+    one, slots, closes = _warmed_engine(300)
+    expected = one.step_arrays(slots, np.full(slots.shape[0], 80 * 60_000), closes)
+    np.testing.assert_array_equal(child, expected.fields["signal"])
+
+
+def _step_in_child(closes: np.ndarray) -> np.ndarray:
+    engine, slots, _ = _warmed_engine(300, threads=2)
+    result = engine.step_arrays(slots, np.full(slots.shape[0], 80 * 60_000), closes)
+    helpers = task_share.helper_threads()._threads
+    assert any(thread.is_alive() for thread in helpers), "the child has helpers of its own"
+    return result.fields["signal"]

@@ -11,6 +11,7 @@ so a call is never slower than one thread by more than the tasks in flight.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -106,6 +107,16 @@ class HelperThreads:
 
 _helpers: HelperThreads | None = None
 _helpers_lock = threading.Lock()
+
+
+def _forget_helpers() -> None:
+    """In a forked child: the helper threads stayed in the parent, so start anew."""
+    global _helpers, _helpers_lock
+    _helpers = None
+    _helpers_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_helpers)
 
 
 def helper_threads() -> HelperThreads:
