@@ -43,6 +43,17 @@ def one_error_line(code, err: str, needle: str) -> None:
     assert last.startswith("atc-stream: error:") and needle in last, err
 
 
+@pytest.mark.parametrize(
+    "option, hint",
+    [(["--empty", "carry"], "--empty"), (["--price-column", "p"], "--price-column/--size-column")],
+)
+def test_tick_options_on_a_bar_file_are_refused(bars, run_main, option, hint):
+    """An option that only --ticks reads is refused, not silently ignored."""
+    code, err = run_main(["replay", str(bars), *option, "--no-progress"])
+    assert code == 2, err
+    assert f"Invalid value for {hint}: applies to --ticks only" in err, err
+
+
 # -- outputs that would destroy an input ---------------------------------------------------
 
 

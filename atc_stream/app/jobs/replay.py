@@ -35,6 +35,10 @@ FILE_SOURCE = "file"
 ONE_INPUT = "give either a bar file BARS or --ticks FILE (exactly one)"
 
 
+#: the tick file columns ``--price-column``/``--size-column`` name by default
+TICK_COLUMNS = {"price": "price", "size": "size"}
+
+
 def run_replay(
     *,
     bars: Path | None,
@@ -135,6 +139,9 @@ def replay(
                         columns.get("low", "low"))  # fmt: skip
     columns = {name: columns[name] for name in ("symbol", "time", "close")}
     if bars is not None and ticks is None:
+        if empty != "skip" or (tick_columns or TICK_COLUMNS) != TICK_COLUMNS:
+            raise OptionError("applies to --ticks only, not to bar files", "--empty" if
+                              empty != "skip" else "--price-column/--size-column")  # fmt: skip
         source, interval = bar_source(
             bars, columns=columns, symbol=symbol, time_unit=time_unit, interval=interval,
             strict=strict, resume=durability.resume, warmup=warmup, ohlc_columns=ohlc_columns,
@@ -144,7 +151,7 @@ def replay(
         if ohlc_columns is not None:  # recorded in snapshots: a resume must read the same
             columns.update(zip(PRICE_NAMES, ohlc_columns, strict=True))
     elif ticks is not None and bars is None:
-        tick_columns = tick_columns or {"price": "price", "size": "size"}
+        tick_columns = tick_columns or TICK_COLUMNS
         tick_interval = interval or INTERVAL  # the engine's: the snapshot's on --resume
         source, bad_rows = tick_bars(
             ticks, interval=tick_interval, empty=empty, symbol=symbol, time_unit=time_unit,
