@@ -45,11 +45,11 @@ def compiled_kernels() -> None:
     engine.warmup({"K": (times, np.ones(40))})
     engine.step_arrays(engine.slots_of("A"), [40], [2.0])
     # the lane kernel is called only from compiled code: type it through its caller
-    _fresh_code(cpu.warmup_blocks_serial)
+    _fresh_code(cpu.warmup_blocks)
 
 
 def test_cpu_kernels_contain_no_fma(compiled_kernels):
-    for dispatcher in (cpu.warmup_blocks_serial, cpu.block_warmup, cpu.step_serial):
+    for dispatcher in (cpu.warmup_blocks, cpu.block_warmup, cpu.step_serial):
         ir, asm = _fresh_code(dispatcher)
         assert "fadd" in ir and "fmul" in ir  # the arithmetic is there to inspect
         assert not FMA_IR.search(ir), FMA_IR.search(ir)

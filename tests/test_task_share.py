@@ -74,16 +74,16 @@ def test_shared_driver_run_by_three_threads_at_once_equals_the_serial_driver():
     n = 300  # 38 lane blocks: 19 tasks for three threads to take from
     serial_engine, slots, closes = _warmed_engine(n)
     serial_args = _block_call(serial_engine, slots, closes)
-    cpu.warmup_blocks_serial(*serial_args)
+    cpu.run_blocks(serial_args, 1, 1)
     shared_engine, slots, closes = _warmed_engine(n)
     progress = np.zeros(task_share.N_COUNTERS, np.int64)
-    shared_args = (*_block_call(shared_engine, slots, closes), progress)
-    cpu.warmup_blocks_shared(*shared_args[:-1], np.full_like(progress, 10**6))  # compile only
+    shared_args = (*_block_call(shared_engine, slots, closes), progress, 2)
+    cpu.warmup_blocks(*shared_args[:-2], np.full_like(progress, 10**6), 2)  # compiles
     start = threading.Barrier(3)
 
     def run():
         start.wait()
-        cpu.warmup_blocks_shared(*shared_args)
+        cpu.warmup_blocks(*shared_args)
 
     helpers = [threading.Thread(target=run) for _ in range(2)]
     for helper in helpers:
@@ -91,7 +91,7 @@ def test_shared_driver_run_by_three_threads_at_once_equals_the_serial_driver():
     run()
     for helper in helpers:
         helper.join()
-    tasks = -(-(shared_args[12].shape[0] - 1) // cpu.SHARED_TASK_BLOCKS)
+    tasks = -(-(shared_args[12].shape[0] - 1) // 2)
     assert progress[task_share.DONE_TASKS] == tasks
     np.testing.assert_array_equal(shared_args[9], serial_args[9])  # output rows
     for field in ("ring", "values", "counters"):
@@ -100,7 +100,7 @@ def test_shared_driver_run_by_three_threads_at_once_equals_the_serial_driver():
         )
     # a helper that arrives after the call finds no task left and changes nothing
     values = shared_engine.store.values.copy()
-    cpu.warmup_blocks_shared(*shared_args)
+    cpu.warmup_blocks(*shared_args)
     np.testing.assert_array_equal(shared_engine.store.values, values)
 
 

@@ -21,8 +21,8 @@ def exercise_kernels(
 
     engine = engine_cls(backend="cpu", capacity=2, threads=threads)
     times = np.arange(3, dtype=np.int64)
-    # streams of one phase in two parallel tasks of lane blocks (64 + 4): with one task,
-    # every call runs (and loads) only the serial block driver
+    # streams of one phase in two units of parallel work (64 + 4 in lane blocks): with
+    # one, the exercise would never run the lane driver beside helper threads
     names = [f"S{i}" for i in range(LANES * BLOCKS_PER_TASK + MIN_BLOCK)]
     engine.warmup({name: (times, np.array([1.0, 2.0, 3.0])) for name in names})
     tick()

@@ -54,12 +54,14 @@ LONG_HISTORY = 8
 #: thread choice: it costs 3-5 us a stream against 0.5-1 us in a lane block, so 1,000
 #: streams of it go parallel, as before the lane blocks (RESULTS.md, bench_threads)
 SCALAR_WORK = 3
-#: lane blocks a parallel task runs with one allocation of scratch (a step of 1,000
-#: streams is 125 blocks: enough tasks for the threads, few allocations)
+#: lane blocks that make one unit of parallel work in the thread choice (``n_tasks``): a
+#: call of fewer than two (16 blocks) stays on one thread
 BLOCKS_PER_TASK = 8
-#: lane blocks a task of ``warmup_blocks_shared`` takes (~3 us of a step): small, so that
+#: lane blocks a thread takes at a time from a call's shared counter (``warmup_blocks``)
+#: in a step (~3 us of work) and in a warmup (a block's whole histories): few, so that
 #: the threads finish together and a thread that waits waits for little
-SHARED_TASK_BLOCKS = 2
+STEP_TASK_BLOCKS = 2
+WARMUP_TASK_BLOCKS = 1
 
 
 def step(
@@ -111,58 +113,19 @@ def warmup_blocks(
     members,
     block_starts,
     in_place,
+    progress,
+    task_blocks,
 ):
     """``warmup`` of the streams ``members`` in blocks of up to LANES (``plan_blocks``),
     each block through ``lanes.block_warmup``: the same bits, LANES chains at a time.
-    Blocks go in runs of ``BLOCKS_PER_TASK`` that share one set of scratch arrays."""
+
+    Every thread that calls it with the same ``progress`` (``task_share`` counters, from
+    zero) takes ``task_blocks`` blocks at a time until none is left, then waits until
+    every taken task is finished, whoever took it; one thread alone runs them all."""
     capacity = ring.shape[1] // 2
     rows = capacity + times.shape[1]
     n_blocks = block_starts.shape[0] - 1
-    for task in prange((n_blocks + BLOCKS_PER_TASK - 1) // BLOCKS_PER_TASK):
-        h = np.empty((rows, LANES))
-        vals = np.empty((values.shape[1], LANES))
-        o = np.empty((N_OUT, LANES))
-        lane = np.empty((lane_source.N_LANE_ROWS, LANES))
-        starts = np.empty((lane_source.N_START_ROWS, LANES), np.int64)
-        sums = np.empty((lane_source.N_SUM_ROWS, LANES))
-        diffs = np.empty((capacity, LANES))
-        weights = np.empty((capacity, LANES))
-        for i in range(capacity):
-            weights[i, :] = float(i)
-        for b in range(task * BLOCKS_PER_TASK, min(n_blocks, (task + 1) * BLOCKS_PER_TASK)):
-            start = block_starts[b]
-            block_warmup(
-                ring, values, counters, param_lengths, param_values, slots, times, closes,
-                counts, out, record_all, members[start:block_starts[b + 1]],
-                block_starts[b + 1] - start, in_place[b], h, vals, o, lane, starts, sums, diffs,
-                weights,
-            )  # fmt: skip
-
-
-def warmup_blocks_shared(
-    ring,
-    values,
-    counters,
-    param_lengths,
-    param_values,
-    slots,
-    times,
-    closes,
-    counts,
-    out,
-    record_all,
-    members,
-    block_starts,
-    in_place,
-    progress,
-):
-    """``warmup_blocks`` run by every thread that calls it with the same ``progress``
-    (``task_share`` counters): each takes ``SHARED_TASK_BLOCKS`` blocks at a time until
-    none is left, then waits until every taken task is finished, whoever took it."""
-    capacity = ring.shape[1] // 2
-    rows = capacity + times.shape[1]
-    n_blocks = block_starts.shape[0] - 1
-    tasks = (n_blocks + SHARED_TASK_BLOCKS - 1) // SHARED_TASK_BLOCKS
+    tasks = (n_blocks + task_blocks - 1) // task_blocks
     # every allocation before the first task: a thread that fails does so holding none
     h = np.empty((rows, LANES))
     vals = np.empty((values.shape[1], LANES))
@@ -178,7 +141,7 @@ def warmup_blocks_shared(
         task = fetch_add(progress, NEXT_TASK, 1)
         if task >= tasks:
             break
-        for b in range(task * SHARED_TASK_BLOCKS, min(n_blocks, (task + 1) * SHARED_TASK_BLOCKS)):
+        for b in range(task * task_blocks, min(n_blocks, (task + 1) * task_blocks)):
             start = block_starts[b]
             block_warmup(
                 ring, values, counters, param_lengths, param_values, slots, times, closes,
@@ -350,21 +313,33 @@ _NO_PLAN = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
 
 
 def n_tasks(n_blocks: int) -> int:
-    """The parallel tasks of ``warmup_blocks`` over ``n_blocks`` lane blocks: what threads
-    can share."""
+    """Units of parallel work in ``n_blocks`` lane blocks, for the thread choice."""
     return (n_blocks + BLOCKS_PER_TASK - 1) // BLOCKS_PER_TASK
 
 
 step_serial, step_parallel = compile_both(step)
-warmup_blocks_serial, warmup_blocks_parallel = compile_both(warmup_blocks)
 # nogil: the calling thread and the helpers run it at once
-warmup_blocks_shared = cached_jit(njit(error_model="numpy", cache=True, nogil=True))(
-    warmup_blocks_shared
-)
+warmup_blocks = cached_jit(njit(error_model="numpy", cache=True, nogil=True))(warmup_blocks)
 # the plain name stays the parallel driver, as before the serial variant existed
 step = step_parallel
-DRIVERS = (step_serial, step_parallel, warmup_blocks_serial, warmup_blocks_parallel,
-           warmup_blocks_shared, growth_factor)  # fmt: skip
+DRIVERS = (step_serial, step_parallel, warmup_blocks, growth_factor)
+
+
+def run_blocks(args: tuple, n_threads: int, task_blocks: int) -> None:
+    """``warmup_blocks`` (``args``: its arguments up to ``in_place``) on ``n_threads``:
+    on the calling thread at once, joined by ``n_threads - 1`` helper threads as they
+    wake (``task_share``), each taking ``task_blocks`` blocks at a time."""
+    progress = np.zeros(task_share.N_COUNTERS, np.int64)
+    if n_threads <= 1:  # one task: no counter traffic between blocks
+        warmup_blocks(*args, progress, max(args[12].shape[0] - 1, 1))
+        return
+    args = (*args, progress, task_blocks)
+    helpers = task_share.helper_threads()
+    helpers.post(warmup_blocks, args, n_threads - 1)
+    try:
+        warmup_blocks(*args)
+    finally:
+        helpers.retire(args)
 
 
 class CpuBackend:
@@ -445,17 +420,7 @@ class CpuBackend:
             out.reshape(n, 1, N_OUT), False, members, block_starts, in_place,
         )  # fmt: skip
         n_threads = self._threads(members.shape[0], n_tasks(block_starts.shape[0] - 1))
-        if n_threads <= 1:
-            warmup_blocks_serial(*args)
-            return scalar_rows
-        # the calling thread starts at once; helpers take what is left when they wake
-        args = (*args, np.zeros(task_share.N_COUNTERS, np.int64))
-        helpers = task_share.helper_threads()
-        helpers.post(warmup_blocks_shared, args, n_threads - 1)
-        try:
-            warmup_blocks_shared(*args)
-        finally:
-            helpers.retire(args)
+        run_blocks(args, n_threads, STEP_TASK_BLOCKS)
         return scalar_rows
 
     def _step_plan(self, counters, param_lengths, slots, counts, keep=True):
@@ -552,11 +517,11 @@ class CpuBackend:
             1 if longest >= LONG_HISTORY else MIN_BLOCK,
         )  # fmt: skip
         if members.shape[0]:
-            threading_policy.run(
-                warmup_blocks_serial, warmup_blocks_parallel,
+            run_blocks(
+                (*self._arrays(), slots, times, closes, counts, out, record_all, members,
+                 block_starts, in_place),
                 self._threads(int(counts[members].sum()), n_tasks(block_starts.shape[0] - 1)),
-                *self._arrays(), slots, times, closes, counts, out, record_all, members,
-                block_starts, in_place,
+                WARMUP_TASK_BLOCKS,
             )  # fmt: skip
         if scalar_rows.shape[0]:
             self._warmup_as_steps(scalar_rows, slots, times, closes, counts, out, record_all)

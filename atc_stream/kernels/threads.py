@@ -17,7 +17,9 @@ from typing import Any
 #: machine two threads start to beat one at ~3,000 streams a step (1,000: 0.73 ms on one,
 #: 0.77 on two; 4,000: 2.81 / 2.78; 5,000: 3.16 / 2.02 ms; RESULTS.md, bench_threads): the
 #: wake-up of a sleeping workqueue pool and each thread's cold caches cost about as
-#: much as a thousand streams. Two threads' worth of work is therefore 3,000.
+#: much as a thousand streams. Two threads' worth of work is therefore 3,000. Lane blocks
+#: now run on helper threads (``task_share``), which pay from 1,000 streams back to back
+#: on a quiet machine but not at a live cadence or beside a busy process (same page).
 MIN_WORK_PER_THREAD = 1_500
 
 
