@@ -329,11 +329,12 @@ def run_blocks(args: tuple, n_threads: int, task_blocks: int) -> None:
     """``warmup_blocks`` (``args``: its arguments up to ``in_place``) on ``n_threads``:
     on the calling thread at once, joined by ``n_threads - 1`` helper threads as they
     wake (``task_share``), each taking ``task_blocks`` blocks at a time."""
-    progress = np.zeros(task_share.N_COUNTERS, np.int64)
     if n_threads <= 1:  # one task: no counter traffic between blocks
-        warmup_blocks(*args, progress, max(args[12].shape[0] - 1, 1))
+        task_blocks = max(args[12].shape[0] - 1, 1)
+    args = (*args, np.zeros(task_share.N_COUNTERS, np.int64), task_blocks)
+    if n_threads <= 1:
+        warmup_blocks(*args)
         return
-    args = (*args, progress, task_blocks)
     helpers = task_share.helper_threads()
     helpers.post(warmup_blocks, args, n_threads - 1)
     try:
