@@ -175,21 +175,21 @@ def kernel_fields(
     already converted (the CPU backend does it in one compiled pass). The CUDA backend
     builds the same fields from packed device buffers.
     """
-    if events is None:
+    long: np.ndarray | None
+    short: np.ndarray | None
+    if events is None:  # long and short converted below, only when a group needs them
         bar_index = outputs[:, output_row.OUT_BAR_INDEX]
         if np.isnan(bar_index).any():  # rows of rejected updates hold no result
             bar_index = np.where(np.isnan(bar_index), -1.0, bar_index)
-        events = (
-            bar_index.astype(np.int64),
-            outputs[:, output_row.OUT_LONG] == 1.0,
-            outputs[:, output_row.OUT_SHORT] == 1.0,
-        )
-    fields: dict[str, np.ndarray] = {"bar_index": events[0]}
+        bar_index, long, short = bar_index.astype(np.int64), None, None
+    else:
+        bar_index, long, short = events
+    fields: dict[str, np.ndarray] = {"bar_index": bar_index}
     for name in fields_for(groups)[1:]:
         if name == "long":
-            fields[name] = events[1]
+            fields[name] = outputs[:, output_row.OUT_LONG] == 1.0 if long is None else long
         elif name == "short":
-            fields[name] = events[2]
+            fields[name] = outputs[:, output_row.OUT_SHORT] == 1.0 if short is None else short
         else:
             first, last = FLOAT_FIELD_COLUMNS[name][0], FLOAT_FIELD_COLUMNS[name][-1]
             fields[name] = outputs[:, first] if first == last else outputs[:, first : last + 1]
