@@ -1,5 +1,5 @@
 """``python -m atc_stream``: the ``atc-stream`` command."""
 
-from atc_stream.app.cli import main
+from atc_stream.app.entry import main
 
 main()

@@ -73,6 +73,48 @@ def test_ctrl_c_during_a_first_compile_is_one_line_and_exit_130(tmp_path):
     assert rest == "atc-stream: interrupted\n", first + rest
 
 
+# Runs the command as ``python -m atc_stream`` does, after saying on stdout that the
+# interpreter and the entry point (a few ms of imports, as the console script has them)
+# are loaded: a SIGINT sent from then on lands in the command's own start-up (its imports,
+# typer's parsing, loading the job and the kernels), not in Python's.
+_STARTED_THEN_COMMAND = """
+import runpy, sys
+import atc_stream.app.entry
+print("started", flush=True)
+sys.argv = ["atc-stream", *sys.argv[1:]]
+runpy.run_module("atc_stream", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.03, 0.08, 0.15, 0.3, 0.6])
+def test_ctrl_c_while_the_command_starts_is_one_line_and_exit_130(tmp_path, delay):
+    """A Ctrl-C at any moment of the start-up (most of a second of imports before a job
+    handles it) ends the command with one line and status 130: never a traceback, never
+    a silent exit."""
+    import signal
+
+    process = subprocess.Popen(
+        [sys.executable, "-c", _STARTED_THEN_COMMAND, "demo", "--symbols", "20",
+         "--bars", "3000", "--output", str(tmp_path / "o.jsonl"), "--no-progress"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stdout.readline() == "started\n"
+        time.sleep(delay)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, err
+    assert "Traceback" not in err, err
+    # before the run takes the signal over: one line; after: its own stop and summary
+    assert err.endswith("atc-stream: interrupted\n") or "stopping after the current batch" in err, (
+        err
+    )
+    assert err.count("atc-stream: interrupted") <= 1, err
+
+
 def test_bad_threads_value_is_a_usage_error():
     done = _cli("--threads", "-2", "compile")
     assert done.returncode == 2 and "Traceback" not in done.stderr

@@ -14,10 +14,12 @@ from typing import Annotated
 
 import typer
 
+from atc_stream.app import jobs
 from atc_stream.app.cluster_cli import cluster_app
 from atc_stream.app.config_file import load_config_file
-from atc_stream.app.console import PROGRAM, OptionError, RunError, error, lines_are_logged
+from atc_stream.app.console import PROGRAM, OptionError, RunError, err, error, lines_are_logged
 from atc_stream.app.defaults import INTERVAL, REDIS_PREFIX
+from atc_stream.app.jobs import load_job
 from atc_stream.app.logs import LogFormat, use_log_format
 from atc_stream.app.options import (
     BackendOption,
@@ -95,9 +97,7 @@ def _root(
 @app.command("compile")
 def compile_kernels() -> None:
     """Compile the CPU kernels into the on-disk cache now (e.g. in a Docker build step)."""
-    from atc_stream.app.jobs.compile import run_compile
-
-    _run_job(run_compile)
+    _run_job("compile:run_compile")
 
 
 @contextmanager
@@ -105,28 +105,32 @@ def _user_errors():
     """Errors meant for the user (bad option, unusable output, refused resume) become one
     line on stderr and exit status 2, never a traceback."""
     from atc_stream.app.console import interrupted, reader_gone
-    from atc_stream.io.writers import OutputError, ReaderGone
 
+    jobs.started = True
     try:
+        from atc_stream.io.writers import OutputError, ReaderGone  # a Ctrl-C may come here
+
         yield
+    except KeyboardInterrupt as exc:  # typer would end the command with 130 and not a word
+        interrupted(exc)
+        raise typer.Exit(130) from None
     except ReaderGone:  # `| head` has what it wants: not a word
         reader_gone()
         raise typer.Exit(141) from None
     except (RunError, OutputError) as exc:
         error(str(exc))
         raise typer.Exit(2) from None
-    except KeyboardInterrupt as exc:  # typer would end the command with 130 and not a word
-        interrupted(exc)
-        raise typer.Exit(130) from None
 
 
-def _run_job(job, *, logs: AbstractContextManager | None = None, **options) -> None:
-    """Run one job of ``atc_stream.jobs`` with the command's options: its exit status
-    becomes the command's; a refused option is a usage error, a refused run one line
-    and exit 2 (``_user_errors``). ``logs``: how its lines are written (``--log-format``)."""
+def _run_job(job: str, *, logs: AbstractContextManager | None = None, **options) -> None:
+    """Run one job of ``atc_stream.app.jobs`` (``"module:function"``) with the command's
+    options: its exit status becomes the command's; a refused option is a usage error, a
+    refused run one line and exit 2 (``_user_errors``). ``logs``: how its lines are
+    written (``--log-format``). The job is imported inside, so that a Ctrl-C while it
+    loads (the engine, numba: most of a second) is the command's one line too."""
     with logs or nullcontext(), _user_errors():
         try:
-            status = job(**options)
+            status = load_job(job)(**options)
         except OptionError as exc:
             if not lines_are_logged():
                 raise typer.BadParameter(str(exc), param_hint=exc.param_hint) from None
@@ -225,10 +229,8 @@ def replay(
     TARGET, a backfill: one snapshot per shard at the end, where live shards start.
     With --strict, a row the reader rejects stops the run before any output; a bar the
     engine rejects (duplicate, out of order, close <= 0) exits 2 after a complete output."""
-    from atc_stream.app.jobs.replay import run_replay
-
     _run_job(
-        run_replay, bars=bars, ticks=ticks,
+        "replay:run_replay", bars=bars, ticks=ticks,
         columns={"symbol": symbol_column, "time": time_column, "close": close_column,
                  "open": open_column, "high": high_column, "low": low_column},
         tick_columns={"price": price_column, "size": size_column}, empty=empty,
@@ -353,12 +355,11 @@ def live(
     With --strategy, paper trading on the klines' open/high/low/close (from the bar after
     the REST warmup: trades closed within the warmup are in the state, not written).
     """
-    from atc_stream.app.jobs.live import run_live
-
     _run_job(
-        run_live, symbols=symbols, interval=interval, exchange=exchange, history=history,
-        ws_url=ws_url, rest_url=rest_url, output=output, previews=previews, max_seconds=max_seconds,
-        max_bars=max_bars, max_streams_per_connection=max_streams_per_connection,
+        "live:run_live", symbols=symbols, interval=interval, exchange=exchange,
+        history=history, ws_url=ws_url, rest_url=rest_url, output=output, previews=previews,
+        max_seconds=max_seconds, max_bars=max_bars,
+        max_streams_per_connection=max_streams_per_connection,
         idle_timeout=idle_timeout, rest_weight_budget=rest_weight_budget,
         ws_compression=ws_compression, warm_before_ms=warm_before_ms, started_ms=_started_ms,
         status_every=status_every, params=params, backend=backend, redis=redis,
@@ -389,10 +390,8 @@ def demo(
     resume: ResumeOption = False,
 ) -> None:
     """Generate a deterministic multi-symbol random walk and replay it (needs nothing else)."""
-    from atc_stream.app.jobs.demo import run_demo
-
     _run_job(
-        run_demo, symbols=symbols, bars=bars, seed=seed, warmup=warmup, output=output,
+        "demo:run_demo", symbols=symbols, bars=bars, seed=seed, warmup=warmup, output=output,
         params=params, progress=progress, backend=backend, check=check, redis=redis,
         redis_prefix=redis_prefix, snapshot_dir=snapshot_dir, snapshot_every=snapshot_every,
         resume=resume,
@@ -437,10 +436,8 @@ def subscribe(
 
     With no --symbols/--events/--batch/--trades/--positions, every per-symbol signal
     channel is followed."""
-    from atc_stream.app.jobs.subscribe import run_subscribe
-
     _run_job(
-        run_subscribe, redis=redis, symbols=symbols, events=events, batch=batch,
+        "subscribe:run_subscribe", redis=redis, symbols=symbols, events=events, batch=batch,
         trades=trades, positions=positions, latest=latest, redis_prefix=redis_prefix,
         encoding=encoding, count=count, timeout=timeout,
     )  # fmt: skip
@@ -493,12 +490,11 @@ def run_stream(
     With --strategy, entries carry open, high, low and close (paper trading); the trades
     and positions go to KEY:trades and KEY:positions of --output-stream KEY (exactly
     once too) and to {prefix}:trades and {prefix}:positions with --publish."""
-    from atc_stream.app.jobs.run_stream import run_stream as run
-
     _run_job(
-        run, redis=redis, input_stream=input_stream, output_stream=output_stream, group=group,
-        consumer=consumer, snapshot_dir=snapshot_dir, snapshot_every=snapshot_every,
-        resume=resume, stop_when_idle=stop_when_idle, publish=publish,
+        "run_stream:run_stream", redis=redis, input_stream=input_stream,
+        output_stream=output_stream, group=group, consumer=consumer,
+        snapshot_dir=snapshot_dir, snapshot_every=snapshot_every, resume=resume,
+        stop_when_idle=stop_when_idle, publish=publish,
         redis_prefix=redis_prefix, batch_size=batch_size, output_maxlen=output_maxlen,
         namespace=namespace, params=params, backend=backend, interval=interval,
         time_unit=time_unit.value if time_unit is not None else None,
@@ -581,11 +577,9 @@ def sweep(
         str | None, typer.Option("--interval", help="Bar interval (default: inferred from bars).")
     ] = None,
 ) -> None:
-    from atc_stream.app.jobs.sweep import run_sweep
-
     _run_job(
-        run_sweep, data=data, grid=grid, outdir=outdir, train_until=train_until, top=top,
-        rank_by=rank_by, backend=backend, progress=progress, time_unit=time_unit.value,
+        "sweep:run_sweep", data=data, grid=grid, outdir=outdir, train_until=train_until,
+        top=top, rank_by=rank_by, backend=backend, progress=progress, time_unit=time_unit.value,
         ray=ray, ray_address=ray_address, interval=interval,
     )  # fmt: skip
 
@@ -629,20 +623,18 @@ def plot(
     and strategy of OUTDIR's params.parquet and strategies.parquet (for its equity curve),
     and its trades must equal those of trades.parquet.
     """
-    from atc_stream.app.jobs.plot import run_plot, run_plot_backtest
-
     if trades is not None:
         if signals is not None:
             raise typer.BadParameter("give SIGNALS or --trades, not both", param_hint="--trades")
         _run_job(
-            run_plot_backtest, trades=trades, bars=bars, symbol=symbol, output=output,
+            "plot:run_plot_backtest", trades=trades, bars=bars, symbol=symbol, output=output,
             params_id=params_id, strategy_id=strategy_id, title=title,
         )  # fmt: skip
         return
     if signals is None:
         raise typer.BadParameter("a SIGNALS file (or --trades) is needed", param_hint="SIGNALS")
     _run_job(
-        run_plot, signals=signals, symbol=symbol, output=output, params_id=params_id,
+        "plot:run_plot", signals=signals, symbol=symbol, output=output, params_id=params_id,
         title=title,
     )  # fmt: skip
 
@@ -682,8 +674,11 @@ def main(argv: list[str] | None = None) -> None:
     # in the same process (tests) with its call
     _started_ms = int(time.time() * 1000) if _main_ran else _process_started_ms()
     _main_ran = True
+    jobs.started = False
     try:
         result = app(args=argv, standalone_mode=False)
+        if result == 130 and not jobs.started:  # typer's answer to a Ctrl-C, without a word
+            err(f"{PROGRAM}: interrupted")
     except typer.TyperException as exc:  # a usage error, or another error typer reports
         ctx = getattr(exc, "ctx", None)  # set on usage errors only
         hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""

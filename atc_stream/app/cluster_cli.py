@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 
-from atc_stream.app.console import OptionError, RunError, error
+from atc_stream.app.console import OptionError, RunError, error, interrupted
 from atc_stream.app.defaults import REDIS_PREFIX
+from atc_stream.app.jobs import load_job
 from atc_stream.app.options import (
     BackendOption,
     ParamsOption,
@@ -28,15 +29,20 @@ ClusterRedisOption = Annotated[str | None, redis_option("Redis URL holding the s
 GroupOption = Annotated[str, typer.Option("--group", help="Consumer group of the shard streams.")]
 
 
-def _run(job, **options) -> None:
-    """Run a job: a refused run is one line and exit 2, a refused option a usage error."""
+def _run(job: str, **options) -> None:
+    """Run a job (``"module:function"`` of ``app.jobs``): a refused run is one line and
+    exit 2, a refused option a usage error, a Ctrl-C before the job takes it over one
+    line and exit 130."""
     try:
-        status = job(**options)
+        status = load_job(job)(**options)
     except OptionError as exc:
         raise typer.BadParameter(str(exc), param_hint=exc.param_hint) from None
     except RunError as exc:
         error(str(exc))
         raise typer.Exit(2) from None
+    except KeyboardInterrupt as exc:  # typer would end the command with 130 and not a word
+        interrupted(exc)
+        raise typer.Exit(130) from None
     if status:
         raise typer.Exit(status)
 
@@ -88,10 +94,8 @@ def cluster(
         raise typer.BadParameter(
             "--shards N is required to start the cluster", param_hint="--shards"
         )
-    from atc_stream.app.jobs.cluster import run_cluster
-
     _run(
-        run_cluster, shards=shards, redis=_need_redis(redis), ray_address=ray_address,
+        "cluster:run_cluster", shards=shards, redis=_need_redis(redis), ray_address=ray_address,
         redis_prefix=redis_prefix, output_stream=output_stream, output_maxlen=output_maxlen,
         group=group, batch_size=batch_size, snapshot_every=snapshot_every, publish=publish,
         backend=backend, interval=interval, params=params, stop_when_idle=stop_when_idle,
@@ -105,9 +109,7 @@ def status(
     group: GroupOption = "atc",
 ) -> None:
     """Per shard: streams, last bar time, consumer lag, restarts, backend, heartbeat age."""
-    from atc_stream.app.jobs.cluster import cluster_status
-
-    _run(cluster_status, redis=_need_redis(redis), redis_prefix=redis_prefix, group=group)
+    _run("cluster:cluster_status", redis=_need_redis(redis), redis_prefix=redis_prefix, group=group)
 
 
 @cluster_app.command("route")
@@ -128,10 +130,8 @@ def route(
     stop_when_idle: StopWhenIdleOption = None,
 ) -> None:
     """Move each entry of --input-stream to its shard's stream, exactly once."""
-    from atc_stream.app.jobs.cluster import route as run
-
     _run(
-        run, redis=_need_redis(redis), input_stream=input_stream, shards=shards,
+        "cluster:route", redis=_need_redis(redis), input_stream=input_stream, shards=shards,
         redis_prefix=redis_prefix, group=group, consumer=consumer, batch_size=batch_size,
         stop_when_idle=stop_when_idle,
     )  # fmt: skip
@@ -146,6 +146,4 @@ def reshard(
     """With the cluster stopped and its shard streams drained: split and merge the shard
     snapshots by symbol into --to shards and record the new count (route new bars with
     the new count afterwards)."""
-    from atc_stream.app.jobs.cluster import reshard as run
-
-    _run(run, redis=_need_redis(redis), to=to, redis_prefix=redis_prefix)
+    _run("cluster:reshard", redis=_need_redis(redis), to=to, redis_prefix=redis_prefix)

@@ -1,0 +1,35 @@
+"""The ``atc-stream`` command's entry point: a Ctrl-C while the command loads ends it
+with one line and exit status 130, as one during a job does, never a traceback."""
+
+from __future__ import annotations
+
+import sys
+
+#: the exit status of a command stopped by Ctrl-C (128 + SIGINT), as a shell reports it
+INTERRUPTED = 130
+
+
+def main() -> None:
+    """Load the CLI (the engine, numba, numpy: most of a second) and run it."""
+    try:
+        from atc_stream.app.cli import main as cli_main
+
+        cli_main()
+    except KeyboardInterrupt as exc:
+        _interrupted(exc)
+    except RuntimeError as exc:
+        # click's Abort (a RuntimeError) wraps a Ctrl-C that came while a command was
+        # setting up, before the job's own handling took over
+        if isinstance(exc.__context__, KeyboardInterrupt):
+            _interrupted(exc.__context__)
+        raise
+
+
+def _interrupted(exc: KeyboardInterrupt) -> None:
+    try:
+        from atc_stream.app.console import interrupted
+    except BaseException:  # a second Ctrl-C while it loads, or what the first one cut short
+        sys.stderr.write("atc-stream: interrupted\n")
+    else:
+        interrupted(exc)
+    raise SystemExit(INTERRUPTED) from None
