@@ -378,6 +378,20 @@ def test_cli_config_file_refuses_a_bad_key_in_one_line(tmp_path, run_main, text,
     assert line.startswith("atc-stream: error: ") and named in line and str(config) in line
 
 
+def test_cli_config_file_given_twice_is_refused_not_half_read(tmp_path, run_main):
+    """click keeps the last value of an option given twice: the first file's settings
+    would be dropped without a word, so two files are refused."""
+    first, second = tmp_path / "a.toml", tmp_path / "b.toml"
+    first.write_text("symbols = 'BTCUSDT'\n")
+    second.write_text("history = 3\n")
+    code, stderr = run_main(
+        ["live", "--config", str(first), "--config", str(second), "--max-seconds", "1"]
+    )
+    assert code == 2
+    (line,) = stderr.strip().splitlines()
+    assert "'--config': given 2 times" in line and str(first) in line and str(second) in line
+
+
 def test_cli_metrics_port_without_the_metrics_extra_names_it(tmp_path, run_main, monkeypatch):
     from atc_stream.app import extras
 

@@ -343,8 +343,9 @@ def live(
     metrics_host: Annotated[str, typer.Option(help="Address of --metrics-port.")] = "127.0.0.1",
     log_format: Annotated[LogFormat, typer.Option("--log-format", help="stderr lines and "
         "logs as text or JSON objects, one a line.")] = LogFormat.text,
-    config: Annotated[Path | None, typer.Option(is_eager=True, callback=load_config_file,
-        help="TOML file of options (key: option name); options given here win.")] = None,
+    config: Annotated[list[Path] | None, typer.Option(is_eager=True, callback=load_config_file,
+        metavar="FILE", help="TOML file of options (key: option name); options given here "
+        "win.")] = None,
 ) -> None:  # fmt: skip
     """Stream exchange klines (Binance, Bybit, OKX or any ccxt exchange) through the engine.
 

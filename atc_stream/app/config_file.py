@@ -22,11 +22,21 @@ from atc_stream.core.toml_files import read_toml
 COMMA_LISTS = frozenset({"symbols"})
 
 
-def load_config_file(ctx: typer.Context, param: typer.CallbackParam, value: Path | None) -> Any:
-    """The callback of an eager ``--config`` option: reads ``value`` and sets the context's
-    ``default_map`` from it (``typer.BadParameter`` naming the key for a bad one)."""
-    if value is None:
-        return value
+def load_config_file(
+    ctx: typer.Context, param: typer.CallbackParam, values: list[Path] | None
+) -> Any:
+    """The callback of an eager ``--config`` option: reads the file and sets the context's
+    ``default_map`` from it (``typer.BadParameter`` naming the key for a bad one). The
+    option takes one file; it is declared repeatable only so that a second one is refused
+    rather than silently replacing the first."""
+    if not values:
+        return values
+    if len(values) > 1:
+        raise typer.BadParameter(
+            f"given {len(values)} times ({', '.join(map(str, values))}): give one file "
+            "(options on the command line win over it)"
+        )
+    (value,) = values
     try:
         document = read_toml(value, "config file")
     except ValueError as exc:
@@ -54,7 +64,7 @@ def load_config_file(ctx: typer.Context, param: typer.CallbackParam, value: Path
         kind, multiple = _expected(hints.get(option.name))
         defaults[option.name] = _checked(ctx, option, key, item, value, kind, multiple)
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
-    return value
+    return values
 
 
 def _checked(
