@@ -88,8 +88,34 @@ PAPER = ["--strategy", "direction=long_only"]
             "is inside the output -o",
         ),  # fmt: skip
         (["{csv}", "-o", "{tmp}/s.jsonl", *PAPER, "--trades", "{csv}"], "is the input BARS"),
+        (
+            [
+                "{csv}",
+                "-o",
+                "{tmp}/s.jsonl",
+                *PAPER,
+                "--trades",
+                "{tmp}/t.parquet",
+                "--snapshot-dir",
+                "{tmp}/t.parquet",
+            ],
+            "--snapshot-dir {tmp}/t.parquet is the output --trades",
+        ),  # fmt: skip
+        (
+            ["{csv}", "-o", "{tmp}/s.parquet", "--snapshot-dir", "{tmp}/s.parquet/snaps"],
+            "--snapshot-dir {tmp}/s.parquet/snaps is inside the output -o",
+        ),
     ],
-    ids=["into-input-dir", "dir-holding-input", "ticks", "trades-is-o", "inside-o", "trades-input"],
+    ids=[
+        "into-input-dir",
+        "dir-holding-input",
+        "ticks",
+        "trades-is-o",
+        "inside-o",
+        "trades-input",
+        "snapshots-are-trades",
+        "snapshots-inside-o",
+    ],  # fmt: skip
 )
 def test_overlapping_inputs_and_outputs_are_refused(tmp_path, run_main, args, needle):
     folder = tmp_path / "dir"
@@ -99,9 +125,41 @@ def test_overlapping_inputs_and_outputs_are_refused(tmp_path, run_main, args, ne
     csv.write_text(bars_text(20))
     names = {"dir": folder, "csv": csv, "tmp": tmp_path}
     code, err = run_main(["replay", *[a.format(**names) for a in args], "--no-progress"])
-    one_error_line(code, err, needle)
+    one_error_line(code, err, needle.format(**names))
     assert csv.read_text() == bars_text(20)
     assert sorted(p.name for p in folder.iterdir()) == ["AAA.csv"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "in.csv"]  # nothing made
+
+
+def test_a_snapshot_directory_may_hold_the_outputs(tmp_path, run_main):
+    """Only a snapshot directory that is an output, or inside a Parquet one, is refused:
+    one directory for the signals and the snapshots is a usual layout."""
+    csv = tmp_path / "in.csv"
+    csv.write_text(bars_text(20))
+    code, err = run_main(["replay", str(csv), "-o", str(tmp_path / "s.jsonl"),
+                          "--snapshot-dir", str(tmp_path), "--no-progress"])  # fmt: skip
+    assert code == 0, err
+    assert (tmp_path / "s.jsonl").stat().st_size and list(tmp_path.glob("snapshot-*"))
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "needle"),
+    [
+        ("demo", ["-o", "{tmp}/d.parquet", "--snapshot-dir", "{tmp}/d.parquet"],
+         "--snapshot-dir {tmp}/d.parquet is the output -o"),
+        ("live", ["--symbols", "BTCUSDT", "-o", "{tmp}/s.jsonl", *PAPER, "--trades",
+                  "{tmp}/s.jsonl"], "--trades {tmp}/s.jsonl is the output -o"),
+        ("live", ["--symbols", "BTCUSDT", "-o", "{tmp}/s.jsonl", "--snapshot-dir",
+                  "{tmp}/s.jsonl"], "--snapshot-dir {tmp}/s.jsonl is the output -o"),
+    ],
+    ids=["demo-snapshots-are-o", "live-trades-are-o", "live-snapshots-are-o"],
+)  # fmt: skip
+def test_demo_and_live_refuse_overlapping_outputs_before_anything_runs(
+    tmp_path, run_main, command, args, needle
+):
+    code, err = run_main([command, *[a.format(tmp=tmp_path) for a in args]])
+    one_error_line(code, err, needle.format(tmp=tmp_path))
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_parquet_output_directory_with_foreign_files_is_refused(bars, tmp_path, run_main):

@@ -38,11 +38,17 @@ def cannot_write(path: str | Path, exc: OSError) -> OutputError:
     return OutputError(f"cannot write {path}: {exc.strerror or exc}")
 
 
-def check_apart(inputs: dict[str, Path | None], outputs: dict[str, str | Path | None]) -> None:
+def check_apart(
+    inputs: dict[str, Path | None],
+    outputs: dict[str, str | Path | None],
+    snapshot_dir: Path | None = None,
+) -> None:
     """``OutputError`` when an output is an input or another output, holds one (a Parquet
     output is a directory) or lies inside one: opening it would destroy what is read or
     written elsewhere. Keys name the options (``-o``, ``BARS``); paths are compared
-    resolved; ``-`` and None are left out. Called before any output is opened."""
+    resolved; ``-`` and None are left out. ``snapshot_dir`` may hold outputs, but may not
+    be one or lie inside one (a Parquet directory: its parts and the snapshots would mix).
+    Called before any output or snapshot directory is opened."""
     named = [(name, path, _resolved(path)) for name, path in outputs.items()
              if path is not None and str(path) != "-"]  # fmt: skip
     read = [("input " + name, path, _resolved(path)) for name, path in inputs.items()
@@ -61,6 +67,19 @@ def check_apart(inputs: dict[str, Path | None], outputs: dict[str, str | Path | 
             raise OutputError(
                 f"{name} {given} {how} the {other} {other_given}; choose another path"
             )
+    if snapshot_dir is None:
+        return
+    store = _resolved(snapshot_dir)
+    for name, given, out in named:
+        if store == out or _same_file(store, out):
+            how = "is"
+        elif store.is_relative_to(out):
+            how = "is inside"
+        else:
+            continue
+        raise OutputError(
+            f"--snapshot-dir {snapshot_dir} {how} the output {name} {given}; choose another path"
+        )
 
 
 def _resolved(path: str | Path) -> Path:

@@ -75,7 +75,8 @@ def run_replay(
     if (bars is None) == (ticks is None):  # before any snapshot store is opened
         raise OptionError(ONE_INPUT)
     check_apart({"BARS": bars, "--ticks": ticks},
-                {"-o": output, "--trades": trades, "--positions": positions})  # fmt: skip
+                {"-o": output, "--trades": trades, "--positions": positions},
+                snapshot_dir)  # fmt: skip
     check_shard_options(shard_snapshots, snapshot_to)
     if route_shards is not None:
         if shard_snapshots is not None:
