@@ -45,6 +45,7 @@ from atc_stream.app.options import (
     check_speed,
     redis_option,
 )
+from atc_stream.core.shards import MAX_SHARDS
 
 app = typer.Typer(
     add_completion=False,
@@ -218,6 +219,7 @@ def replay(
         typer.Option(
             "--route-shards",
             min=1,
+            max=MAX_SHARDS,
             help="Write the bars to the N shard streams of "
             "a cluster at --redis (atc-stream cluster) instead of running the engine.",
         ),
@@ -335,7 +337,8 @@ def live(
     strategy: StrategyOption = None,
     trades: TradesOption = None,
     positions: PositionsOption = None,
-    route_shards: Annotated[int | None, typer.Option("--route-shards", min=1, help="Also "
+    route_shards: Annotated[int | None, typer.Option("--route-shards", min=1, max=MAX_SHARDS,
+        help="Also "
         "write every closed bar the engine applies (the history too) to the N shard "
         "streams of a cluster at --redis (atc-stream cluster).")] = None,
     metrics_port: Annotated[int, typer.Option(min=0, max=65535, help="Serve /metrics, "

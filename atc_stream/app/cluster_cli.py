@@ -19,6 +19,7 @@ from atc_stream.app.options import (
     StopWhenIdleOption,
     redis_option,
 )
+from atc_stream.core.shards import MAX_SHARDS
 
 cluster_app = typer.Typer(
     add_completion=False,
@@ -57,7 +58,8 @@ def _need_redis(redis: str | None) -> str:
 def cluster(
     ctx: typer.Context,
     shards: Annotated[
-        int | None, typer.Option("--shards", min=1, help="Number of shards (one actor each).")
+        int | None,
+        typer.Option("--shards", min=1, max=MAX_SHARDS, help="Number of shards (one actor each)."),
     ] = None,
     redis: ClusterRedisOption = None,
     ray_address: Annotated[
@@ -119,7 +121,10 @@ def route(
     ],
     redis: ClusterRedisOption = None,
     shards: Annotated[
-        int | None, typer.Option("--shards", min=1, help="Shard count (default: the recorded one).")
+        int | None,
+        typer.Option(
+            "--shards", min=1, max=MAX_SHARDS, help="Shard count (default: the recorded one)."
+        ),
     ] = None,
     redis_prefix: RedisPrefixOption = REDIS_PREFIX,
     group: Annotated[str, typer.Option("--group", help="Consumer group on the input.")] = (
@@ -139,7 +144,7 @@ def route(
 
 @cluster_app.command("reshard")
 def reshard(
-    to: Annotated[int, typer.Option("--to", min=1, help="The new shard count.")],
+    to: Annotated[int, typer.Option("--to", min=1, max=MAX_SHARDS, help="The new shard count.")],
     redis: ClusterRedisOption = None,
     redis_prefix: RedisPrefixOption = REDIS_PREFIX,
 ) -> None:

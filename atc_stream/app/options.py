@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from atc_stream.app.defaults import INTERVAL, SNAPSHOT_EVERY
+from atc_stream.core.shards import MAX_SHARDS
 
 ParamsOption = Annotated[
     Path | None,
@@ -122,6 +123,8 @@ ShardSnapshotsOption = Annotated[
     int | None,
     typer.Option(
         "--shard-snapshots",
+        min=1,
+        max=MAX_SHARDS,
         help="After the run, save one snapshot per shard (of N, by symbol) in --snapshot-to.",
     ),
 ]

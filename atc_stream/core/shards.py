@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import zlib
 
+#: The most shards a cluster may have: a Redis Cluster has 16,384 hash slots, and each
+#: shard's keys share one (``shard_tag``), so more shards could not be spread further.
+MAX_SHARDS = 16_384
+
 
 def check_shards(shards: int) -> int:
-    """A validated shard count (a positive int)."""
-    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
-        raise ValueError(f"shards must be a positive int, got {shards!r}")
+    """A validated shard count (an int from 1 to ``MAX_SHARDS``)."""
+    if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
+        raise ValueError(f"shards must be an int from 1 to {MAX_SHARDS}, got {shards!r}")
     return shards
 
 
