@@ -16,15 +16,14 @@ BACKFILL_SOURCE = "backfill"
 
 
 def check_shard_options(shards: int | None, target: str | None) -> None:
-    """``OptionError`` unless ``--shard-snapshots`` and ``--snapshot-to`` come together."""
+    """``OptionError`` unless ``--shard-snapshots`` and ``--snapshot-to`` come together
+    (the option itself bounds the count: 1 to ``MAX_SHARDS``)."""
     if (shards is None) != (target is None):
         given, missing = (
             ("--shard-snapshots", "--snapshot-to") if target is None
             else ("--snapshot-to", "--shard-snapshots")
         )  # fmt: skip
         raise OptionError(f"{given} needs {missing}", missing)
-    if shards is not None and shards < 1:
-        raise OptionError(f"must be at least 1, got {shards}", "--shard-snapshots")
 
 
 def write_shard_snapshots(engine: Any, shards: int, target: str, source: str) -> list[str]:
