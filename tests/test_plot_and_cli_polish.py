@@ -154,3 +154,14 @@ def test_license_and_typing_marker_ship():
     assert importlib.metadata.version("atc-stream") == atc_stream.__version__
     assert (REPO / "atc_stream" / "py.typed").is_file()
     assert any(d.startswith("matplotlib") for d in meta["optional-dependencies"]["plot"])
+
+
+@pytest.mark.parametrize("args", [[], ["cluster", "--help"]])
+def test_no_command_shows_the_help_and_no_empty_error_line(capsys, args):
+    from atc_stream.app.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    out, err = capsys.readouterr()
+    assert "Usage:" in out and ("replay" in out if not args else "reshard" in out)
+    assert err == "" and info.value.code == (2 if not args else 0)

@@ -686,7 +686,8 @@ def main(argv: list[str] | None = None) -> None:
     except typer.TyperException as exc:  # a usage error, or another error typer reports
         ctx = getattr(exc, "ctx", None)  # set on usage errors only
         hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
-        error(f"{exc.format_message()}{hint}")
+        if exc.format_message().strip():  # empty: no command given, the help was shown
+            error(f"{exc.format_message()}{hint}")
         sys.exit(exc.exit_code)
     finally:
         _started_ms = None
