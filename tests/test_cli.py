@@ -141,6 +141,14 @@ def test_demo_runs_end_to_end_as_a_subprocess(tmp_path):
     assert len(read_jsonl(out)) == 3 + 3 * 150
 
 
+def test_demo_with_a_warmup_longer_than_the_walk_says_what_it_warms_up(tmp_path, run_main):
+    out = tmp_path / "demo.jsonl"
+    code, err = run_main(["demo", "--symbols", "2", "--bars", "10", "--warmup", "20",
+                          "-o", str(out), "--no-progress"])  # fmt: skip
+    assert code == 0, err
+    assert "2 symbols x 10 bars, warmup 10," in err and "20 warmup + 0 stepped" in err
+
+
 def test_replay_of_a_shuffled_file_with_warmup_equals_the_sorted_one(tmp_path, table):
     rng = np.random.default_rng(0)
     shuffled = rng.permutation(len(table))

@@ -45,7 +45,8 @@ def run_demo(
     except ValueError as exc:
         raise OptionError(str(exc)) from None
     table = random_walk_table(symbols, bars, seed)
-    err(f"atc-stream demo: {symbols} symbols x {bars} bars, warmup {warmup}, output {output}")
+    shown = min(warmup, bars)  # a longer warmup is the whole walk
+    err(f"atc-stream demo: {symbols} symbols x {bars} bars, warmup {shown}, output {output}")
     last_signal: dict[str, float] = {}
 
     def remember(result) -> None:
