@@ -15,14 +15,8 @@ def main() -> None:
         from atc_stream.app.cli import main as cli_main
 
         cli_main()
-    except KeyboardInterrupt as exc:
+    except KeyboardInterrupt as exc:  # later ones: the job's handling, or typer's 130
         _interrupted(exc)
-    except RuntimeError as exc:
-        # click's Abort (a RuntimeError) wraps a Ctrl-C that came while a command was
-        # setting up, before the job's own handling took over
-        if isinstance(exc.__context__, KeyboardInterrupt):
-            _interrupted(exc.__context__)
-        raise
 
 
 def _interrupted(exc: KeyboardInterrupt) -> None:
