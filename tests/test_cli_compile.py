@@ -73,16 +73,16 @@ def test_ctrl_c_during_a_first_compile_is_one_line_and_exit_130(tmp_path):
     assert rest == "atc-stream: interrupted\n", first + rest
 
 
-# Runs the command as ``python -m atc_stream`` does, after saying on stdout that the
-# interpreter and the entry point (a few ms of imports, as the console script has them)
-# are loaded: a SIGINT sent from then on lands in the command's own start-up (its imports,
-# typer's parsing, loading the job and the kernels), not in Python's.
+# Runs the command as the ``atc-stream`` console script does, after saying on stdout that
+# the interpreter and the entry point (a few ms of imports, before which a Ctrl-C is
+# Python's own) are loaded: a SIGINT sent from then on lands in the command's start-up
+# (its imports, typer's parsing, loading the job and the kernels).
 _STARTED_THEN_COMMAND = """
-import runpy, sys
-import atc_stream.app.entry
+import sys
+from atc_stream.app.entry import main
 print("started", flush=True)
 sys.argv = ["atc-stream", *sys.argv[1:]]
-runpy.run_module("atc_stream", run_name="__main__", alter_sys=True)
+sys.exit(main())
 """
 
 
