@@ -35,7 +35,9 @@ def files(tmp_path_factory):
 @pytest.fixture(scope="module")
 def local_ray():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # "local": a new instance even where a cluster of another run is found (its address
+    # file), which ray.init would otherwise join, refusing num_cpus
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 
