@@ -14,10 +14,10 @@ from typing import Annotated
 
 import typer
 
-from atc_stream.app import jobs
+from atc_stream.app import console, jobs
 from atc_stream.app.cluster_cli import cluster_app
 from atc_stream.app.config_file import load_config_file
-from atc_stream.app.console import PROGRAM, OptionError, RunError, err, error, lines_are_logged
+from atc_stream.app.console import PROGRAM, OptionError, RunError, error, lines_are_logged
 from atc_stream.app.defaults import INTERVAL, REDIS_PREFIX
 from atc_stream.app.jobs import load_job
 from atc_stream.app.logs import LogFormat, use_log_format
@@ -682,7 +682,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         result = app(args=argv, standalone_mode=False)
         if result == 130 and not jobs.started:  # typer's answer to a Ctrl-C, without a word
-            err(f"{PROGRAM}: interrupted")
+            console.err(console.INTERRUPTED_LINE)
     except typer.TyperException as exc:  # a usage error, or another error typer reports
         ctx = getattr(exc, "ctx", None)  # set on usage errors only
         hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""

@@ -86,7 +86,11 @@ def reader_gone() -> None:
     os.close(devnull)
 
 
-def interrupted(exc: KeyboardInterrupt, line: str = f"{PROGRAM}: interrupted") -> None:
+#: The one line of a command stopped by Ctrl-C.
+INTERRUPTED_LINE = f"{PROGRAM}: interrupted"
+
+
+def interrupted(exc: KeyboardInterrupt, line: str = INTERRUPTED_LINE) -> None:
     """The line of a command stopped by Ctrl-C (or ``line``). Work cut short mid-call (a
     kernel compile) can leave objects half built in the frames it unwound, whose
     finalizers then fail and print tracebacks as the process exits: those frames are
