@@ -35,6 +35,7 @@ import asyncio
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -250,6 +251,7 @@ def run_one(n_symbols: int, args, redis_url: str, redis_pid: int, tmp: Path, cli
             "--interval", INTERVAL, "--max-seconds", str(args.bars + 60),
             # 200 streams per websocket: the local server rejects longer URLs (HTTP 414)
             "--max-streams-per-connection", str(STREAMS_PER_CONNECTION),
+            *shlex.split(args.live_args),
         ]  # fmt: skip
         started = time.time()
         # the run ends when the exchange has sent its last bar (plus a second to apply
@@ -416,6 +418,10 @@ def main(argv=None) -> int:
         "--rest-latency", type=float, default=0.0,
         help="seconds the local exchange takes to answer each REST request (a remote "
         "exchange's round trip)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--live-args", default="",
+        help="more options for `atc-stream live` (one string), e.g. \"--warm-every-ms 0\"",
     )  # fmt: skip
     args = parser.parse_args(argv)
     if args.rounds < 1:
