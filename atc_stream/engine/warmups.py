@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from atc_stream.core import inputs, output_row
+from atc_stream.core.progress import progress_bar
 from atc_stream.core.results import Rejection, StepResult
 from atc_stream.engine import paper
 from atc_stream.engine.backtest import SIGNAL_CHUNK_BYTES
@@ -53,14 +54,13 @@ def warmup(
     if trading:  # every bar's outputs are kept: bound them like backtest()
         longest = max((len(job[1]) for job in jobs), default=1)
         chunk = max(1, min(chunk, SIGNAL_CHUNK_BYTES // (8 * max(longest, 1) * output_row.N_OUT)))
-    chunks: Any = range(0, len(jobs), chunk)
+    chunks = range(0, len(jobs), chunk)
     if progress:
-        from tqdm import tqdm
-
         _load_kernels_first(engine)
-        chunks = tqdm(chunks, desc="warmup", unit="chunk", leave=False)
-    for start in chunks:
-        results.append(_warmup_chunk(engine, jobs[start : start + chunk]))
+    with progress_bar(progress, total=len(chunks), desc="warmup", unit="chunk", leave=False) as bar:
+        for start in chunks:
+            results.append(_warmup_chunk(engine, jobs[start : start + chunk]))
+            bar.update()
     if not results:
         empty = np.zeros(0, np.int64)
         return engine._result(empty, empty, np.zeros(0), np.zeros((0, output_row.N_OUT)), rejected)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from atc_stream.core.progress import progress_bar
+
 FIRST_RUN_MESSAGE = "compiling kernels (first run only)"
 
 
@@ -141,26 +143,8 @@ def _interrupts_kept() -> Iterator[None]:
         sys.unraisablehook = previous
 
 
-class _NoBar:
-    """Stands in for the phase bar when no progress is shown (tqdm is then not imported:
-    ``Engine.compile()`` runs where only numpy and numba are installed)."""
-
-    def __enter__(self) -> _NoBar:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-    def update(self) -> None:
-        pass
-
-
 def _phase_bar(progress: bool, description: str, total: int):
-    if not progress:
-        return _NoBar()
-    from tqdm import tqdm
-
-    return tqdm(
-        total=total, desc=description, unit="kernel",
+    return progress_bar(
+        progress, total=total, desc=description, unit="kernel",
         leave=False, bar_format="{desc}: {n_fmt}/{total_fmt} {bar} {elapsed}",
     )  # fmt: skip

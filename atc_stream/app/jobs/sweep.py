@@ -34,6 +34,7 @@ from atc_stream.app.sweep_blocks import (
     streams_per_call,
     sweep_block,
 )
+from atc_stream.core.progress import progress_bar
 from atc_stream.core.timetext import text_to_ms
 from atc_stream.io.ohlc import OhlcTable, read_ohlc
 from atc_stream.io.readers import InputError, infer_interval_of
@@ -84,13 +85,11 @@ def run_sweep(
         sets = load_grid(grid)
     except GridError as exc:
         raise OptionError(str(exc), "--grid") from None
-    reading = _progress(None, progress, f"reading {data.name}", "bar")
     try:
-        bars = read_ohlc(data, time_unit=time_unit, on_rows=reading.update)
+        with _progress(None, progress, f"reading {data.name}", "bar") as reading:
+            bars = read_ohlc(data, time_unit=time_unit, on_rows=reading.update)
     except InputError as exc:
         raise RunError(str(exc)) from None
-    finally:
-        reading.close()
     for line in bars.bad_rows.lines():
         err(f"atc-stream: {line}")
     if not len(bars):
@@ -183,11 +182,10 @@ def _sweep(
 ) -> pa.Table:  # fmt: skip
     """Metrics (``period`` column) of every stream, the blocks of ``plan_blocks`` run one
     after another; their trades go to ``trades`` as each block ends."""
-    bar = _progress(len(bars.symbol_names) * sets.sets, progress)
     groups, blocks = plan_blocks(bars, sets, chunk)
     metrics: list[pa.Table] = []
     table, table_group = None, -1
-    try:
+    with _progress(len(bars.symbol_names) * sets.sets, progress) as bar:
         for block in blocks:
             if block.group != table_group:
                 table = bars.of_symbols(groups[block.group]).to_arrow()
@@ -200,8 +198,6 @@ def _sweep(
             trades.write(shift_ids(block_trades, first_ids))
             metrics += [shift_ids(m, first_ids) for m in block_metrics]
             bar.update(block.streams)
-    finally:
-        bar.close()
     return pa.concat_tables(metrics)
 
 
@@ -222,13 +218,10 @@ def _sweep_on_ray(
     progress: bool, chunk: int, address: str | None, trades_dir: Path,
 ) -> tuple[int, pa.Table]:  # fmt: skip
     """``sweep_on_ray`` under a progress bar, trades into the empty ``trades_dir``."""
-    bar = _progress(len(bars.symbol_names) * sets.sets, progress)
-    try:
+    with _progress(len(bars.symbol_names) * sets.sets, progress) as bar:
         return sweep_on_ray(
             bars, sets, split, backend, interval, chunk, address, trades_dir, bar.update
         )
-    finally:
-        bar.close()
 
 
 def _print_top(ranking: pa.Table, sets: Grid, periods, rank_by: str, top: int) -> None:
@@ -242,19 +235,8 @@ def _print_top(ranking: pa.Table, sets: Grid, periods, rank_by: str, top: int) -
 
 
 def _progress(total: int | None, enabled: bool, desc: str = "sweep", unit: str = "stream"):
-    if not enabled:
-        return _NoBar()
-    from tqdm import tqdm
-
     delay = READ_BAR_DELAY_S if total is None else 0.0
-    return tqdm(
-        total=total, desc=desc, unit=unit, unit_scale=total is None, leave=False, delay=delay
-    )
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+    return progress_bar(
+        enabled, total=total, desc=desc, unit=unit, unit_scale=total is None, leave=False,
+        delay=delay,
+    )  # fmt: skip

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from atc_stream.core.progress import progress_bar
 from atc_stream.core.results import Rejection, StepResult
 from atc_stream.engine.bar_times import step_bar_times
 from atc_stream.engine.engine import Engine
@@ -215,12 +216,12 @@ class BarPlayer:
         self._emit(result)
 
     def _play(self, blocks) -> None:
-        bar = None
-        if self.progress:
-            from tqdm import tqdm
+        total = self.source.rows - self.summary.warmup_bars if self.progress else None
+        options = {"total": total, "desc": "replay", "unit": "bar", "leave": False}
+        with progress_bar(self.progress, **options) as bar:
+            self._play_blocks(blocks, bar)
 
-            total = self.source.rows - self.summary.warmup_bars
-            bar = tqdm(total=total, desc="replay", unit="bar", leave=False)
+    def _play_blocks(self, blocks, bar) -> None:
         self._clock_origin = None
         slots = [self.engine.slots_of(name) for name in self.source.symbol_names]
         # slot_table[code]: the slots a bar of symbol ``code`` fans out to (one per
@@ -264,10 +265,7 @@ class BarPlayer:
                     self._clock_origin = (bar_time, time.perf_counter())
                 self.summary.step_bars += end - start
                 self._emit(result)
-                if bar is not None:
-                    bar.update(end - start)
-        if bar is not None:
-            bar.close()
+                bar.update(end - start)
 
     def _report(self, rejected: list[Rejection], where: Callable[[Rejection], str | None]) -> None:
         """Count the engine's ``rejected`` inputs in ``summary.engine_rows`` and log the
