@@ -34,6 +34,31 @@ def rows(table) -> list[tuple]:
     )
 
 
+def test_the_rows_shown_in_full_are_the_first_of_the_files_whatever_their_reason(tmp_path):
+    # one batch checks a reason at a time: its bad times (lines 40-46) are found before
+    # its bad closes (lines 3 and 5), which come first in the file and in the report
+    lines = [f"A,{T0 + 60_000 * i},{i + 1}" for i in range(60)]
+    for i in range(38, 45):
+        lines[i] = f"A,not a time,{i + 1}"
+    lines[1], lines[3] = f"A,{T0 + 60_000},x", f"A,{T0 + 180_000},"
+    path = write(tmp_path, "symbol,time,close\n" + "\n".join(lines) + "\n", "a.csv")
+    table = read_bars(path)
+    assert table.bad_rows.counts == {"bad_time": 7, "bad_close": 2}
+    assert table.bad_rows.examples == [
+        "a.csv:3: bad_close: 'x'", "a.csv:5: bad_close: ''",
+        "a.csv:40: bad_time: 'not a time'", "a.csv:41: bad_time: 'not a time'",
+        "a.csv:42: bad_time: 'not a time'",
+    ]  # fmt: skip
+    assert table.bad_rows.lines()[-1] == "... and 4 more"
+    # files in the order read: a later file's line 1 comes after an earlier file's line 9
+    bad = BadRows()
+    for where in ("a.csv:9", "a.csv:3", "b.csv:1", "b.csv:2", "a.csv:5", "b.csv:3", "a.csv:4"):
+        bad.add(where, "bad_close", "''")
+    first = ("a.csv:3", "a.csv:4", "a.csv:5", "a.csv:9", "b.csv:1")
+    assert bad.examples == [f"{where}: bad_close: ''" for where in first]
+    assert bad.total == 7
+
+
 # -- times ---------------------------------------------------------------------------------
 
 

@@ -134,14 +134,12 @@ def test_bad_rows_are_counted_with_file_and_line(tmp_path):
         "oversized_field": 1, "bad_size": 1,
     }  # fmt: skip
     assert ticks.rejected == ticks.bad_rows.counts
-    assert ticks.bad_rows.examples[:3] == [
-        "ticks.csv:6: wrong_columns: 3 cells, expected 4",
-        "ticks.csv:9: oversized_field: size: 5000 chars",
-        "ticks.csv:8: bad_symbol: ''",
-    ]
-    assert ticks.bad_rows.examples[3:] == [
+    assert ticks.bad_rows.examples == [  # the first five of the file, whatever the reason
         "ticks.csv:3: bad_time: ''",
         "ticks.csv:4: bad_time: '1.7e12'",
+        "ticks.csv:5: bad_price: '1_0'",
+        "ticks.csv:6: wrong_columns: 3 cells, expected 4",
+        "ticks.csv:7: bad_time: '2023-11-14T25:00:00Z'",
     ]
     assert "... and 3 more" in ticks.bad_rows.lines()[-1]
     assert bars(ticks) == [

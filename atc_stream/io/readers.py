@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import sys
 import time
 import weakref
@@ -81,15 +82,40 @@ REPORT_FIRST = 5
 
 @dataclass
 class BadRows:
-    """Rows left out by reason, and the first few in full (``file:line: reason: detail``)."""
+    """Rows left out by reason, and the first few of the input in full
+    (``file:line: reason: detail``).
+
+    Files are read in order, but the rows of one batch are checked a reason at a time: a
+    bad time on line 90 is found before a bad close on line 7. ``add`` keeps the
+    ``REPORT_FIRST`` rows that come first by file and line (the order of ``where``'s
+    file name first seen, then its line or row number), not the first reported."""
 
     counts: Counter = field(default_factory=Counter)
-    examples: list[str] = field(default_factory=list)
+    #: ((file, line, order of the report), text) of the rows kept in full
+    _first: list[tuple[tuple[int, float, int], str]] = field(default_factory=list)
+    _files: dict[str, int] = field(default_factory=dict)
 
     def add(self, where: str, reason: str, detail: str) -> None:
         self.counts[reason] += 1
-        if len(self.examples) < REPORT_FIRST:
-            self.examples.append(f"{where}: {reason}: {detail}")
+        first = self._first
+        key = self._position(where)
+        if len(first) == REPORT_FIRST:
+            last = max(first)
+            if key > last[0]:
+                return
+            first.remove(last)
+        first.append((key, f"{where}: {reason}: {detail}"))
+
+    def _position(self, where: str) -> tuple[int, float, int]:
+        name, _, line = where.rpartition(":")
+        number = line.removeprefix("row ")
+        file = self._files.setdefault(name, len(self._files))
+        return file, int(number) if number.isdigit() else math.inf, self.total
+
+    @property
+    def examples(self) -> list[str]:
+        """The rows kept in full, in file and line order."""
+        return [text for _, text in sorted(self._first)]
 
     @property
     def total(self) -> int:

@@ -340,7 +340,7 @@ def _parse_ticks(path, columns, roles, line_of, default_symbol, time_unit, bad) 
         (size_ok, "bad_size", "size"),
     ):
         hit = np.flatnonzero(~ok & keep)
-        shown = hit[: max(0, REPORT_FIRST - len(bad.examples))]
+        shown = hit[:REPORT_FIRST]  # enough for BadRows to keep the first rows of the file
         for i in shown:
             bad.add(f"{path.name}:{line_of(i)}", reason, repr(cells[role][int(i)].as_py()))
         if hit.size > shown.size:
