@@ -193,6 +193,30 @@ def test_unwritable_outputs_are_one_line(bars, tmp_path, run_main, command, targ
     one_error_line(code, err, needle)
 
 
+@pytest.mark.parametrize(
+    ("option", "target", "needle"),
+    [
+        ("-o", "signals.txt", "cannot tell the output format of"),
+        ("-o", "missing/signals.jsonl", "no such directory"),
+        ("-o", "a_file.txt/signals.parquet", "not a directory"),
+        ("--trades", "missing/trades.jsonl", "no such directory"),
+    ],
+)
+def test_an_output_that_cannot_be_written_is_refused_before_the_input_is_read(
+    tmp_path, run_main, option, target, needle
+):
+    (tmp_path / "a_file.txt").write_text("x")
+    unread = tmp_path / "empty.csv"  # reading it would stop the run: it is not read
+    unread.write_text("")
+    args = ["replay", str(unread), option, str(tmp_path / target), "--no-progress"]
+    if option != "-o":
+        args += ["-o", str(tmp_path / "signals.jsonl"), "--strategy", "stop=0.02"]
+    code, err = run_main(args)
+    one_error_line(code, err, needle)
+    assert "Empty CSV" not in err and len(err.strip().splitlines()) == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file.txt", "empty.csv"]
+
+
 def test_a_snapshot_dir_that_is_a_file_is_one_line(bars, tmp_path, run_main):
     args = ["replay", str(bars), "-o", str(tmp_path / "o.jsonl"), "--snapshot-dir", str(bars)]
     code, err = run_main([*args, "--no-progress"])

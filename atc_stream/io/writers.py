@@ -82,6 +82,21 @@ def check_apart(
         )
 
 
+def check_outputs(outputs: dict[str, str | Path | None]) -> None:
+    """``OutputError`` for an output whose format its name does not tell
+    (``output_format``) or whose directory does not exist: said before any input is read
+    (a large file takes minutes to scan), not once the outputs are opened. Keys name the
+    options; ``-`` and None are left out."""
+    for path in outputs.values():
+        if path is None or str(path) == "-":
+            continue
+        output_format(path)
+        parent = Path(path).parent
+        if not parent.is_dir():
+            why = "not a directory" if parent.exists() else "no such directory"
+            raise OutputError(f"cannot write {path}: {why}: {parent}")
+
+
 def _resolved(path: str | Path) -> Path:
     """``path`` resolved; ``OutputError`` for a symbolic link loop (one line)."""
     try:

@@ -13,7 +13,7 @@ from atc_stream.app.durability import Durability, check_backend, play_durably
 from atc_stream.connectors.replay.player import random_walk_table
 from atc_stream.core.params import load_param_sets
 from atc_stream.engine.series import compute
-from atc_stream.io.writers import check_apart, open_writer
+from atc_stream.io.writers import check_apart, check_outputs, open_writer
 
 #: Name of the demo's entry in ``Engine.source_offsets``.
 DEMO_SOURCE = "demo"
@@ -40,6 +40,7 @@ def run_demo(
     recomputation check finds a mismatch)."""
     check_backend(backend)
     check_apart({}, {"-o": output}, snapshot_dir)
+    check_outputs({"-o": output})
     try:
         param_sets = load_param_sets(params)
     except ValueError as exc:

@@ -31,7 +31,7 @@ from atc_stream.app.paper import check_paper_options, paper_lines
 from atc_stream.core.intervals import validate_interval
 from atc_stream.core.params import load_param_sets
 from atc_stream.io.table_writers import PaperOutputs
-from atc_stream.io.writers import check_apart, output_format
+from atc_stream.io.writers import check_apart, check_outputs
 
 if TYPE_CHECKING:
     from atc_stream.connectors.redis.loop import LoopPublisher
@@ -118,12 +118,12 @@ def run_live(
         )
     except ValueError as exc:
         raise OptionError(str(exc), param_hint="--symbols") from None
-    output_format(output)
-    check_apart({}, {"-o": output, "--trades": trades, "--positions": positions},
-                snapshot_dir)  # fmt: skip
+    outputs = {"-o": output, "--trades": trades, "--positions": positions}
+    check_apart({}, outputs, snapshot_dir)
     if route_shards is not None and redis is None:
         raise OptionError("--route-shards needs --redis URL (the cluster's Redis)")
     paper = check_paper_options(strategies, trades=trades, positions=positions)
+    check_outputs(outputs)
     # the local checks (snapshot options, Redis at the start) before the exchange's
     durability = Durability(
         redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,

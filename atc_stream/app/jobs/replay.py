@@ -26,7 +26,7 @@ from atc_stream.core.intervals import interval_ms, is_calendar, validate_interva
 from atc_stream.io.readers import PRICE_NAMES, InputError
 from atc_stream.io.table_writers import PaperOutputs
 from atc_stream.io.tick_reader import load_ticks
-from atc_stream.io.writers import check_apart, output_format
+from atc_stream.io.writers import check_apart, check_outputs, output_format
 
 #: Name of a replayed file's entry in ``Engine.source_offsets``.
 FILE_SOURCE = "file"
@@ -74,9 +74,8 @@ def run_replay(
     ``route_shards``: the bars go to a cluster's shard streams instead of the engine."""
     if (bars is None) == (ticks is None):  # before any snapshot store is opened
         raise OptionError(ONE_INPUT)
-    check_apart({"BARS": bars, "--ticks": ticks},
-                {"-o": output, "--trades": trades, "--positions": positions},
-                snapshot_dir)  # fmt: skip
+    outputs = {"-o": output, "--trades": trades, "--positions": positions}
+    check_apart({"BARS": bars, "--ticks": ticks}, outputs, snapshot_dir)
     check_shard_options(shard_snapshots, snapshot_to)
     if route_shards is not None:
         if shard_snapshots is not None:
@@ -86,6 +85,7 @@ def run_replay(
     check_backend(backend)
     param_sets = param_sets_option(params)
     paper = check_paper_options(strategies, trades=trades, positions=positions)
+    check_outputs(outputs)  # before the input is read: a large file takes minutes
     durability = Durability(
         redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
         snapshot_every=snapshot_every, resume=resume, events_before_ready=events_before_ready,
