@@ -225,8 +225,9 @@ def replay(
         ),
     ] = None,  # fmt: skip
 ) -> None:
-    """Feed bars (or ticks aggregated to bars) through the engine; one signal row per
-    (stream, bar). With --strategy, paper trading on bars with open/high/low/close (the
+    """Feed bars (or ticks aggregated to bars) through the engine: a row per (stream, bar).
+
+    With --strategy, paper trading on bars with open/high/low/close (the
     file's columns, or each interval's ticks). With --shard-snapshots N --snapshot-to
     TARGET, a backfill: one snapshot per shard at the end, where live shards start.
     With --strict, a row the reader rejects stops the run before any output; a bar the
