@@ -256,8 +256,11 @@ def test_the_step_path_is_warmed_once_just_before_each_burst():
     clock.stepped(now - now % iv - iv, now_ms=now - now % iv + 3)  # closes: multiples of iv
     calls = _warm_ups(clock, 0.02, 1.1)
     assert 4 <= len(calls) <= 6, calls
-    # 20 ms before each close (the loop's timers are late by a few ms at most)
-    assert all(-25 <= (t % iv) - iv <= -12 for t in calls), [t % iv for t in calls]
+    # 20 ms before each close: the loop's timers are late by a few ms, by ~10 on a loaded
+    # machine (one call of a CI run came 11 ms late), never after the close
+    phases = [(t % iv) - iv for t in calls]
+    assert all(-25 <= p <= -2 for p in phases), phases
+    assert sorted(phases)[len(phases) // 2] <= -12, phases
     assert len({(t + 30) // iv for t in calls}) == len(calls)  # one a close
 
 
