@@ -106,6 +106,19 @@ class BadRows:
             first.remove(last)
         first.append((key, f"{where}: {reason}: {detail}"))
 
+    def add_rows(
+        self, rows: np.ndarray, reason: str, where: Callable[[int], str],
+        detail: Callable[[int], str],
+    ) -> None:  # fmt: skip
+        """``add`` of each of ``rows``, ascending positions of one batch: only the first
+        ``REPORT_FIRST`` of them can be among the first rows of the input, so only those
+        are described (``where(i)``, ``detail(i)``); the others are counted."""
+        shown = rows[:REPORT_FIRST]
+        for i in shown:
+            self.add(where(i), reason, detail(i))
+        if rows.shape[0] > shown.shape[0]:  # a Counter keeps a key added 0
+            self.counts[reason] += rows.shape[0] - shown.shape[0]
+
     def _position(self, where: str) -> tuple[int, float, int]:
         name, _, line = where.rpartition(":")
         number = line.removeprefix("row ")
@@ -301,12 +314,16 @@ def _parse_batch(
         blank &= cells.empty()
     keep = ~blank
     named: list[tuple[str, Cells]] = [("symbol", symbol_cells), ("time", time_cells)]
+
+    def where(i: int) -> str:
+        return row_where(path, line_of(i))
+
     for name, cells in named + list(price_cells.items()):
         long = cells.long(MAX_FIELD_CHARS) & keep
-        for i in np.flatnonzero(long):
-            bad.add(
-                row_where(path, line_of(i)), "oversized_field", f"{name}: {cells.size(i)} chars"
-            )
+        bad.add_rows(
+            np.flatnonzero(long), "oversized_field", where,
+            lambda i, name=name, cells=cells: f"{name}: {cells.size(i)} chars",
+        )  # fmt: skip
         keep &= ~long
     symbol_ok = ~symbol_cells.blank()
     # a NUL in a name: NumPy's str arrays drop trailing NULs, which would merge "AB\0"
@@ -328,8 +345,7 @@ def _parse_batch(
         checks.append((~ok, f"bad_{name}", cells))
     for mask, reason, shown in checks:
         hit = mask & keep
-        for i in np.flatnonzero(hit):
-            bad.add(row_where(path, line_of(i)), reason, shown.shown(i))
+        bad.add_rows(np.flatnonzero(hit), reason, where, shown.shown)
         keep &= ~hit
     if ohlc_columns:
         keep &= ~_bad_bars(path, line_of, prices, keep, bad)
@@ -349,9 +365,10 @@ def _bad_bars(path, line_of, prices: dict[str, np.ndarray], keep, bad: BadRows) 
     each reported as ``bad_ohlc``."""
     o, h, lo, c = (prices[name] for name in (*PRICE_NAMES, "close"))
     hit = bad_ohlc(o, h, lo, c) & keep
-    for i in np.flatnonzero(hit):
-        detail = f"open={o[i]:g} high={h[i]:g} low={lo[i]:g} close={c[i]:g}"
-        bad.add(row_where(path, line_of(i)), "bad_ohlc", detail)
+    bad.add_rows(
+        np.flatnonzero(hit), "bad_ohlc", lambda i: row_where(path, line_of(i)),
+        lambda i: f"open={o[i]:g} high={h[i]:g} low={lo[i]:g} close={c[i]:g}",
+    )  # fmt: skip
     return hit
 
 

@@ -21,7 +21,6 @@ from atc_stream.core.timetext import MAX_TIME_MS, text_to_ms
 from atc_stream.io.csv_header import check_header
 from atc_stream.io.readers import (
     MAX_FIELD_CHARS,
-    REPORT_FIRST,
     BadRows,
     InputError,
     InvalidRows,
@@ -305,9 +304,10 @@ def _parse_ticks(path, columns, roles, line_of, default_symbol, time_unit, bad) 
         if lengths[role].max(initial=0) <= MAX_FIELD_CHARS:
             continue
         long = (lengths[role] > MAX_FIELD_CHARS) & keep
-        for i in np.flatnonzero(long):
-            bad.add(f"{path.name}:{line_of(i)}", "oversized_field",
-                    f"{role}: {len(col[int(i)].as_py())} chars")  # fmt: skip
+        bad.add_rows(
+            np.flatnonzero(long), "oversized_field", lambda i: f"{path.name}:{line_of(i)}",
+            lambda i, role=role, col=col: f"{role}: {len(col[int(i)].as_py())} chars",
+        )  # fmt: skip
         keep &= ~long
     if "symbol" in cells:
         symbols = cells["symbol"]
@@ -340,11 +340,10 @@ def _parse_ticks(path, columns, roles, line_of, default_symbol, time_unit, bad) 
         (size_ok, "bad_size", "size"),
     ):
         hit = np.flatnonzero(~ok & keep)
-        shown = hit[:REPORT_FIRST]  # enough for BadRows to keep the first rows of the file
-        for i in shown:
-            bad.add(f"{path.name}:{line_of(i)}", reason, repr(cells[role][int(i)].as_py()))
-        if hit.size > shown.size:
-            bad.counts[reason] += hit.size - shown.size
+        bad.add_rows(
+            hit, reason, lambda i: f"{path.name}:{line_of(i)}",
+            lambda i, role=role: repr(cells[role][int(i)].as_py()),
+        )  # fmt: skip
         keep[hit] = False
     rows = np.flatnonzero(keep)
     used_codes, used_names = _used_names(codes[rows], names)
