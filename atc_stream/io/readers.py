@@ -82,13 +82,9 @@ REPORT_FIRST = 5
 
 @dataclass
 class BadRows:
-    """Rows left out by reason, and the first few of the input in full
-    (``file:line: reason: detail``).
-
-    Files are read in order, but the rows of one batch are checked a reason at a time: a
-    bad time on line 90 is found before a bad close on line 7. ``add`` keeps the
-    ``REPORT_FIRST`` rows that come first by file and line (the order of ``where``'s
-    file name first seen, then its line or row number), not the first reported."""
+    """Rows left out by reason, and the first ``REPORT_FIRST`` of the input in full
+    (``file:line: reason: detail``): first by file (``where``'s name first seen) and line,
+    not the first reported (a batch is checked a reason at a time)."""
 
     counts: Counter = field(default_factory=Counter)
     #: ((file, line, order of the report), text) of the rows kept in full
@@ -97,8 +93,11 @@ class BadRows:
 
     def add(self, where: str, reason: str, detail: str) -> None:
         self.counts[reason] += 1
+        name, _, line = where.rpartition(":")
+        number = line.removeprefix("row ")
+        file = self._files.setdefault(name, len(self._files))
+        key = (file, int(number) if number.isdigit() else math.inf, self.total)
         first = self._first
-        key = self._position(where)
         if len(first) == REPORT_FIRST:
             last = max(first)
             if key > last[0]:
@@ -106,10 +105,7 @@ class BadRows:
             first.remove(last)
         first.append((key, f"{where}: {reason}: {detail}"))
 
-    def add_rows(
-        self, rows: np.ndarray, reason: str, where: Callable[[int], str],
-        detail: Callable[[int], str],
-    ) -> None:  # fmt: skip
+    def add_rows(self, rows: np.ndarray, reason: str, where: Callable, detail: Callable) -> None:
         """``add`` of each of ``rows``, ascending positions of one batch: only the first
         ``REPORT_FIRST`` of them can be among the first rows of the input, so only those
         are described (``where(i)``, ``detail(i)``); the others are counted."""
@@ -118,12 +114,6 @@ class BadRows:
             self.add(where(i), reason, detail(i))
         if rows.shape[0] > shown.shape[0]:  # a Counter keeps a key added 0
             self.counts[reason] += rows.shape[0] - shown.shape[0]
-
-    def _position(self, where: str) -> tuple[int, float, int]:
-        name, _, line = where.rpartition(":")
-        number = line.removeprefix("row ")
-        file = self._files.setdefault(name, len(self._files))
-        return file, int(number) if number.isdigit() else math.inf, self.total
 
     @property
     def examples(self) -> list[str]:
