@@ -322,7 +322,7 @@ def _parse_batch(
     time_array = batch.column(names.index(time_column))
     if isinstance(time_cells, StringCells) and (epochs := time_cells.epochs()) is not None:
         time_array = epochs
-    times, _, time_ok = parse_times(time_array, unit, lambda i: row_where(path, line_of(i)))
+    times, _, time_ok = parse_times(time_array, unit, where)
     checks = [
         (~symbol_ok, "empty_symbol", symbol_cells),
         (nul, "bad_symbol", symbol_cells),
@@ -338,7 +338,7 @@ def _parse_batch(
         bad.add_rows(np.flatnonzero(hit), reason, where, shown.shown)
         keep &= ~hit
     if ohlc_columns:
-        keep &= ~_bad_bars(path, line_of, prices, keep, bad)
+        keep &= ~_bad_bars(where, prices, keep, bad)
     idx = np.flatnonzero(keep)
     if idx.size == 0:
         return None
@@ -350,13 +350,13 @@ def _parse_batch(
     return BarBatch(symbol_cells.codes(idx, symbols), times, prices["close"], lines, ohlc, path)
 
 
-def _bad_bars(path, line_of, prices: dict[str, np.ndarray], keep, bad: BadRows) -> np.ndarray:
+def _bad_bars(where, prices: dict[str, np.ndarray], keep, bad: BadRows) -> np.ndarray:
     """The rows still kept whose prices do not make a bar (``core.inputs.bad_ohlc``),
-    each reported as ``bad_ohlc``."""
+    each reported as ``bad_ohlc`` at ``where(i)``."""
     o, h, lo, c = (prices[name] for name in (*PRICE_NAMES, "close"))
     hit = bad_ohlc(o, h, lo, c) & keep
     bad.add_rows(
-        np.flatnonzero(hit), "bad_ohlc", lambda i: row_where(path, line_of(i)),
+        np.flatnonzero(hit), "bad_ohlc", where,
         lambda i: f"open={o[i]:g} high={h[i]:g} low={lo[i]:g} close={c[i]:g}",
     )  # fmt: skip
     return hit
