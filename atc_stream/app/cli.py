@@ -7,7 +7,6 @@ go to stderr so stdout stays machine-readable.
 from __future__ import annotations
 
 import sys
-from contextlib import AbstractContextManager, contextmanager, nullcontext
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -17,9 +16,8 @@ import typer
 from atc_stream.app import console, jobs
 from atc_stream.app.cluster_cli import cluster_app
 from atc_stream.app.config_file import load_config_file
-from atc_stream.app.console import PROGRAM, OptionError, RunError, error, lines_are_logged
+from atc_stream.app.console import PROGRAM, error
 from atc_stream.app.defaults import INTERVAL, REDIS_PREFIX
-from atc_stream.app.jobs import load_job
 from atc_stream.app.logs import LogFormat, use_log_format
 from atc_stream.app.options import (
     BackendOption,
@@ -45,6 +43,7 @@ from atc_stream.app.options import (
     check_speed,
     redis_option,
 )
+from atc_stream.app.run_job import run_job
 from atc_stream.core.shards import MAX_SHARDS
 
 app = typer.Typer(
@@ -98,49 +97,7 @@ def _root(
 @app.command("compile")
 def compile_kernels() -> None:
     """Compile the CPU kernels into the on-disk cache now (e.g. in a Docker build step)."""
-    _run_job("compile:run_compile")
-
-
-@contextmanager
-def _user_errors():
-    """Errors meant for the user (bad option, unusable output, refused resume) become one
-    line on stderr and exit status 2, never a traceback."""
-    from atc_stream.app.console import interrupted, reader_gone
-
-    jobs.started = True
-    try:
-        from atc_stream.io.writers import OutputError, ReaderGone  # a Ctrl-C may come here
-
-        yield
-    except KeyboardInterrupt as exc:  # typer would end the command with 130 and not a word
-        interrupted(exc)
-        raise typer.Exit(130) from None
-    except ReaderGone:  # `| head` has what it wants: not a word
-        reader_gone()
-        raise typer.Exit(141) from None
-    except (RunError, OutputError) as exc:
-        error(str(exc))
-        raise typer.Exit(2) from None
-
-
-def _run_job(job: str, *, logs: AbstractContextManager | None = None, **options) -> None:
-    """Run one job of ``atc_stream.app.jobs`` (``"module:function"``) with the command's
-    options: its exit status becomes the command's; a refused option is a usage error, a
-    refused run one line and exit 2 (``_user_errors``). ``logs``: how its lines are
-    written (``--log-format``). The job is imported inside, so that a Ctrl-C while it
-    loads (the engine, numba: most of a second) is the command's one line too."""
-    with logs or nullcontext(), _user_errors():
-        try:
-            status = load_job(job)(**options)
-        except OptionError as exc:
-            if not lines_are_logged():
-                raise typer.BadParameter(str(exc), param_hint=exc.param_hint) from None
-            # click would print it after the log format is undone: log it as a line
-            hint = f" for '{exc.param_hint}'" if exc.param_hint else ""
-            error(f"Invalid value{hint}: {exc}")
-            raise typer.Exit(2) from None
-    if status:
-        raise typer.Exit(status)
+    run_job("compile:run_compile")
 
 
 @app.command()
@@ -232,7 +189,7 @@ def replay(
     TARGET, a backfill: one snapshot per shard at the end, where live shards start.
     With --strict, a row the reader rejects stops the run before any output; a bar the
     engine rejects (duplicate, out of order, close <= 0) exits 2 after a complete output."""
-    _run_job(
+    run_job(
         "replay:run_replay", bars=bars, ticks=ticks,
         columns={"symbol": symbol_column, "time": time_column, "close": close_column,
                  "open": open_column, "high": high_column, "low": low_column},
@@ -360,7 +317,7 @@ def live(
     With --strategy, paper trading on the klines' open/high/low/close (from the bar after
     the REST warmup: trades closed within the warmup are in the state, not written).
     """
-    _run_job(
+    run_job(
         "live:run_live", symbols=symbols, interval=interval, exchange=exchange,
         history=history, ws_url=ws_url, rest_url=rest_url, output=output, previews=previews,
         max_seconds=max_seconds, max_bars=max_bars,
@@ -395,7 +352,7 @@ def demo(
     resume: ResumeOption = False,
 ) -> None:
     """Generate a deterministic multi-symbol random walk and replay it (needs nothing else)."""
-    _run_job(
+    run_job(
         "demo:run_demo", symbols=symbols, bars=bars, seed=seed, warmup=warmup, output=output,
         params=params, progress=progress, backend=backend, check=check, redis=redis,
         redis_prefix=redis_prefix, snapshot_dir=snapshot_dir, snapshot_every=snapshot_every,
@@ -441,7 +398,7 @@ def subscribe(
 
     With no --symbols/--events/--batch/--trades/--positions, every per-symbol signal
     channel is followed."""
-    _run_job(
+    run_job(
         "subscribe:run_subscribe", redis=redis, symbols=symbols, events=events, batch=batch,
         trades=trades, positions=positions, latest=latest, redis_prefix=redis_prefix,
         encoding=encoding, count=count, timeout=timeout,
@@ -495,7 +452,7 @@ def run_stream(
     With --strategy, entries carry open, high, low and close (paper trading); the trades
     and positions go to KEY:trades and KEY:positions of --output-stream KEY (exactly
     once too) and to {prefix}:trades and {prefix}:positions with --publish."""
-    _run_job(
+    run_job(
         "run_stream:run_stream", redis=redis, input_stream=input_stream,
         output_stream=output_stream, group=group, consumer=consumer,
         snapshot_dir=snapshot_dir, snapshot_every=snapshot_every, resume=resume,
@@ -582,7 +539,7 @@ def sweep(
         str | None, typer.Option("--interval", help="Bar interval (default: inferred from bars).")
     ] = None,
 ) -> None:
-    _run_job(
+    run_job(
         "sweep:run_sweep", data=data, grid=grid, outdir=outdir, train_until=train_until,
         top=top, rank_by=rank_by, backend=backend, progress=progress, time_unit=time_unit.value,
         ray=ray, ray_address=ray_address, interval=interval,
@@ -631,14 +588,14 @@ def plot(
     if trades is not None:
         if signals is not None:
             raise typer.BadParameter("give SIGNALS or --trades, not both", param_hint="--trades")
-        _run_job(
+        run_job(
             "plot:run_plot_backtest", trades=trades, bars=bars, symbol=symbol, output=output,
             params_id=params_id, strategy_id=strategy_id, title=title,
         )  # fmt: skip
         return
     if signals is None:
         raise typer.BadParameter("a SIGNALS file (or --trades) is needed", param_hint="SIGNALS")
-    _run_job(
+    run_job(
         "plot:run_plot", signals=signals, symbol=symbol, output=output, params_id=params_id,
         title=title,
     )  # fmt: skip

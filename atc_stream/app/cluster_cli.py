@@ -7,9 +7,7 @@ from typing import Annotated
 
 import typer
 
-from atc_stream.app.console import OptionError, RunError, error, interrupted
 from atc_stream.app.defaults import REDIS_PREFIX
-from atc_stream.app.jobs import load_job
 from atc_stream.app.options import (
     BackendOption,
     ParamsOption,
@@ -19,6 +17,7 @@ from atc_stream.app.options import (
     StopWhenIdleOption,
     redis_option,
 )
+from atc_stream.app.run_job import run_job
 from atc_stream.core.shards import MAX_SHARDS
 
 cluster_app = typer.Typer(
@@ -28,24 +27,6 @@ cluster_app = typer.Typer(
 
 ClusterRedisOption = Annotated[str | None, redis_option("Redis URL holding the shard streams.")]
 GroupOption = Annotated[str, typer.Option("--group", help="Consumer group of the shard streams.")]
-
-
-def _run(job: str, **options) -> None:
-    """Run a job (``"module:function"`` of ``app.jobs``): a refused run is one line and
-    exit 2, a refused option a usage error, a Ctrl-C before the job takes it over one
-    line and exit 130."""
-    try:
-        status = load_job(job)(**options)
-    except OptionError as exc:
-        raise typer.BadParameter(str(exc), param_hint=exc.param_hint) from None
-    except RunError as exc:
-        error(str(exc))
-        raise typer.Exit(2) from None
-    except KeyboardInterrupt as exc:  # typer would end the command with 130 and not a word
-        interrupted(exc)
-        raise typer.Exit(130) from None
-    if status:
-        raise typer.Exit(status)
 
 
 def _need_redis(redis: str | None) -> str:
@@ -96,7 +77,7 @@ def cluster(
         raise typer.BadParameter(
             "--shards N is required to start the cluster", param_hint="--shards"
         )
-    _run(
+    run_job(
         "cluster:run_cluster", shards=shards, redis=_need_redis(redis), ray_address=ray_address,
         redis_prefix=redis_prefix, output_stream=output_stream, output_maxlen=output_maxlen,
         group=group, batch_size=batch_size, snapshot_every=snapshot_every, publish=publish,
@@ -111,7 +92,9 @@ def status(
     group: GroupOption = "atc",
 ) -> None:
     """Per shard: streams, last bar time, consumer lag, restarts, backend, heartbeat age."""
-    _run("cluster:cluster_status", redis=_need_redis(redis), redis_prefix=redis_prefix, group=group)
+    run_job(
+        "cluster:cluster_status", redis=_need_redis(redis), redis_prefix=redis_prefix, group=group
+    )
 
 
 @cluster_app.command("route")
@@ -135,7 +118,7 @@ def route(
     stop_when_idle: StopWhenIdleOption = None,
 ) -> None:
     """Move each entry of --input-stream to its shard's stream, exactly once."""
-    _run(
+    run_job(
         "cluster:route", redis=_need_redis(redis), input_stream=input_stream, shards=shards,
         redis_prefix=redis_prefix, group=group, consumer=consumer, batch_size=batch_size,
         stop_when_idle=stop_when_idle,
@@ -151,4 +134,4 @@ def reshard(
     """With the cluster stopped and its shard streams drained: split and merge the shard
     snapshots by symbol into --to shards and record the new count (route new bars with
     the new count afterwards)."""
-    _run("cluster:reshard", redis=_need_redis(redis), to=to, redis_prefix=redis_prefix)
+    run_job("cluster:reshard", redis=_need_redis(redis), to=to, redis_prefix=redis_prefix)
