@@ -330,7 +330,8 @@ def run_blocks(args: tuple, n_threads: int, task_blocks: int) -> None:
     on the calling thread at once, joined by ``n_threads - 1`` helper threads as they
     wake (``task_share``), each taking ``task_blocks`` blocks at a time."""
     if n_threads <= 1:  # one task: no counter traffic between blocks
-        task_blocks = max(args[12].shape[0] - 1, 1)
+        *_, block_starts, _in_place = args
+        task_blocks = max(block_starts.shape[0] - 1, 1)
     args = (*args, np.zeros(task_share.N_COUNTERS, np.int64), task_blocks)
     if n_threads <= 1:
         warmup_blocks(*args)
