@@ -25,6 +25,7 @@ from atc_stream.core.strategy import Strategy
 from atc_stream.engine import paper, snapshots, warmups
 from atc_stream.engine.backends import make_backend
 from atc_stream.engine.backtest import as_strategy_list
+from atc_stream.engine.breakdown import BreakdownWatch
 from atc_stream.engine.exercise import exercise_kernels
 from atc_stream.engine.parsing import (
     Columns,
@@ -83,10 +84,9 @@ class Engine:
         :meth:`strategy_metrics`). On CUDA the strategy state lives on the device beside
         the ATC state (docs/design/cuda.md, "Strategies"): the same bits as on the CPU.
 
-        ``cuda_graph``: on the CUDA backend, replay the steady step (the same streams
-        every step, one bar each) as one captured CUDA graph (needs CuPy on a real
-        device; otherwise, or when a capture fails, one warning and ordinary launches).
-        Off by default; results are identical either way. Ignored on the CPU."""
+        ``cuda_graph``: on CUDA, replay the steady step (the same streams, one bar each)
+        as one captured CUDA graph (CuPy on a real device; otherwise, or when a capture
+        fails, one warning and ordinary launches). Results are identical; CPU: ignored."""
         from atc_stream.kernels.threads import check_threads
 
         self.threads = check_threads(threads)
@@ -104,12 +104,11 @@ class Engine:
         self.rejections: Counter[str] = Counter()
         self._source_offsets: dict[str, Any] = {}
         self._logged_reasons: set[str] = set()
+        self._breakdown = BreakdownWatch()  # a ready signal turned na: warned once a stream
         #: log the first rejection of each reason (off while replay logs them with file:line)
         self.log_rejections = True
         param_sets = [ATCParams()] if params is None else params
-        if isinstance(param_sets, ATCParams):
-            param_sets = [param_sets]
-        for p in param_sets:
+        for p in [param_sets] if isinstance(param_sets, ATCParams) else param_sets:
             self.add_params(p)
         self.cuda_graph = cuda_graph
         self.backend: Backend = make_backend(backend, self.store, self.threads, cuda_graph)
@@ -208,6 +207,7 @@ class Engine:
         slot = self._slot_index(key)
         del self._slot_of[key]
         self.store.release(slot)
+        self._breakdown.forget(slot)
         self._keys_by_slot[slot] = None
         self._set_symbol_slots(key.symbol, [s for s in self._symbol_slots[key.symbol] if s != slot])
 
@@ -327,11 +327,8 @@ class Engine:
         return reject
 
     def _slot_lists(self) -> dict[str, list[int]]:
-        """``symbol -> [slot, ...]`` as Python ints, rebuilt when the registry changes.
-
-        Also sets ``_single_slot``: ``symbol -> slot`` when every symbol has one stream
-        (one parameter set), else None.
-        """
+        """``symbol -> [slot, ...]`` as Python ints, rebuilt when the registry changes; also
+        sets ``_single_slot``: ``symbol -> slot`` when every symbol has one stream, else None."""
         if self._slot_lists_of is not self._symbol_slots:
             lists = {s: v.tolist() for s, v in self._symbol_slots.items()}
             single = all(len(v) == 1 for v in lists.values())
@@ -506,10 +503,12 @@ class Engine:
             out = pending.wait()
             if keep is not None:
                 out = {name: values[keep] for name, values in out.items()}
-            return StepResult(
+            result = StepResult(
                 keys_by_slot, slots, times, closes, out, rejected, False, ready_from, outputs,
                 strategy,
             )  # fmt: skip
+            self._breakdown.check(result, self.store)
+            return result
 
         return PendingStep(result)
 
@@ -518,10 +517,12 @@ class Engine:
     ) -> StepResult:
         """``out``: kernel output rows or typed fields (``schema.kernel_fields``)."""
         ready_from = self.store.params.ready_bars[self.store.counters[slots, L.PARAM_ROW]]
-        return StepResult(
+        result = StepResult(
             self._keys_by_slot, slots, times, closes, out, rejected, provisional, ready_from,
             self._outputs, strategy if self._strategy_output else None,
         )  # fmt: skip
+        self._breakdown.check(result, self.store)
+        return result
 
     def preview(
         self,
