@@ -230,6 +230,18 @@ def test_demo_sizes_below_one_are_usage_errors(run_main, option, value):
     one_error_line(code, err, option)
 
 
+def test_a_negative_demo_seed_is_a_usage_error(run_main):
+    code, err = run_main(["demo", "--seed", "-1", "--bars", "50", "--no-progress"])
+    one_error_line(code, err, "--seed")
+
+
+def test_a_demo_data_set_larger_than_the_machine_is_refused_before_it_is_made(tmp_path, run_main):
+    out = tmp_path / "d.jsonl"
+    code, err = run_main(["demo", "--symbols", "1000000", "--bars", "1000000", "-o", str(out)])
+    one_error_line(code, err, "GiB for the demo's data set")
+    assert not out.exists()
+
+
 def test_plot_refuses_an_unknown_image_format_and_lists_the_known(bars, tmp_path, run_main):
     signals = tmp_path / "s.jsonl"
     assert run_main(["replay", str(bars), "-o", str(signals), "--no-progress"])[0] == 0

@@ -336,7 +336,9 @@ def live(
 def demo(
     symbols: Annotated[int, typer.Option(min=1, help="Number of random-walk symbols.")] = 20,
     bars: Annotated[int, typer.Option(min=1, help="Bars per symbol.")] = 3000,
-    seed: Annotated[int, typer.Option(help="Random seed (the data set is deterministic).")] = 7,
+    seed: Annotated[
+        int, typer.Option(min=0, help="Random seed (the data set is deterministic).")
+    ] = 7,
     warmup: WarmupOption = 1000,
     output: OutputOption = "atc_demo_signals.jsonl",
     params: ParamsOption = None,

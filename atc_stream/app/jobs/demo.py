@@ -4,6 +4,7 @@ recomputation of each symbol's series."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,9 @@ from atc_stream.io.writers import check_apart, check_outputs, open_writer
 
 #: Name of the demo's entry in ``Engine.source_offsets``.
 DEMO_SOURCE = "demo"
+#: Memory a bar of the demo's data set takes at the peak of making it (its close, time
+#: and symbol in the table, and the random walk's temporaries)
+BYTES_PER_BAR = 64
 
 
 def run_demo(
@@ -41,6 +45,7 @@ def run_demo(
     check_backend(backend)
     check_apart({}, {"-o": output}, snapshot_dir)
     check_outputs({"-o": output})
+    _check_size(symbols, bars)
     try:
         param_sets = load_param_sets(params)
     except ValueError as exc:
@@ -75,6 +80,23 @@ def run_demo(
     if check:
         return _check(table, engine.param_sets[0], last_signal)
     return 0
+
+
+def _check_size(symbols: int, bars: int) -> None:
+    """Refuse a data set larger than half this machine's memory (it would be killed or
+    swap for minutes), before making it."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):  # not a POSIX system: no check
+        return
+    need = symbols * bars * BYTES_PER_BAR
+    if need > memory // 2:
+        raise OptionError(
+            f"{symbols:,} symbols x {bars:,} bars need ~{need / 2**30:,.1f} GiB for the demo's "
+            f"data set, more than half of this machine's {memory / 2**30:,.1f} GiB; give "
+            "fewer --symbols or --bars",
+            param_hint="--bars",
+        )
 
 
 def _check(table, params, last_signal: dict[str, float]) -> int:
