@@ -557,6 +557,32 @@ def test_sigint_during_a_paced_replay_says_it_stopped(bars, tmp_path):
     assert "replay stopped early" in err and "replay done" not in err and "inf" not in err
 
 
+def test_sigint_during_a_bar_interval_wait_stops_at_once_and_resumes_exactly(bars, tmp_path):
+    """At real speed a 1-minute bar waits a minute for the next: a Ctrl-C then ends the
+    run within a fraction of a second, with its snapshot, not after the wait."""
+    out, straight = tmp_path / "o.jsonl", tmp_path / "straight.jsonl"
+    snapshots = ["--snapshot-dir", str(tmp_path / "snaps"), "--no-progress"]
+    command = [sys.executable, "-m", "atc_stream", "replay", str(bars)]
+    every = ["--snapshot-every", "1"]  # the output is flushed with the first bar's snapshot
+    proc = subprocess.Popen([*command, "-o", str(out), "--speed", "1", *every, *snapshots],
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (out.exists() and out.stat().st_size):  # the first bar, then a minute's wait
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.05)
+    time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGINT)
+    asked = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert time.monotonic() - asked < 10, err
+    resumed = subprocess.run([*command, "-o", str(out), *snapshots, "--resume"],
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    subprocess.run([*command, "-o", str(straight), "--no-progress"], check=True, timeout=300)
+    assert out.read_bytes() == straight.read_bytes()
+
+
 def test_a_symbol_for_a_file_with_a_symbol_column_is_refused(bars, tmp_path, run_main):
     out = tmp_path / "o.jsonl"
     code, err = run_main(["replay", str(bars), "--symbol", "ZZ", "-o", str(out), "--no-progress"])

@@ -466,7 +466,12 @@ def play_durably(
         if durability.stop_requested:
             raise StopRun
 
+    def stop_waiting() -> None:  # a paced replay's wait for its next bar
+        if durability.stop_requested:
+            raise StopRun
+
     player.on_result = emit
+    player.on_wait = stop_waiting
     durability.final_offsets = offsets
     applied_until = None
     if durability.restored:  # rows at or before each symbol's last applied bar: skipped

@@ -21,8 +21,9 @@ from atc_stream.io.readers import REPORT_FIRST, BadRows, BarTable
 
 log = logging.getLogger("atc_stream.replay")
 
-#: Longest single sleep of a paced replay (``time.sleep`` refuses a wait beyond time_t).
-MAX_SLEEP_S = 3600.0
+#: Longest single sleep of a paced replay: ``on_wait`` runs between sleeps, so a stop
+#: asked for during a long wait (a bar interval at real speed) is seen this soon.
+MAX_SLEEP_S = 0.1
 
 
 @dataclass
@@ -158,6 +159,9 @@ class BarPlayer:
     (``engine.bar_times.step_bar_times``), or one bar time a ``step_arrays`` call when
     paced (``speed``) or trading strategies."""
 
+    #: called between the sleeps of a paced wait; may raise to end the run there
+    on_wait: Callable[[], None] | None = None
+
     def __init__(
         self,
         engine: Engine,
@@ -290,8 +294,11 @@ class BarPlayer:
             return
         origin_time, origin_wall = self._clock_origin
         due = origin_wall + (bar_time - origin_time) / 1000.0 / speed
-        # in slices: a very slow speed can make a wait longer than one sleep may be
+        # in slices: a stop (``on_wait``) must not wait out a bar interval, and a very
+        # slow speed can make a wait longer than one sleep may be
         while (delay := due - time.perf_counter()) > 0:
+            if self.on_wait is not None:
+                self.on_wait()
             time.sleep(min(delay, MAX_SLEEP_S))
 
     def _emit(self, result: StepResult) -> None:
