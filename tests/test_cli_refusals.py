@@ -171,6 +171,26 @@ def test_a_parquet_output_directory_with_foreign_files_is_refused(bars, tmp_path
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
 
 
+def test_a_parquet_output_over_a_file_not_ours_is_refused_before_input_is_read(tmp_path, run_main):
+    mine = tmp_path / "mydata.parquet"
+    pq.write_table(pa.table({"x": [1.0, 2.0]}), mine)
+    before = mine.read_bytes()
+    empty = tmp_path / "empty.csv"  # unreadable: the output's error must come first
+    empty.write_text("")
+    code, err = run_main(["replay", str(empty), "-o", str(mine), "--no-progress"])
+    one_error_line(code, err, "is a file atc-stream did not write")
+    assert mine.read_bytes() == before
+
+
+def test_an_older_runs_single_file_parquet_output_is_replaced(bars, tmp_path, run_main):
+    out = tmp_path / "out.parquet"
+    table = pa.table({"x": [1.0]}).replace_schema_metadata({"atc_stream.schema_version": "1"})
+    pq.write_table(table, out)
+    code, err = run_main(["replay", str(bars), "-o", str(out), "--no-progress"])
+    assert code == 0, err
+    assert out.is_dir() and pq.read_table(out).num_rows == 200
+
+
 # -- unusable paths ----------------------------------------------------------------------
 
 

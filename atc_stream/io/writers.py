@@ -90,11 +90,52 @@ def check_outputs(outputs: dict[str, str | Path | None]) -> None:
     for path in outputs.values():
         if path is None or str(path) == "-":
             continue
-        output_format(path)
+        fmt = output_format(path)
         parent = Path(path).parent
         if not parent.is_dir():
             why = "not a directory" if parent.exists() else "no such directory"
             raise OutputError(f"cannot write {path}: {why}: {parent}")
+        if fmt == "parquet":
+            check_parquet_target(Path(path))
+
+
+def check_parquet_target(path: Path) -> None:
+    """``OutputError`` when a Parquet output (a directory of parts) would replace what
+    atc-stream did not write: a file other than an older run's single-file output, or a
+    directory holding other files. They are not ours to delete, and the user gave the
+    path by mistake more often than not."""
+    if path.is_file():
+        if not _written_by_us(path):
+            raise OutputError(
+                f"{path} is a file atc-stream did not write (a Parquet output is a directory "
+                "of parts); give another output path, or remove the file"
+            )
+        return
+    if not path.is_dir():
+        return
+    foreign = sorted(
+        entry.name for entry in path.iterdir()
+        if not PART_PATTERN.match(entry.name)
+        and not (entry.name.startswith(".part-") and entry.name.endswith(".tmp"))
+    )  # fmt: skip
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise OutputError(
+            f"{path} holds files atc-stream did not write ({foreign[0]!r}{more}); "
+            "give another output path, or empty the directory"
+        )
+
+
+def _written_by_us(path: Path) -> bool:
+    """Whether ``path`` is a Parquet file with atc-stream's metadata (an output of an
+    older version, which wrote one file)."""
+    import pyarrow.parquet as pq
+
+    try:
+        metadata = pq.read_schema(path).metadata or {}
+    except Exception:  # not Parquet, unreadable: not ours either way
+        return False
+    return b"atc_stream.schema_version" in metadata
 
 
 def _resolved(path: str | Path) -> Path:
@@ -343,7 +384,7 @@ class ParquetWriter:
                 f"{self.path}: the snapshot recorded Parquet parts in this directory, "
                 "but it is a file now; cannot resume losslessly"
             )
-        self._check_own_files()
+        check_parquet_target(self.path)
         try:
             if self.path.is_file():  # a single-file output of an older run: replaced
                 self.path.unlink()
@@ -364,23 +405,6 @@ class ParquetWriter:
         for stale in self.path.glob(".part-*.tmp"):
             stale.unlink()
         self._next_part = keep
-
-    def _check_own_files(self) -> None:
-        """``OutputError`` for a directory holding files this writer does not make: they
-        would make the table unreadable, and they are not ours to delete."""
-        if not self.path.is_dir():
-            return
-        foreign = sorted(
-            entry.name for entry in self.path.iterdir()
-            if not PART_PATTERN.match(entry.name)
-            and not (entry.name.startswith(".part-") and entry.name.endswith(".tmp"))
-        )  # fmt: skip
-        if foreign:
-            more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
-            raise OutputError(
-                f"{self.path} holds files atc-stream did not write ({foreign[0]!r}{more}); "
-                "give another output path, or empty the directory"
-            )
 
     def _parts(self) -> dict[int, Path]:
         parts = {}
