@@ -557,6 +557,19 @@ def test_a_paced_wait_too_long_for_one_sleep_is_slept_in_slices(monkeypatch):
     assert slept == [player_module.MAX_SLEEP_S] * 3
 
 
+def test_the_summary_says_how_many_of_the_bars_played_were_rejected(tmp_path, run_main):
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    rows = bars_text(200).splitlines()
+    (parts / "a.csv").write_text("\n".join(rows[:101]) + "\n")  # header + bars 0-99
+    (parts / "b.csv").write_text("\n".join([rows[0], *rows[90:]]) + "\n")  # 89-199: 11 again
+    code, err = run_main(["replay", str(parts), "-o", str(tmp_path / "o.jsonl"), "--no-progress"])
+    assert code == 0, err
+    assert "211 stepped, 11 of them rejected (below)" in err, err
+    assert "duplicate_bar=11" in err, err
+    assert len((tmp_path / "o.jsonl").read_text().splitlines()) == 200
+
+
 def test_a_summary_of_no_time_shows_no_rate():
     lines = ReplaySummary(step_bars=0, seconds=0.0).lines()
     assert not any("inf" in line for line in lines)

@@ -77,9 +77,11 @@ class ReplaySummary:
 
     def lines(self) -> list[str]:
         rejected = ", ".join(f"{k}={v}" for k, v in sorted(self.rejected.items())) or "none"
+        n_rejected = sum(self.rejected.values())
+        of_them = f", {n_rejected} of them rejected (below)" if n_rejected else ""
         return [
             f"symbols          {self.symbols}",
-            f"bars             {self.warmup_bars} warmup + {self.step_bars} stepped",
+            f"bars             {self.warmup_bars} warmup + {self.step_bars} stepped{of_them}",
             f"time             {self.seconds:.3f} s" + self._rate_note(),
             f"signal rows      {self.rows_out}",
             f"events           {self.long_events} long, {self.short_events} short"
