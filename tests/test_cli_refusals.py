@@ -54,6 +54,26 @@ def test_tick_options_on_a_bar_file_are_refused(bars, run_main, option, hint):
     assert f"Invalid value for {hint}: applies to --ticks only" in err, err
 
 
+@pytest.mark.parametrize(
+    "option, hint",
+    [
+        (["--interval", "7x"], "--interval"),
+        (["--interval", "1M"], "--interval"),
+        (["--interval", "1m", "--empty", "fill"], "--empty"),
+    ],
+)
+def test_bad_tick_options_are_refused_before_the_tick_file_is_read(
+    tmp_path, run_main, option, hint
+):
+    ticks = tmp_path / "t.csv"
+    ticks.write_text(f"symbol,time,price,size\nA,{T0},100,1\nA,{T0 + 1000},-5,1\n")
+    out = str(tmp_path / "o.jsonl")
+    code, err = run_main(["replay", "--ticks", str(ticks), *option, "-o", out])
+    assert code == 2, err
+    assert err.strip().splitlines() == [err.strip()], err  # no bad-row report before it
+    assert f"Invalid value for {hint}" in err, err
+
+
 # -- outputs that would destroy an input ---------------------------------------------------
 
 

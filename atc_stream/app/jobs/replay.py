@@ -21,7 +21,7 @@ from atc_stream.app.paper import PaperOptions, check_paper_options, paper_lines
 from atc_stream.app.shard_snapshots import check_shard_options, write_shard_snapshots
 from atc_stream.connectors.replay.player import TableBars
 from atc_stream.connectors.replay.stream import BarFileSource
-from atc_stream.connectors.replay.ticks import aggregate_ticks
+from atc_stream.connectors.replay.ticks import EMPTY_POLICIES, aggregate_ticks
 from atc_stream.core.intervals import interval_ms, is_calendar, validate_interval
 from atc_stream.io.readers import PRICE_NAMES, InputError
 from atc_stream.io.table_writers import PaperOutputs
@@ -152,6 +152,7 @@ def replay(
         if ohlc_columns is not None:  # recorded in snapshots: a resume must read the same
             columns.update(zip(PRICE_NAMES, ohlc_columns, strict=True))
     elif ticks is not None and bars is None:
+        check_tick_options(interval, empty)
         tick_columns = tick_columns or TICK_COLUMNS
         tick_interval = interval or INTERVAL  # the engine's: the snapshot's on --resume
         source, bad_rows = tick_bars(
@@ -286,6 +287,19 @@ def _report_bad_rows(bad_rows, path: Path, strict: bool) -> None:
 
 
 DAY_MS = 86_400_000
+
+
+def check_tick_options(interval: str | None, empty: str) -> None:
+    """``OptionError`` naming the option for an ``--interval`` or ``--empty`` that ticks
+    cannot be aggregated with: said before the tick file is read."""
+    if interval is not None:
+        try:
+            interval_ms(interval)  # a fixed length: not a calendar month
+        except ValueError as exc:
+            raise OptionError(str(exc), param_hint="--interval") from None
+    if empty not in EMPTY_POLICIES:
+        choices = " or ".join(repr(policy) for policy in EMPTY_POLICIES)
+        raise OptionError(f"must be {choices}, got {empty!r}", param_hint="--empty")
 
 
 def bars_interval(interval: str | None, inferred: str | None, resume: bool, path: Path):
