@@ -214,6 +214,19 @@ def test_an_older_runs_single_file_parquet_output_is_replaced(bars, tmp_path, ru
 # -- unusable paths ----------------------------------------------------------------------
 
 
+def test_an_empty_output_path_is_one_line(bars, run_main):
+    code, err = run_main(["replay", str(bars), "-o", "", "--no-progress"])
+    one_error_line(code, err, "-o is an empty path: give a file name, or - for stdout")
+
+
+def test_a_directory_of_subdirectories_says_they_are_not_read(tmp_path, run_main):
+    hive = tmp_path / "hive"
+    (hive / "symbol=AAA").mkdir(parents=True)
+    (hive / "symbol=AAA" / "part-0.parquet").write_bytes(b"")
+    code, err = run_main(["replay", str(hive), "-o", str(tmp_path / "o.jsonl")])
+    one_error_line(code, err, "has no .csv or .parquet files (its subdirectories are not read)")
+
+
 @pytest.mark.parametrize(
     ("command", "target", "needle"),
     [
@@ -260,7 +273,7 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_input_is_read(
 def test_a_snapshot_dir_that_is_a_file_is_one_line(bars, tmp_path, run_main):
     args = ["replay", str(bars), "-o", str(tmp_path / "o.jsonl"), "--snapshot-dir", str(bars)]
     code, err = run_main([*args, "--no-progress"])
-    one_error_line(code, err, "as a snapshot directory: File exists")
+    one_error_line(code, err, "as a snapshot directory: it is a file; give a directory")
 
 
 @pytest.mark.parametrize("option", ["--symbols", "--bars"])

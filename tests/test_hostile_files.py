@@ -71,6 +71,22 @@ def test_one_iso_time_among_integers_is_parsed_per_cell(tmp_path):
     assert table.bad_rows.total == 0
 
 
+def test_whole_number_times_written_as_decimals_are_those_integers(tmp_path):
+    """``1700000000.0``: a float column as pandas writes it, read as Parquet's whole
+    floats are; a time with a fraction stays a bad row, alone."""
+    seconds = T0 // 1000
+    whole = "".join(f"A,{seconds + 60 * i}.0,{i + 1}\n" for i in range(3))
+    table = read_bars(write(tmp_path, "symbol,time,close\n" + whole))
+    assert table.times.tolist() == [T0, T0 + 60_000, T0 + 120_000]
+    assert table.bad_rows.total == 0
+    mixed = f"symbol,time,close\nA,{seconds}.00,1\nA,{seconds + 60}.5,2\nA,{seconds + 120},3\n"
+    table = read_bars(write(tmp_path, mixed))
+    assert table.times.tolist() == [T0, T0 + 120_000]
+    assert table.bad_rows.counts == {"bad_time": 1}
+    assert text_to_ms(f"{seconds}.0", "s") == text_to_ms(f"{seconds}", "s") == T0  # one cell
+    assert text_to_ms(f"{seconds}.5", "s") is None
+
+
 def test_iso_with_offset_and_without_zone(tmp_path):
     text = "symbol,time,close\nA,2023-11-14 23:15:00+01:00,1\nA,2023-11-14T22:15:00.5,2\n"
     table = read_bars(write(tmp_path, text))

@@ -262,6 +262,34 @@ def test_sweep_writes_the_tables_and_prints_the_top_sets(capsys, tmp_path, sweep
         assert table.stat().st_mode & 0o777 == 0o666 & ~umask, table.name
 
 
+def test_sweep_notes_parameter_sets_that_never_became_ready(capsys, tmp_path, sweep_files):
+    _, grid = sweep_files  # ema_len 10 and 14 with the other lengths 28: ready at bar 66
+    short = tmp_path / "short.parquet"
+    pq.write_table(ohlc_frame(bars=20), short)
+    code, _, stderr = run_cli(
+        capsys, ["sweep", str(short), "--grid", str(grid), "-o", str(tmp_path / "out"),
+                 "--no-progress"],
+    )  # fmt: skip
+    assert code == 0, stderr
+    assert "note: 2 of 2 parameter sets never became ready: they need 67+ bars" in stderr
+    assert "the longest history has 20" in stderr
+    code, _, stderr = run_cli(
+        capsys, ["sweep", str(sweep_files[0]), "--grid", str(grid), "-o", str(tmp_path / "out2"),
+                 "--no-progress"],
+    )  # fmt: skip
+    assert code == 0 and "never became ready" not in stderr, stderr
+
+
+def test_sweep_into_a_file_is_one_line(capsys, tmp_path, sweep_files):
+    data, grid = sweep_files
+    a_file = tmp_path / "afile.txt"
+    a_file.write_text("mine")
+    code, _, stderr = run_cli(capsys, ["sweep", str(data), "--grid", str(grid), "-o", str(a_file)])
+    assert code == 2, stderr
+    assert "is a file: a sweep writes a directory of tables" in stderr.strip().splitlines()[-1]
+    assert a_file.read_text() == "mine"
+
+
 def test_sweep_metrics_equal_backtest_and_the_reference(capsys, tmp_path, sweep_files):
     data, grid_path = sweep_files
     out = tmp_path / "out"

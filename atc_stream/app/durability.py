@@ -69,9 +69,8 @@ def open_snapshot_store(
             "digits, '_', '.' and '-'"
         ) from None
     except OSError as exc:  # a file in the way, a read-only or virtual file system
-        raise RunError(
-            f"cannot use {text} as a snapshot directory: {exc.strerror or exc}"
-        ) from None
+        why = "it is a file; give a directory" if Path(text).is_file() else exc.strerror or exc
+        raise RunError(f"cannot use {text} as a snapshot directory: {why}") from None
 
 
 def _strategy_difference(asked: list[dict], traded: list[dict]) -> str:

@@ -56,6 +56,8 @@ ISO_REGEX = (
 )
 ISO_PATTERN = re.compile(ISO_REGEX, re.ASCII)
 INT_PATTERN = re.compile(r"[+-]?\d+", re.ASCII)
+#: A whole number written as a decimal (``1700000000.0``): that integer.
+WHOLE_DECIMAL_PATTERN = re.compile(r"([+-]?\d+)\.0+", re.ASCII)
 #: Longer cells are refused without a look (no valid time comes close).
 MAX_TIME_CHARS = 64
 #: The latest time a bar may have (epoch ms): 9999-12-31T23:59:59.999Z, the end of the
@@ -149,8 +151,11 @@ def epoch_to_ms(value: int, unit: str | None) -> int | None:
 
 def text_to_ms(text: str, unit: str | None = None) -> int | None:
     """Engine time (int ms) of one time cell: an integer epoch (``epoch_to_ms`` with
-    ``unit``), or ISO-8601 / RFC 3339 (sub-ms floored). None when it is neither."""
+    ``unit``; ``123.0`` too), or ISO-8601 / RFC 3339 (sub-ms floored). None when it is
+    neither."""
     text = text.strip()
+    if whole := WHOLE_DECIMAL_PATTERN.fullmatch(text):
+        text = whole.group(1)
     if INT_PATTERN.fullmatch(text):
         if len(text) > 21:
             return None
@@ -234,9 +239,9 @@ def parse_time_column(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(epoch ms floored, ns within the ms, parsed mask) of an Arrow time column.
 
-    Text cells are integers (in ``unit``) or ISO-8601 / RFC 3339, the forms ``iso_parts``
-    accepts, with the same arithmetic; typed columns may hold timestamps, integers or
-    whole floats. ``where(i)`` names row ``i`` in an ``EpochUnitError``.
+    Text cells are integers (in ``unit``; ``123.0`` too) or ISO-8601 / RFC 3339, the
+    forms ``iso_parts`` accepts, with the same arithmetic; typed columns may hold
+    timestamps, integers or whole floats. ``where(i)`` names row ``i`` in an ``EpochUnitError``.
     """
     # pyarrow is imported here, not at the top: core is imported by every command, the
     # engine and the Redis consumer, which read one time at a time; only file readers parse
@@ -269,6 +274,9 @@ def parse_time_column(
         valid = np.isfinite(raw) & (raw == np.round(raw)) & (np.abs(raw) < 2.0**63)
         return _int_times(np.where(valid, raw, 0).astype(np.int64), valid, epoch_unit, where)
     text = pc.utf8_trim_whitespace(pc.cast(column, pa.string()))
+    # a whole number written as a decimal ("1700000000.0", as pandas writes a float
+    # column) is that integer, as a typed column's whole floats are above
+    text = pc.replace_substring_regex(text, pattern=r"^([+-]?[0-9]+)\.0+$", replacement=r"\1")
     short = pc.fill_null(pc.less_equal(pc.utf8_length(text), MAX_TIME_CHARS), False)
     ms, sub, ok = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, bool)
     # [+-]digits: one sign, then ASCII digits only (no "1_0", "0x10", " 1", "١")

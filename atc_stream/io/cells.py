@@ -237,10 +237,17 @@ class StringCells(TextCells):
 
     def epochs(self):
         """The cells as an Arrow int64 array when every one is 1 to 18 ASCII digits (then
-        ``timetext.parse_time_column`` reads them as it reads their text), else None."""
-        plain = not self.text.null_count and ((self.bytes > 0) & (self.bytes <= 18)).all()
-        if plain and not self.data.translate(None, b"0123456789"):
-            return pc.cast(self.text, pa.int64())
+        ``timetext.parse_time_column`` reads them as it reads their text), or such digits
+        then a point and zeros (``1700000000.0``: a whole number as pandas writes a float
+        column, read as Parquet's whole floats are); else None."""
+        text, sizes, data = self.text, self.bytes, self.data
+        if text.null_count:
+            return None
+        if b"." in data and not data.translate(None, b"0123456789."):
+            text = pc.replace_substring_regex(text, pattern=r"\.0+$", replacement="")
+            sizes, data = text_bytes(text)
+        if ((sizes > 0) & (sizes <= 18)).all() and not data.translate(None, b"0123456789"):
+            return pc.cast(text, pa.int64())
         return None
 
     def numbers(self) -> tuple[np.ndarray, np.ndarray]:

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from atc_stream.core.errors import InputError as InputError
 from atc_stream.core.errors import first_line
 from atc_stream.core.inputs import bad_ohlc
-from atc_stream.core.intervals import interval_label
+from atc_stream.core.spacing import common_interval
 from atc_stream.core.timetext import MAX_TIME_MS, EpochUnit, EpochUnitError, parse_time_column
 from atc_stream.io.cells import Cells, StringCells, SymbolCells, any_byte_of, column_cells
 from atc_stream.io.cells import SymbolCodes as SymbolCodes
@@ -164,7 +164,9 @@ def input_files(path: str | Path, what: str = "bar") -> list[Path]:
         return [path]
     files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in INPUT_SUFFIXES)
     if not files:
-        raise InputError(f"{what} directory {str(path)!r} has no .csv or .parquet files")
+        nested = any(p.is_dir() for p in path.iterdir())
+        raise InputError(f"{what} directory {str(path)!r} has no .csv or .parquet files"
+                         + (" (its subdirectories are not read)" if nested else ""))  # fmt: skip
     return files
 
 
@@ -442,7 +444,8 @@ def check_one_line_cells(path: Path, batch, line_of) -> None:
         if hit.size:
             raise InputError(
                 f"{path}:{int(line_of(hit[0]))}: unterminated quote (the {batch.schema.names[i]}"
-                " field runs over the next lines, which would be lost); fix the quoting"
+                " field runs over the next lines, which would be lost; a line break inside a "
+                "quoted field is not taken either: one line a row); fix the quoting"
             )
 
 
@@ -678,7 +681,8 @@ def parquet_batches(path: Path, columns, hint: str = COLUMN_HINT, symbol_words: 
 
 def infer_interval(table) -> str | None:
     """The interval label of the bars' most common spacing within a symbol (``1m``,
-    ``5m``, ``1h``, ``1d``, ...); None when no symbol has two bars."""
+    ``5m``, ``1h``, ``1d``, ..., ``1M``: ``spacing.common_interval``); None when no
+    symbol has two bars."""
     if len(table) < 2:
         return None
     _, codes = np.unique(table.symbols.astype(str), return_inverse=True)
@@ -691,9 +695,6 @@ def infer_interval_of(codes: np.ndarray, times: np.ndarray) -> str | None:
         return None
     order = np.lexsort((times, codes))
     times, codes = times[order], codes[order]
-    gaps = np.diff(times)[(np.diff(codes) == 0)]
-    gaps = gaps[gaps > 0]
-    if gaps.size == 0:
-        return None
-    values, counts = np.unique(gaps, return_counts=True)
-    return interval_label(int(values[np.argmax(counts)]))
+    same = np.diff(codes) == 0
+    starts, gaps = times[:-1][same], np.diff(times)[same]
+    return common_interval(starts[gaps > 0], gaps[gaps > 0])

@@ -49,6 +49,9 @@ def check_apart(
     resolved; ``-`` and None are left out. ``snapshot_dir`` may hold outputs, but may not
     be one or lie inside one (a Parquet directory: its parts and the snapshots would mix).
     Called before any output or snapshot directory is opened."""
+    for name, path in outputs.items():
+        if path is not None and not str(path).strip():
+            raise OutputError(f"{name} is an empty path: give a file name, or - for stdout")
     named = [(name, path, _resolved(path)) for name, path in outputs.items()
              if path is not None and str(path) != "-"]  # fmt: skip
     read = [("input " + name, path, _resolved(path)) for name, path in inputs.items()

@@ -310,7 +310,10 @@ def bars_interval(interval: str | None, inferred: str | None, resume: bool, path
         if resume:
             return None
         if inferred is None:
-            err(f"atc-stream: note: cannot infer the interval (no symbol has two bars); {INTERVAL}")
+            err(
+                "atc-stream: note: cannot infer the interval (no symbol has two bars that "
+                f"were read, rejected rows left out); labelling bars {INTERVAL}: give --interval"
+            )
         return inferred or INTERVAL
     if inferred is not None and not _spacing_fits(interval, inferred):
         raise RunError(
@@ -323,6 +326,8 @@ def bars_interval(interval: str | None, inferred: str | None, resume: bool, path
 def _spacing_fits(interval: str, inferred: str) -> bool:
     """Whether bars ``inferred`` apart (their most common spacing) are ``interval`` bars:
     the same length, or for N months 28 N to 31 N days."""
+    if is_calendar(inferred):  # bars a calendar month apart
+        return interval == inferred
     spacing = interval_ms(inferred)
     if not is_calendar(interval):
         return interval_ms(interval) == spacing

@@ -34,7 +34,9 @@ from atc_stream.app.sweep_blocks import (
     streams_per_call,
     sweep_block,
 )
+from atc_stream.core.params import ATCParams
 from atc_stream.core.progress import progress_bar
+from atc_stream.core.schema import ready_bar
 from atc_stream.core.timetext import text_to_ms
 from atc_stream.io.ohlc import OhlcTable, read_ohlc
 from atc_stream.io.readers import InputError, infer_interval_of
@@ -148,7 +150,21 @@ def run_sweep(
         f"sets x {len(sets.strategies)} strategies = {streams} streams of {label} bars, "
         f"{len(bars)} bars, {n_trades} trades in {elapsed:.2f} s; wrote {outdir}/"
     )
+    _note_unready(sets.params, int(np.diff(bars.starts).max()))
     return 0
+
+
+def _note_unready(params: list[ATCParams], longest: int) -> None:
+    """A note when some parameter sets never became ready on any symbol: their metrics
+    come from signals of partial windows (docs/spec.md, "Warm-up and readiness")."""
+    needs = [ready_bar(p) + 1 for p in params]
+    unready = [n for n in needs if n > longest]
+    if unready:
+        err(
+            f"atc-stream: note: {len(unready)} of {len(params)} parameter sets never became "
+            f"ready: they need {min(unready)}+ bars a symbol and the longest history has "
+            f"{longest}; their metrics come from signals of partial windows"
+        )
 
 
 def _ordered(metrics: pa.Table, periods: tuple[str, ...]) -> pa.Table:

@@ -54,6 +54,8 @@ class SweepOutput:
         """OUTDIR created, and what a killed sweep left there removed: temporary tables,
         a half-written dataset, an old dataset set aside (the complete tables stay until
         ``finish`` replaces them); with ``staged_trades``, an empty ``staged_trades``."""
+        if self.outdir.is_file():
+            raise RunError(f"-o {self.outdir} is a file: a sweep writes a directory of tables")
         try:
             self.outdir.mkdir(parents=True, exist_ok=True)
             for prefix in (*(f".{name}.parquet." for name in TABLES), f".{MARKER}."):
