@@ -662,6 +662,15 @@ def test_a_symbol_for_a_file_with_a_symbol_column_is_refused(bars, tmp_path, run
     assert {json.loads(line)["symbol"] for line in out.read_text().splitlines()} == {"ZZ"}
 
 
+def test_a_resume_onto_a_cut_output_says_what_to_do(bars, tmp_path, run_main):
+    out = tmp_path / "o.jsonl"
+    snapshots = ["--snapshot-dir", str(tmp_path / "snaps"), "--no-progress"]
+    assert run_main(["replay", str(bars), "-o", str(out), *snapshots])[0] == 0
+    out.write_bytes(out.read_bytes()[:100])
+    code, err = run_main(["replay", str(bars), "-o", str(out), *snapshots, "--resume"])
+    one_error_line(code, err, "cannot resume losslessly: resume with a new -o file or start fresh")
+
+
 def test_a_resume_to_stdout_says_rows_after_the_snapshot_come_again(bars, tmp_path, run_main):
     snapshots = ["--snapshot-dir", str(tmp_path / "snaps"), "--no-progress"]
     code, _ = run_main(["replay", str(bars), "-o", str(tmp_path / "o.jsonl"), *snapshots])

@@ -228,7 +228,8 @@ class LineFile:
             self._file.close()
             raise OutputError(
                 f"{self.path}: holds {size} bytes, fewer than the {resume_bytes} the snapshot "
-                "recorded (the output was cut or replaced); cannot resume losslessly"
+                "recorded (the output was cut or replaced); cannot resume losslessly: resume "
+                "with a new -o file or start fresh"
             )
         self._file.truncate(resume_bytes)
         self._file.seek(resume_bytes)
@@ -385,7 +386,8 @@ class ParquetWriter:
         if self.path.is_file() and resume_parts:
             raise OutputError(
                 f"{self.path}: the snapshot recorded Parquet parts in this directory, "
-                "but it is a file now; cannot resume losslessly"
+                "but it is a file now; cannot resume losslessly: resume with a new -o path or "
+                "start fresh"
             )
         check_parquet_target(self.path)
         try:
@@ -400,7 +402,7 @@ class ParquetWriter:
         if missing:
             raise OutputError(
                 f"{self.path}: part {missing[0]} recorded by the snapshot is missing; "
-                "cannot resume losslessly"
+                "cannot resume losslessly: resume with a new -o path or start fresh"
             )
         for index, part in existing.items():
             if index >= keep:
