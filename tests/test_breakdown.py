@@ -103,3 +103,16 @@ def test_replay_says_so_on_stderr(tmp_path):
     assert warnings and all(line.startswith("atc-stream: WARNING") for line in warnings)
     assert sorted(named(logging.makeLogRecord({"msg": w}) for w in warnings)) == ["AAA", "BBB"]
     assert "Traceback" not in proc.stderr
+
+
+def test_compute_warns_too(caplog):
+    from atc_stream import compute
+
+    with caplog.at_level(logging.WARNING, logger="atc_stream"):
+        out = compute(walk(1, 900)[0], ATCParams(La=1000), symbol="AAA")
+    assert np.isnan(out["signal"][out["ready"]]).any()
+    assert named(caplog.records) == ["AAA"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="atc_stream"):
+        compute(walk(1, 900)[0])
+    assert named(caplog.records) == []

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from atc_stream.core.params import ATCParams
 from atc_stream.core.results import StepResult
 from atc_stream.state import layout as L
 from atc_stream.state.arrays import StateStore
@@ -59,20 +60,30 @@ class BreakdownWatch:
         self._warned[slots] = True
         keys = result.keys
         names = [keys[row].symbol for row in rows[:NAMED]]
-        more = f" and {rows.size - NAMED} more" if rows.size > NAMED else ""
-        row = int(rows[0])
-        param_row = int(store.counters[slots[0], L.PARAM_ROW])
-        params = store.params.params[param_row]
-        i = int(bar_index[row])
-        growth = _growth(params.lam, i - params.cutout)
-        log.warning(
-            "signal is na on a ready bar for %d stream%s (%s%s): an equity overflowed to "
-            "infinity (%s at bar_index %d, where the growth factor exp(La/1000·(i − cutout)) "
-            "is %.3g with La=%g). The signal is na while that lasts; a smaller La, or a "
-            "history that starts later, avoids it (docs/spec.md).",
-            rows.size, "" if rows.size == 1 else "s", ", ".join(names), more, names[0], i,
-            growth, params.La,
-        )  # fmt: skip
+        params = store.params.params[int(store.counters[slots[0], L.PARAM_ROW])]
+        _warn(names, rows.size, int(result.fields["bar_index"][rows[0]]), params)
+
+
+def check_series(columns: dict[str, np.ndarray], params: ATCParams, symbol: str) -> None:
+    """The same warning for ``compute``'s one series (its schema columns)."""
+    rows = np.flatnonzero(np.isnan(columns["signal"]) & columns["ready"])
+    if rows.size:
+        _warn([symbol or "the series"], 1, int(columns["bar_index"][rows[0]]), params)
+
+
+def _warn(names: list[str], count: int, bar_index: int, params: ATCParams) -> None:
+    """Log the warning for ``count`` streams (``names``: the first of them), the first
+    seen at ``bar_index``."""
+    more = f" and {count - len(names)} more" if count > len(names) else ""
+    growth = _growth(params.lam, bar_index - params.cutout)
+    log.warning(
+        "signal is na on a ready bar for %d stream%s (%s%s): an equity overflowed to "
+        "infinity (%s at bar_index %d, where the growth factor exp(La/1000·(i − cutout)) "
+        "is %.3g with La=%g). The signal is na while that lasts; a smaller La, or a "
+        "history that starts later, avoids it (docs/spec.md).",
+        count, "" if count == 1 else "s", ", ".join(names), more, names[0], bar_index,
+        growth, params.La,
+    )  # fmt: skip
 
 
 def _growth(lam: float, bars: int) -> float:

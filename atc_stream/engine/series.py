@@ -13,6 +13,7 @@ import numpy as np
 
 from atc_stream.core import inputs, schema
 from atc_stream.core.params import ATCParams
+from atc_stream.engine.breakdown import check_series
 from atc_stream.state.arrays import StateStore
 
 
@@ -76,6 +77,7 @@ def compute(
     }
     columns.update(schema.output_columns(out, np.full(n, schema.ready_bar(params), np.int64)))
     columns = {name: columns[name] for name in schema.COLUMNS}
+    check_series(columns, params, symbol)
     if index is not None:
         from atc_stream.core.frames import to_pandas
 
