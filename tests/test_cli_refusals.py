@@ -283,6 +283,20 @@ def test_demo_sizes_below_one_are_usage_errors(run_main, option, value):
     one_error_line(code, err, option)
 
 
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["demo", "--symbols", "0"], "'--symbols': must be at least 1"),
+        (["demo", "--bars", "x"], "'--bars': not an integer"),
+        (["replay", "{bars}", "--time-unit", "h"], "'--time-unit': 'h' is not one of"),
+    ],
+)
+def test_usage_errors_say_it_plainly(bars, run_main, args, said):
+    code, err = run_main([a.format(bars=bars) for a in args])
+    one_error_line(code, err, said)
+    assert "Input should" not in err and "Value error" not in err
+
+
 def test_a_negative_demo_seed_is_a_usage_error(run_main):
     code, err = run_main(["demo", "--seed", "-1", "--bars", "50", "--no-progress"])
     one_error_line(code, err, "--seed")

@@ -91,7 +91,7 @@ def test_each_shard_snapshot_equals_replaying_its_symbols_alone(capsys, tmp_path
     [
         (["--shard-snapshots", "2"], "--shard-snapshots needs --snapshot-to"),
         (["--snapshot-to", "x"], "--snapshot-to needs --shard-snapshots"),
-        (["--shard-snapshots", "0", "--snapshot-to", "x"], "greater than or equal to 1"),
+        (["--shard-snapshots", "0", "--snapshot-to", "x"], "must be at least 1"),
     ],
 )
 def test_shard_options_are_checked_before_any_work(capsys, tmp_path, extra, says):

@@ -628,6 +628,22 @@ def _process_started_ms() -> int:
     return int((now - min(max(age, 0.0), 60.0)) * 1000)
 
 
+#: typer's validation wording (pydantic's), said as a person would
+PLAIN_WORDING = (
+    ("Value error, ", ""),
+    ("Input should be a valid integer, unable to parse string as an integer", "not an integer"),
+    ("Input should be a valid number, unable to parse string as a number", "not a number"),
+    ("Input should be greater than or equal to ", "must be at least "),
+    ("Input should be less than or equal to ", "must be at most "),
+)
+
+
+def _plain(message: str) -> str:
+    for validator, plain in PLAIN_WORDING:
+        message = message.replace(validator, plain)
+    return message
+
+
 def main(argv: list[str] | None = None) -> None:
     """The console entry point: a usage error (bad option value, missing file, unknown
     option) is one line on stderr and exit status 2, not a usage box."""
@@ -647,7 +663,7 @@ def main(argv: list[str] | None = None) -> None:
         ctx = getattr(exc, "ctx", None)  # set on usage errors only
         hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
         if exc.format_message().strip():  # empty: no command given, the help was shown
-            error(f"{exc.format_message()}{hint}")
+            error(f"{_plain(exc.format_message())}{hint}")
         sys.exit(exc.exit_code)
     finally:
         _started_ms = None
