@@ -72,5 +72,5 @@ def test_a_shard_count_past_the_redis_cluster_slots_is_one_line(tmp_path, run_ma
     args = [str(bars) if a == "BARS" else str(snaps) if a == "SNAPS" else a for a in args]
     code, err = run_main(args)
     assert code == 2 and len(err.strip().splitlines()) == 1, err
-    assert f"less than or equal to {MAX_SHARDS}" in err
+    assert f"must be at most {MAX_SHARDS}" in err
     assert not snaps.exists()
