@@ -452,6 +452,10 @@ def play_durably(
             entry["columns"] = source["columns"]
         return {name: entry}
 
+    def stop_if_asked() -> None:  # after a result, and in a paced replay's wait
+        if durability.stop_requested:
+            raise StopRun
+
     def emit(result) -> None:
         writer.write(result)
         if on_result is not None:
@@ -462,15 +466,10 @@ def play_durably(
             # the output's position is taken (and made durable) only when the state is
             # copied, so snapshot and output agree
             snapshotter.maybe_snapshot(len(result), offsets)
-        if durability.stop_requested:
-            raise StopRun
-
-    def stop_waiting() -> None:  # a paced replay's wait for its next bar
-        if durability.stop_requested:
-            raise StopRun
+        stop_if_asked()
 
     player.on_result = emit
-    player.on_wait = stop_waiting
+    player.on_wait = stop_if_asked
     durability.final_offsets = offsets
     applied_until = None
     if durability.restored:  # rows at or before each symbol's last applied bar: skipped

@@ -19,6 +19,8 @@ __all__ = [
     "ISO_REGEX",
     "ISO_PATTERN",
     "INT_PATTERN",
+    "WHOLE_DECIMAL_REGEX",
+    "WHOLE_DECIMAL_PATTERN",
     "MAX_TIME_CHARS",
     "MAX_TIME_MS",
     "EpochUnit",
@@ -29,6 +31,7 @@ __all__ = [
     "epoch_to_ms",
     "text_to_ms",
     "parse_time_column",
+    "whole_decimals_as_integers",
 ]
 
 #: Units an integer epoch may be given in, as the factor to milliseconds (num, den).
@@ -56,8 +59,10 @@ ISO_REGEX = (
 )
 ISO_PATTERN = re.compile(ISO_REGEX, re.ASCII)
 INT_PATTERN = re.compile(r"[+-]?\d+", re.ASCII)
-#: A whole number written as a decimal (``1700000000.0``): that integer.
-WHOLE_DECIMAL_PATTERN = re.compile(r"([+-]?\d+)\.0+", re.ASCII)
+#: A whole number written as a decimal (``1700000000.0``, as pandas writes a float
+#: column): that integer, group 1. RE2-compatible: Arrow rewrites whole columns with it.
+WHOLE_DECIMAL_REGEX = r"([+-]?[0-9]+)\.0+"
+WHOLE_DECIMAL_PATTERN = re.compile(WHOLE_DECIMAL_REGEX, re.ASCII)
 #: Longer cells are refused without a look (no valid time comes close).
 MAX_TIME_CHARS = 64
 #: The latest time a bar may have (epoch ms): 9999-12-31T23:59:59.999Z, the end of the
@@ -274,9 +279,7 @@ def parse_time_column(
         valid = np.isfinite(raw) & (raw == np.round(raw)) & (np.abs(raw) < 2.0**63)
         return _int_times(np.where(valid, raw, 0).astype(np.int64), valid, epoch_unit, where)
     text = pc.utf8_trim_whitespace(pc.cast(column, pa.string()))
-    # a whole number written as a decimal ("1700000000.0", as pandas writes a float
-    # column) is that integer, as a typed column's whole floats are above
-    text = pc.replace_substring_regex(text, pattern=r"^([+-]?[0-9]+)\.0+$", replacement=r"\1")
+    text = whole_decimals_as_integers(text)  # as a typed column's whole floats are above
     short = pc.fill_null(pc.less_equal(pc.utf8_length(text), MAX_TIME_CHARS), False)
     ms, sub, ok = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, bool)
     # [+-]digits: one sign, then ASCII digits only (no "1_0", "0x10", " 1", "١")
@@ -294,6 +297,14 @@ def parse_time_column(
     if rows.size:
         ms[rows], sub[rows], ok[rows] = _iso_times(pc.take(text, pa.array(rows)))
     return ms, sub, ok
+
+
+def whole_decimals_as_integers(text):
+    """The Arrow string cells ``text`` with each whole number written as a decimal
+    (``WHOLE_DECIMAL_REGEX``) rewritten as that integer, the other cells as they are."""
+    import pyarrow.compute as pc
+
+    return pc.replace_substring_regex(text, pattern=f"^{WHOLE_DECIMAL_REGEX}$", replacement=r"\1")
 
 
 def _int_times(values: np.ndarray, valid: np.ndarray, unit: EpochUnit, where):

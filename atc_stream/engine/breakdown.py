@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 
 import numpy as np
 
@@ -40,10 +39,13 @@ class BreakdownWatch:
 
     def check(self, result: StepResult, store: StateStore) -> None:
         signal = result.fields.get("signal")
-        if signal is None or result.provisional or not np.isnan(signal).any():
+        if signal is None or result.provisional:
+            return
+        na = np.isnan(signal)
+        if not na.any():
             return
         bar_index = result.fields["bar_index"]
-        rows = np.flatnonzero(np.isnan(signal) & (bar_index >= result.ready_from))
+        rows = np.flatnonzero(na & (bar_index >= result.ready_from))
         if rows.size == 0:
             return
         if self._warned.shape[0] < store.capacity:
@@ -61,7 +63,7 @@ class BreakdownWatch:
         keys = result.keys
         names = [keys[row].symbol for row in rows[:NAMED]]
         params = store.params.params[int(store.counters[slots[0], L.PARAM_ROW])]
-        _warn(names, rows.size, int(result.fields["bar_index"][rows[0]]), params)
+        _warn(names, rows.size, int(bar_index[rows[0]]), params)
 
 
 def check_series(columns: dict[str, np.ndarray], params: ATCParams, symbol: str) -> None:
@@ -74,8 +76,10 @@ def check_series(columns: dict[str, np.ndarray], params: ATCParams, symbol: str)
 def _warn(names: list[str], count: int, bar_index: int, params: ATCParams) -> None:
     """Log the warning for ``count`` streams (``names``: the first of them), the first
     seen at ``bar_index``."""
+    from atc_stream.kernels.cpu import growth_factor  # the kernels' own exp (loaded then)
+
     more = f" and {count - len(names)} more" if count > len(names) else ""
-    growth = _growth(params.lam, bar_index - params.cutout)
+    growth = growth_factor(params.lam, bar_index, params.cutout)
     log.warning(
         "signal is na on a ready bar for %d stream%s (%s%s): an equity overflowed to "
         "infinity (%s at bar_index %d, where the growth factor exp(La/1000·(i − cutout)) "
@@ -84,10 +88,3 @@ def _warn(names: list[str], count: int, bar_index: int, params: ATCParams) -> No
         count, "" if count == 1 else "s", ", ".join(names), more, names[0], bar_index,
         growth, params.La,
     )  # fmt: skip
-
-
-def _growth(lam: float, bars: int) -> float:
-    try:
-        return math.exp(lam * bars)
-    except OverflowError:
-        return math.inf

@@ -14,6 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from atc_stream.core.timetext import whole_decimals_as_integers
+
 _FLOAT_PATTERN = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
 
 
@@ -244,7 +246,7 @@ class StringCells(TextCells):
         if text.null_count:
             return None
         if b"." in data and not data.translate(None, b"0123456789."):
-            text = pc.replace_substring_regex(text, pattern=r"\.0+$", replacement="")
+            text = whole_decimals_as_integers(text)
             sizes, data = text_bytes(text)
         if ((sizes > 0) & (sizes <= 18)).all() and not data.translate(None, b"0123456789"):
             return pc.cast(text, pa.int64())
