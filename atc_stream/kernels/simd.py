@@ -90,10 +90,16 @@ def _is_rows(ary) -> bool:
 
 def _row_pointer(context, builder, array_type, array, row_type, row, vector=_VECTOR, column=None):
     """Address of ``array[row, column]`` (default ``array[row, 0]``) as a pointer to a
-    ``vector`` (rows hold LANES doubles; ``column`` an intp value)."""
+    ``vector`` (``column`` an intp value).
+
+    Every array of rows here is C-ordered with rows of exactly LANES doubles, so the row
+    stride is the constant ``LANES * 8``, not read from the array: LLVM then folds a
+    field's offset into the address (``192(%r13,%r9)``) instead of multiplying by a
+    stride held in a register or on the stack at every load and store, which made the
+    lane kernel ~15 % slower (docs/design/kernels.md, "Lanes")."""
     rows = context.make_array(array_type)(context, builder, array)
     row = context.cast(builder, row, row_type, types.intp)
-    stride = builder.extract_value(rows.strides, 0)
+    stride = ir.Constant(cgutils.intp_t, LANES * 8)
     address = builder.add(builder.ptrtoint(rows.data, cgutils.intp_t), builder.mul(row, stride))
     if column is not None:
         address = builder.add(address, builder.mul(column, ir.Constant(cgutils.intp_t, 8)))
@@ -131,7 +137,8 @@ def _vector_type(a, b):
 
 
 def _load(typingctx, rows, row):
-    """``rows[row, :]`` (a C-ordered ``(n, LANES)`` float64 array) as a lane vector."""
+    """``rows[row, :]`` (a C-ordered ``(n, LANES)`` float64 array: rows of exactly LANES
+    doubles, see ``_row_pointer``) as a lane vector."""
     if _is_rows(rows) and isinstance(row, types.Integer):
 
         def codegen(context, builder, signature, args):
