@@ -407,3 +407,25 @@ def test_backtest_equals_vectorbt_from_signals_without_stops(direction):
     assert len(closed) == trades["side"].shape[0] > 5
     np.testing.assert_array_equal(closed["Exit Timestamp"], trades["exit_time"])
     np.testing.assert_allclose(closed["Avg Exit Price"], trades["exit_price"], atol=1e-9)
+
+
+def test_a_ruined_stream_trades_like_the_reference_and_the_backtest_says_so(caplog):
+    n = 400
+    closes = np.r_[np.linspace(100, 60, 150), np.full(60, 200.0), np.linspace(200, 80, 140),
+                   np.full(50, 80.0)] * (1 + 0.003 * np.sin(np.arange(n)))  # fmt: skip
+    o, h, lo, c = ohlc_from_closes(closes, 5)
+    strategies = [Strategy(direction="short_only"), Strategy()]
+    bars = {
+        "symbol": ["X"] * n, "time": BASE_TIME + BAR_MS * np.arange(n),
+        "open": o, "high": h, "low": lo, "close": c,
+    }  # fmt: skip
+    with caplog.at_level("WARNING", logger="atc_stream"):
+        result = backtest(bars, [ATCParams()], strategies)
+    metrics = result.metric_columns
+    short_only = metrics["strategy_id"] == 0
+    assert (metrics["final_equity"][short_only] <= 0.0).all()
+    assert "ended with no equity left (the first: X, params_id 0, strategy_id 0" in caplog.text
+    for k, strategy in enumerate(strategies):
+        ref = backtest_series(o, h, lo, c, ATCParams(), strategy)
+        assert metrics["final_equity"][k] == ref.metrics["final_equity"]
+        assert metrics["trades"][k] == len(ref.trades)

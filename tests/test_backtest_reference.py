@@ -272,3 +272,18 @@ def test_equals_vectorbt_with_a_stop_where_the_rules_coincide():
     np.testing.assert_allclose(
         closed["Avg Exit Price"], [t.exit_price for t in ours.trades], rtol=0, atol=1e-9
     )
+
+
+def test_a_short_that_loses_all_its_cash_ruins_the_stream_and_it_enters_nothing_more():
+    spike = (250.0, 255.0, 245.0, 250.0)
+    bars = [FLAT, FLAT, spike, spike, spike, FLAT, FLAT, FLAT]
+    result = run(bars, short_at={0, 5}, long_at={2})
+    units = 1.0 / 100.0
+    cash = 1.0 + units * (100.0 - 250.0)  # the short exits at 250: -0.5
+    assert [(t.side, t.entry_bar, t.exit_bar, t.ret) for t in result.trades] == [
+        (-1, 1, 3, cash / 1.0 - 1.0)
+    ]
+    # neither the long of the same open nor the later short enters
+    assert result.side.tolist() == [0, -1, -1, 0, 0, 0, 0, 0]
+    assert result.equity[3:].tolist() == [cash] * 5
+    assert result.metrics["final_equity"] == cash and result.metrics["max_drawdown"] > 1.0

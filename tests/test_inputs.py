@@ -344,6 +344,93 @@ def test_unknown_stream_keys_give_clear_errors():
         with pytest.raises(UnknownStreamError, match="unknown stream .*NOPE.*registered: AAA"):
             call(missing)
     with pytest.raises(KeyError, match="pass a StreamKey"):
-        eng.stream_state("AAA")
+        eng.stream_state("NOPE")
     with pytest.raises(ValueError, match="unknown symbol 'NOPE'"):
         eng.slots_of("NOPE")
+
+
+def test_a_stream_is_found_by_its_key_its_tuple_its_text_or_a_one_stream_symbol():
+    eng, _ = plain_warmup()
+    key = eng.streams[0]
+    slot = eng.slot_of(key)
+    assert eng.slot_of((key.symbol, key.interval, key.params_id)) == slot
+    assert eng.slot_of(str(key)) == slot
+    assert eng.slot_of(key.symbol) == slot
+    assert eng.stream_state(key.symbol) == eng.stream_state(key)
+    two = Engine([ATCParams(), ATCParams(ema_len=20)], backend="cpu")
+    two.add_symbol("AAA")
+    with pytest.raises(UnknownStreamError, match="'AAA' has 2 streams .*pass a key"):
+        two.stream_state("AAA")
+
+
+@pytest.mark.parametrize(
+    "closes, message",
+    [
+        (["101.5", "102.0"], r"closes must be numbers, got text"),
+        (np.array([True, False]), r"closes must be numbers, got booleans"),
+        (pd.Series(["101.5", "102.0"]), r"closes\[0\] is str '101.5'"),
+        (pa.array(["101.5", "102.0"]), r"closes\[0\] is str '101.5'"),
+        ([1.0, "1_0"], r"closes must be numbers, got text"),
+        (np.array([1.0, "x"], dtype=object), r"closes\[1\] is str 'x'"),
+    ],
+)
+def test_text_and_booleans_are_not_closes_on_any_way_in(closes, message):
+    times = np.arange(2, dtype=np.int64) * 60_000
+    with pytest.raises(ValueError, match=message):
+        compute(closes)
+    eng = Engine(SHORT_8, backend="cpu")
+    eng.warmup({"AAA": (times, closes)})
+    assert eng.rejections == {"bad_history": 1} and not eng.streams
+    frame = pd.DataFrame({"symbol": ["AAA", "AAA"], "time": times, "close": list(closes)})
+    with pytest.raises(ValueError, match="must be numbers"):
+        eng.warmup(frame)
+    eng.add_symbol("BBB")
+    with pytest.raises(ValueError, match="must be numbers"):
+        eng.step_arrays(eng.slots_of("BBB")[:1], times[:1], np.asarray(closes)[-1:])
+
+
+def test_numbers_of_any_python_or_numpy_type_and_missing_values_are_closes():
+    from decimal import Decimal
+
+    got = compute([Decimal("100.5"), np.float32(101.5), 102, np.int64(103)] * 5)
+    assert got["close"][:4].tolist() == [100.5, 101.5, 102.0, 103.0]
+    with pytest.raises(ValueError, match=r"closes\[1\] = nan"):
+        compute([100.0, None, 101.0])
+    with pytest.raises(ValueError, match=r"closes\[1\] = nan"):
+        compute(pd.Series([100.0, pd.NA, 101.0], dtype="Float64"))
+
+
+def test_a_dict_or_text_is_not_a_bar_of_step():
+    eng, _ = plain_warmup()
+    result = eng.step([{"symbol": "AAA", "time": int(NEXT.value // 10**6), "close": 101.5}, "ABC"])
+    assert [r.reason for r in result.rejected] == ["malformed_update", "malformed_update"]
+
+
+def test_compute_takes_strided_columns_and_equals_the_contiguous_copy():
+    table = np.column_stack([np.arange(300.0), 100 + np.sin(np.arange(300) / 5)])
+    column = table[:, 1]
+    assert not column.flags["C_CONTIGUOUS"]
+    got, want = compute(column), compute(column.copy())
+    assert_bit_identical(got["signal"], want["signal"])
+    assert_bit_identical(compute(column[::-1])["signal"], compute(column[::-1].copy())["signal"])
+
+
+def test_compute_refuses_times_out_of_order_or_repeated():
+    closes = 100 + np.arange(100.0)
+    times = 1_700_000_000_000 + 60_000 * np.arange(100)
+    with pytest.raises(ValueError, match=r"times\[1\] = .* is not after times\[0\]"):
+        compute(closes, times=times[::-1].copy())
+    with pytest.raises(ValueError, match=r"times\[50\] = 1700002940000 ms is not after"):
+        compute(closes, times=np.r_[times[:50], times[49:99]])
+    newest_first = pd.Series(closes, index=pd.date_range("2024", periods=100, freq="h", tz="UTC"))
+    with pytest.raises(ValueError, match=r"index must be strictly increasing"):
+        compute(newest_first.iloc[::-1])
+
+
+@pytest.mark.parametrize("params", [{"ema_len": 20}, "Medium"])
+def test_params_that_are_not_atcparams_are_named_as_what_they_are(params):
+    kind = type(params).__name__
+    with pytest.raises(ValueError, match=f"params must be an ATCParams, got {kind}"):
+        Engine(params)
+    with pytest.raises(ValueError, match=f"params must be an ATCParams, got {kind}"):
+        compute(np.linspace(100, 110, 100), params)

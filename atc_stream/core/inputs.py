@@ -6,8 +6,10 @@ What is converted and what is refused: docs/design/input-files.md.
 from __future__ import annotations
 
 import datetime as _dt
+import numbers
 import sys
 from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -60,16 +62,58 @@ def _check_unit(time_unit: str | None) -> None:
 # -- closes ------------------------------------------------------------------------------
 
 
-def closes_array(closes: Any) -> np.ndarray:
-    """Closes as float64 NumPy (from a list, NumPy, pandas Series or Arrow array).
+def closes_array(closes: Any, what: str = "closes") -> np.ndarray:
+    """Closes as contiguous float64 NumPy (from a list, NumPy, pandas Series or Arrow array).
 
-    Missing values (pandas NA, Arrow nulls) become NaN, which the caller rejects.
+    Missing values (None, pandas NA, Arrow nulls) become NaN, which the caller rejects.
+    Only numbers are prices: text such as ``"101.5"`` is refused here as ``step`` refuses
+    it (``bad_close_type``), not parsed by ``float()``, which would also take ``"1_0"``
+    or ``"nan"``; and so are booleans.
     """
     if is_arrow(closes, "Array", "ChunkedArray"):
         closes = closes.to_numpy(zero_copy_only=False)
     elif is_pandas(closes, "Series", "Index"):
-        closes = closes.to_numpy(dtype=np.float64, na_value=np.nan)
-    return np.asarray(closes, dtype=np.float64)
+        if closes.dtype.kind in "iuf" or _pandas_numeric(closes):
+            closes = closes.to_numpy(dtype=np.float64, na_value=np.nan)
+        else:
+            closes = closes.to_numpy(dtype=object)
+    array = np.asarray(closes)
+    if array.dtype.kind == "O":
+        array = _number_objects(array, what)
+    elif array.dtype.kind not in "iuf":
+        kind = _KIND_NAMES.get(array.dtype.kind, str(array.dtype))
+        raise ValueError(f"{what} must be numbers, got {kind} (dtype {array.dtype})")
+    return np.ascontiguousarray(array, dtype=np.float64)
+
+
+_KIND_NAMES = {"U": "text", "S": "bytes", "b": "booleans", "M": "datetimes", "m": "durations"}
+
+
+def _pandas_numeric(series: Any) -> bool:
+    """A pandas nullable numeric dtype (``Float64``, ``Int64``): numbers or NA."""
+    import pandas as pd
+
+    dtype = series.dtype
+    return bool(pd.api.types.is_numeric_dtype(dtype)) and not pd.api.types.is_bool_dtype(dtype)
+
+
+def _number_objects(array: np.ndarray, what: str) -> np.ndarray:
+    """An object array of numbers and missing values as float64; anything else refused."""
+    out = np.empty(array.shape, np.float64)
+    for position, item in enumerate(array.flat):
+        if item is None or _is_missing(item):
+            out.flat[position] = np.nan
+        elif isinstance(item, (numbers.Real, Decimal)) and not isinstance(item, (bool, np.bool_)):
+            out.flat[position] = float(item)
+        else:
+            at = f"{what}[{position}]" if array.ndim == 1 else f"{what} (item {position})"
+            raise ValueError(f"{what} must be numbers; {at} is {type(item).__name__} {item!r}")
+    return out
+
+
+def _is_missing(item: Any) -> bool:
+    """pandas' NA, which becomes NaN like None."""
+    return type(item).__name__ == "NAType"
 
 
 # -- times -------------------------------------------------------------------------------

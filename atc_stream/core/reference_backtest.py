@@ -115,7 +115,7 @@ def backtest_reference(
         if has_order:
             if side != 0 and order != side:
                 exit_at(fill(open_[j], buying=side == -1), j, "signal")
-            if order != 0 and side == 0:
+            if order != 0 and side == 0 and cash > 0.0:
                 enter(order, fill(open_[j], buying=order == 1), j)
             has_order = False
         # 2. stop, then take-profit (one exit at most)

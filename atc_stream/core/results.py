@@ -37,6 +37,33 @@ class UnknownStreamError(KeyError, ValueError):
         return str(self.args[0]) if self.args else ""
 
 
+def as_stream_key(key: Any) -> StreamKey | None:
+    """``key`` as a StreamKey: one already, a ``(symbol, interval, params_id)`` tuple, or
+    its text ``"symbol:interval:params_id"`` (``str(key)``); None for anything else."""
+    if isinstance(key, StreamKey):
+        return key
+    if isinstance(key, tuple) and len(key) == 3:
+        symbol, interval, params_id = key
+        if isinstance(symbol, str) and isinstance(interval, str) and isinstance(params_id, int):
+            return StreamKey(symbol, interval, params_id)
+    if isinstance(key, str) and key.count(":") >= 2:
+        symbol, interval, params_id = key.rsplit(":", 2)
+        if params_id.isdigit():
+            return StreamKey(symbol, interval, int(params_id))
+    return None
+
+
+def unknown_stream(key: Any, streams: Sequence[StreamKey], symbol_slots: Any) -> Exception:
+    """The error for a ``key`` no stream has, naming the first registered streams;
+    ``symbol_slots`` are the slots of ``key`` when it is a symbol of several."""
+    known = ", ".join(str(k) for k in streams[:5]) or "none"
+    more = f" (+{len(streams) - 5} more)" if len(streams) > 5 else ""
+    hint = "; pass a StreamKey (engine.streams)" if as_stream_key(key) is None else ""
+    if symbol_slots is not None:
+        hint = f"; {key!r} has {len(symbol_slots)} streams (one a parameter set): pass a key"
+    return UnknownStreamError(f"unknown stream {key!r}{hint}; registered: {known}{more}")
+
+
 @dataclass(frozen=True)
 class Rejection:
     """One input that was left out, with why and the offending value."""
@@ -154,6 +181,11 @@ class StepResult:
         return values
 
     def _strategy_rows(self) -> StrategyRows:
+        if self.strategy is None and self.provisional:
+            raise schema.OutputNotRequestedError(
+                "a preview carries no strategy outputs: strategies trade on closed bars "
+                "only, so take positions and trades from step()'s result"
+            )
         if self.strategy is None:
             raise schema.OutputNotRequestedError(
                 "this result carries no strategy outputs: give the engine strategies "

@@ -3,6 +3,7 @@ kernels then the strategy kernels, in one batched call (docs/spec.md, "Backtest"
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,6 +19,8 @@ from atc_stream.engine.backends import make_backend
 from atc_stream.kernels.backtest_cpu import run_backtest
 from atc_stream.state import strategy_layout as SL
 from atc_stream.state.arrays import StateStore
+
+log = logging.getLogger("atc_stream")
 
 PRICE_COLUMNS = ("open", "high", "low", "close")
 #: bytes of ATC outputs one warmup call may hold (chunks of streams x bars x outputs)
@@ -89,9 +92,11 @@ def backtest(
         "params_id": param_ids,
         "strategy_id": strategy_ids,
     }
+    metrics = _metric_columns(out, keys)
+    _warn_no_equity(metrics)
     return BacktestResult(
         _trade_columns(out, keys, bar_series, padded_times),
-        _metric_columns(out, keys),
+        metrics,
         _curves(out, bar_series, padded_times, lengths),
     )
 
@@ -306,6 +311,22 @@ def _metric_columns(out, keys) -> dict[str, np.ndarray]:
         values = metrics[:, k]
         columns[name] = values.astype(np.int64) if name in ("trades", "wins") else values.copy()
     return columns
+
+
+def _warn_no_equity(metrics: dict[str, np.ndarray]) -> None:
+    """Say so when strategy streams end with no equity left: the numbers are the spec's,
+    but a drawdown above 100 % needs its cause next to it."""
+    gone = np.flatnonzero(metrics["final_equity"] <= 0.0)
+    if gone.size:
+        first = int(gone[0])
+        log.warning(
+            "%d of %d strategy streams ended with no equity left (the first: %s, params_id "
+            "%d, strategy_id %d, final_equity %.4g): a short lost more than its cash; a "
+            "stream with no cash enters nothing more (docs/spec.md, \"Backtest\")",
+            gone.size, metrics["final_equity"].size, metrics["symbol"][first],
+            metrics["params_id"][first], metrics["strategy_id"][first],
+            metrics["final_equity"][first],
+        )  # fmt: skip
 
 
 def _curves(out, bar_series, times, lengths) -> EquityCurves:

@@ -20,6 +20,8 @@ from atc_stream.core.results import (
     StepResult,
     StreamKey,
     UnknownStreamError,
+    as_stream_key,
+    unknown_stream,
 )
 from atc_stream.core.strategy import Strategy
 from atc_stream.engine import paper, snapshots, warmups
@@ -108,6 +110,8 @@ class Engine:
         #: log the first rejection of each reason (off while replay logs them with file:line)
         self.log_rejections = True
         param_sets = [ATCParams()] if params is None else params
+        if isinstance(param_sets, (Mapping, str, bytes)):  # would iterate keys or letters
+            param_sets = [param_sets]
         for p in [param_sets] if isinstance(param_sets, ATCParams) else param_sets:
             self.add_params(p)
         self.cuda_graph = cuda_graph
@@ -156,7 +160,8 @@ class Engine:
     def add_params(self, params: ATCParams) -> int:
         """Register a parameter set; return its ``params_id``."""
         if not isinstance(params, ATCParams):
-            raise ValueError(f"params must be an ATCParams, got {type(params).__name__}")
+            hint = " (make one with ATCParams(**params))" if isinstance(params, Mapping) else ""
+            raise ValueError(f"params must be an ATCParams, got {type(params).__name__}{hint}")
         return self.store.add_params(params)
 
     def add_symbol(self, symbol: str, params_ids: Iterable[int] | None = None) -> list[StreamKey]:
@@ -204,7 +209,7 @@ class Engine:
             self.remove_stream(self._keys_by_slot[slot])
 
     def remove_stream(self, key: StreamKey) -> None:
-        slot = self._slot_index(key)
+        slot = self.slot_of(key)
         del self._slot_of[key]
         self.store.release(slot)
         self._breakdown.forget(slot)
@@ -226,17 +231,14 @@ class Engine:
     def symbols(self) -> list[str]:
         return sorted(self._symbol_slots)
 
-    def slot_of(self, key: StreamKey) -> int:
-        return self._slot_index(key)
-
-    def _slot_index(self, key: StreamKey) -> int:
-        """The slot of ``key``, or ``UnknownStreamError`` naming it and what is registered."""
-        slot = self._slot_of.get(key) if isinstance(key, StreamKey) else None
+    def slot_of(self, key: StreamKey | str) -> int:
+        """The slot of ``key``: a StreamKey, its tuple or text, or a one-stream symbol."""
+        slot = self._slot_of.get(as_stream_key(key))  # type: ignore[arg-type]
+        symbol_slots = self._symbol_slots.get(key) if isinstance(key, str) else None
+        if slot is None and symbol_slots is not None and len(symbol_slots) == 1:
+            return int(symbol_slots[0])
         if slot is None:
-            known = ", ".join(str(k) for k in self.streams[:5]) or "none"
-            more = f" (+{len(self._slot_of) - 5} more)" if len(self._slot_of) > 5 else ""
-            hint = "" if isinstance(key, StreamKey) else "; pass a StreamKey (engine.streams)"
-            raise UnknownStreamError(f"unknown stream {key!r}{hint}; registered: {known}{more}")
+            raise unknown_stream(key, self.streams, symbol_slots)
         return slot
 
     def slots_of(self, symbol: str) -> np.ndarray:
@@ -258,15 +260,13 @@ class Engine:
         lasts = self.store.counters[self.slots_of(symbol), L.LAST_TIME].tolist()
         return [None if last == L.NO_TIME else last for last in lasts]
 
-    def stream_state(self, key: StreamKey) -> dict[str, Any]:
+    def stream_state(self, key: StreamKey | str) -> dict[str, Any]:
         """A stream's position: bar_index (bars seen), whether its last bar was ready
-        (docs/spec.md, "Readiness"), last bar time, growth factor of its last bar.
-
-        Read from the host counters, which every backend keeps current, so no device copy.
-        """
+        (docs/spec.md, "Readiness"), last bar time, growth factor of its last bar (from the
+        host counters, which every backend keeps current: no device copy)."""
         from atc_stream.kernels.cpu import growth_factor
 
-        slot = self._slot_index(key)
+        slot = self.slot_of(key)
         counters = self.store.counters[slot]
         last = int(counters[L.LAST_TIME])
         bar_index = int(counters[L.BAR_INDEX])

@@ -9,6 +9,8 @@ from typing import Any, cast
 
 import numpy as np
 
+from atc_stream.core import inputs
+
 #: Reasons raised before batch planning (Python-level input shape/type checks).
 MALFORMED_UPDATE = "malformed_update"
 BAD_TIME_TYPE = "bad_time_type"
@@ -102,6 +104,8 @@ def parse_items(
     origin: list[int] = []
     for index, item in enumerate(bars):
         try:
+            if type(item) is not tuple and isinstance(item, (str, bytes, Mapping)):
+                raise TypeError  # would unpack into its characters or keys
             symbol, bar_time, close = item
         except (TypeError, ValueError):
             reject(index, MALFORMED_UPDATE, f"not (symbol, time, close): {item!r}", None)
@@ -139,7 +143,7 @@ def as_update_arrays(
     """The array fast path's inputs as contiguous int64/int64/float64 arrays of one length."""
     slots = np.ascontiguousarray(slots, dtype=np.int64)
     times = np.ascontiguousarray(times, dtype=np.int64)
-    closes = np.ascontiguousarray(closes, dtype=np.float64)
+    closes = inputs.closes_array(closes)
     if slots.ndim != 1 or times.shape != slots.shape or closes.shape != slots.shape:
         raise ValueError(
             "slots, times and closes must be 1-D arrays of one length, got shapes "
@@ -155,7 +159,7 @@ def parse_history(symbol: Any, series: Any, reject: Reject) -> tuple[np.ndarray,
     try:
         times, closes = series
         times = np.asarray(times)
-        closes = np.asarray(closes, dtype=np.float64)
+        closes = inputs.closes_array(closes)
     except (TypeError, ValueError) as exc:
         reject(-1, BAD_HISTORY, f"{symbol!r}: {exc}", str(symbol))
         return None

@@ -46,6 +46,9 @@ def compute(
     from atc_stream.kernels.cpu import CpuBackend
 
     params = ATCParams() if params is None else params
+    if not isinstance(params, ATCParams):
+        hint = " (make one with ATCParams(**params))" if isinstance(params, dict) else ""
+        raise ValueError(f"params must be an ATCParams, got {type(params).__name__}{hint}")
     index = None
     if inputs.is_pandas(closes, "Series"):
         series: Any = closes  # pandas is optional: no static type for its Series here
@@ -55,7 +58,7 @@ def compute(
         raise ValueError(f"closes must be 1-D, got shape {values.shape}")
     if not np.all(np.isfinite(values)) or not np.all(values > 0):
         bad = int(np.flatnonzero(~(np.isfinite(values) & (values > 0)))[0])
-        raise ValueError(f"closes must be finite and > 0; closes[{bad}] = {values[bad]!r}")
+        raise ValueError(f"closes must be finite and > 0; closes[{bad}] = {float(values[bad])!r}")
     n = values.shape[0]
     bar_times = _bar_times(times, index, n, time_unit)
     store = StateStore(capacity=1)
@@ -90,7 +93,16 @@ def _bar_times(times: Any, index: Any, n: int, time_unit: str | None) -> np.ndar
         times = index
     if times is None:
         return np.arange(n, dtype=np.int64)
-    ms = inputs.times_to_ms(times, time_unit)
+    what = "times" if times is not index else "index"
+    ms = inputs.times_to_ms(times, time_unit, what=what)
     if ms.shape != (n,):
-        raise ValueError(f"times must have one entry per close ({n}), got shape {ms.shape}")
+        raise ValueError(f"{what} must have one entry per close ({n}), got shape {ms.shape}")
+    later = ms[1:] > ms[:-1]
+    if not later.all():
+        # a newest-first file or a repeated bar would be computed as given, silently wrong
+        i = int(np.flatnonzero(~later)[0]) + 1
+        raise ValueError(
+            f"{what} must be strictly increasing (oldest bar first, one row a bar): "
+            f"{what}[{i}] = {int(ms[i])} ms is not after {what}[{i - 1}] = {int(ms[i - 1])} ms"
+        )
     return ms

@@ -169,7 +169,8 @@ def strategy_bar(
         if side != 0 and order != side:
             x = fill_price(o, side == -1, s)
             close_position(sv, sc, slot, x, j, REASON_SIGNAL, f, trades, trade_row)
-        if order != 0 and sc[slot, S_SIDE] == 0:
+        # no cash left (a short lost more than it had): ruined, it enters no more
+        if order != 0 and sc[slot, S_SIDE] == 0 and sv[slot, S_CASH] > 0.0:
             open_position(sv, sc, slot, order, fill_price(o, order == 1, s), j, f)
         sc[slot, S_HAS_ORDER] = 0
     # 2. stop, then take-profit
