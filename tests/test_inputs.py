@@ -267,7 +267,7 @@ WRONG = {
         "DatetimeIndex",
     ),
     "missing column": (lambda: long_frame(TIMES_MS).drop(columns="close"), "no column"),
-    "float times": (lambda: {"AAA": (TIMES_MS + 0.5, CLOSES["AAA"])}, "integer epochs"),
+    "float times": (lambda: {"AAA": (TIMES_MS + 0.5, CLOSES["AAA"])}, "whole-number epochs"),
     "not a mapping": (lambda: [("AAA", TIMES_MS, CLOSES["AAA"])], "history must be"),
 }
 
@@ -434,3 +434,10 @@ def test_params_that_are_not_atcparams_are_named_as_what_they_are(params):
         Engine(params)
     with pytest.raises(ValueError, match=f"params must be an ATCParams, got {kind}"):
         compute(np.linspace(100, 110, 100), params)
+
+
+def test_a_fractional_or_missing_float_time_is_named_where_it_is():
+    with pytest.raises(ValueError, match=r"whole-number epochs or datetimes: times\[1\] = 2.5"):
+        times_to_ms(np.array([1.0, 2.5]))
+    with pytest.raises(ValueError, match=r"times\[1\] = nan"):
+        times_to_ms(np.array([1.0, np.nan]))

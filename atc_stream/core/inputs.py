@@ -145,6 +145,12 @@ def times_to_ms(times: Any, time_unit: str | None = None, *, what: str = "times"
         and np.all(arr == np.trunc(arr))
     ):
         return _integers_to_ms(arr.astype(np.int64), time_unit, what)
+    if arr.dtype.kind == "f" and arr.size:
+        bad = int(np.flatnonzero(~(np.isfinite(arr) & (arr == np.trunc(arr))))[0])
+        raise ValueError(
+            f"{what} must be whole-number epochs or datetimes: "
+            f"{what}[{bad}] = {float(arr.flat[bad])!r}"
+        )
     raise ValueError(
         f"{what} must be integer epochs or datetimes (datetime64, pandas Timestamp/"
         f"DatetimeIndex, Arrow timestamp), got dtype {arr.dtype}"
