@@ -70,6 +70,8 @@ def closes_array(closes: Any, what: str = "closes") -> np.ndarray:
     it (``bad_close_type``), not parsed by ``float()``, which would also take ``"1_0"``
     or ``"nan"``; and so are booleans.
     """
+    if type(closes) is np.ndarray and closes.dtype.kind in "iuf":  # every step's form
+        return np.ascontiguousarray(closes, dtype=np.float64)
     if is_arrow(closes, "Array", "ChunkedArray"):
         closes = closes.to_numpy(zero_copy_only=False)
     elif is_pandas(closes, "Series", "Index"):
