@@ -109,10 +109,10 @@ class Engine:
         self._breakdown = BreakdownWatch()  # a ready signal turned na: warned once a stream
         #: log the first rejection of each reason (off while replay logs them with file:line)
         self.log_rejections = True
-        param_sets = [ATCParams()] if params is None else params
-        if isinstance(param_sets, (Mapping, str, bytes)):  # would iterate keys or letters
+        param_sets: Any = [ATCParams()] if params is None else params
+        if isinstance(param_sets, (ATCParams, Mapping, str, bytes)):  # keys or letters else
             param_sets = [param_sets]
-        for p in [param_sets] if isinstance(param_sets, ATCParams) else param_sets:
+        for p in param_sets:
             self.add_params(p)
         self.cuda_graph = cuda_graph
         self.backend: Backend = make_backend(backend, self.store, self.threads, cuda_graph)
