@@ -123,6 +123,56 @@ def test_plot_skips_unreadable_jsonl_lines_and_says_which(tmp_path, signal_files
     assert "no readable signal rows; line 1: not JSON" in result.output
 
 
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+def test_plot_of_an_empty_file_says_it_has_no_rows(tmp_path, suffix):
+    empty = tmp_path / f"empty{suffix}"
+    empty.write_text("")
+    out = tmp_path / "chart.png"
+    result = runner.invoke(app, ["plot", str(empty), "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == f"atc-stream: error: {empty}: no rows to draw"
+    assert not out.exists()
+
+
+def test_plot_of_one_bar_shows_the_point_on_an_axis_around_it(tmp_path):
+    bars = tmp_path / "one.csv"
+    bars.write_text(f"symbol,time,close\nAAA,{T0},100\n")
+    rows, out = tmp_path / "one.jsonl", tmp_path / "one.png"
+    result = runner.invoke(app, ["replay", str(bars), "-o", str(rows), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["plot", str(rows), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from atc_stream.app.plot import load_signals
+
+    figure = plot_signals(load_signals(rows))
+    assert_one_point_shown(figure, pd.Timestamp(T0, unit="ms"))
+
+
+def test_plot_backtest_of_one_bar_shows_the_point_on_an_axis_around_it():
+    import pyarrow as pa
+
+    from atc_stream import Strategy, backtest
+    from atc_stream.app.plot_backtest import plot_backtest
+
+    bars = pa.table({"symbol": ["AAA"], "time": [T0], "open": [100.0], "high": [101.0],
+                     "low": [99.0], "close": [100.5]})  # fmt: skip
+    figure = plot_backtest(backtest(bars, [ATCParams()], [Strategy()]), bars, "AAA")
+    assert_one_point_shown(figure, pd.Timestamp(T0, unit="ms"))
+
+
+def assert_one_point_shown(figure, when: pd.Timestamp) -> None:
+    """Each panel's line marks its one point, on an x-axis of hours around it."""
+    import matplotlib.dates as mdates
+
+    for ax in figure.axes:
+        (line, *_) = [x for x in ax.get_lines() if len(x.get_xdata()) == 1]
+        assert line.get_marker() not in (None, "", "None")
+        left, right = (mdates.num2date(v).replace(tzinfo=None) for v in ax.get_xlim())
+        assert left < when.to_pydatetime() < right
+        assert right - left <= pd.Timedelta(hours=2)
+
+
 def test_plot_signals_function_on_compute_output(tmp_path):
     index = pd.date_range("2024-01-01", periods=160, freq="h", tz="UTC")
     frame = compute(pd.Series(closes_of(3), index=index))

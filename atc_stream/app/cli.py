@@ -482,10 +482,12 @@ backtested (docs/spec.md, "Backtest"), batched by symbols. The grid is a TOML fi
     fee_bps = 5                # one value: the same for every set
 
 The sets are the cartesian product of the lists (the last key varies fastest), numbered
-params_id / strategy_id from 0. OUTDIR gets metrics.parquet (one row per stream and
-period), trades.parquet, params.parquet, strategies.parquet and ranking.parquet (each
-set aggregated over symbols: returns, drawdowns and exposure averaged, trades and wins
-summed). The top sets by --rank-by are printed on stdout.
+params_id / strategy_id from 0. The -o directory gets metrics.parquet (one row per
+stream and period), trades.parquet, params.parquet, strategies.parquet and
+ranking.parquet (each set aggregated over symbols: returns, drawdowns and exposure
+averaged, trades and wins summed); a sweep's own earlier tables there are replaced, a
+file of those names it did not write is refused. The top sets by --rank-by are printed
+on stdout; sets that made no trade and held no position (never ready) rank last.
 
 With --train-until DATE the whole history is still run once (the ATC and strategy state
 carry across DATE, as they would live); the bars before DATE are the train period, the
@@ -500,9 +502,9 @@ shown beside them.
 def sweep(
     data: Annotated[Path, typer.Argument(help="OHLC bars: a CSV/Parquet file or a directory.")],
     grid: Annotated[Path, typer.Option("--grid", help="TOML grid: \\[atc] x \\[strategy] lists.")],
-    outdir: Annotated[
-        Path, typer.Option("--output", "-o", help="Directory of the Parquet tables.")
-    ] = Path("sweep"),
+    outdir: Annotated[  # text: an empty -o must be refused, and Path("") is "."
+        str, typer.Option("--output", "-o", help="Directory of the Parquet tables.")
+    ] = "sweep",
     train_until: Annotated[
         str | None,
         typer.Option(
@@ -517,7 +519,8 @@ def sweep(
         typer.Option(
             "--rank-by",
             help="total_return, final_equity, max_drawdown (lower ranks first), win_rate, "
-            "exposure, trades or wins.",
+            "exposure, trades or wins; sets that made no trade and held no position "
+            "rank last.",
         ),
     ] = "total_return",
     backend: BackendOption = "auto",
@@ -582,10 +585,11 @@ def plot(
 ) -> None:
     """Chart one symbol: close with long/short events, the signal below, not-ready bars shaded.
 
-    With --trades OUTDIR/trades.parquet --bars DATA: one stream of a sweep (--symbol,
-    --params-id, --strategy-id). The stream is run again on DATA with the parameter set
-    and strategy of OUTDIR's params.parquet and strategies.parquet (for its equity curve),
-    and its trades must equal those of trades.parquet.
+    With --trades SWEEP/trades.parquet --bars DATA, SWEEP a sweep's -o directory: one
+    stream of the sweep (--symbol, --params-id, --strategy-id). The stream is run again on
+    DATA with the parameter set and strategy of SWEEP's params.parquet and
+    strategies.parquet (for its equity curve), and its trades must equal those of
+    trades.parquet.
     """
     if trades is not None:
         if signals is not None:

@@ -43,7 +43,10 @@ def load_signals(path: str | Path):
         if suffix in (".jsonl", ".json", ".ndjson"):
             return _read_jsonl(path)
         if suffix == ".csv":
-            return pd.read_csv(path)
+            try:
+                return pd.read_csv(path)
+            except pd.errors.EmptyDataError:  # no header either: no rows, as an empty JSONL
+                return pd.DataFrame()
     except (OSError, ValueError) as exc:
         raise PlotError(f"{path}: cannot read signal rows ({exc})") from None
     raise PlotError(f"{path}: unknown file type {suffix!r} (want .parquet, .jsonl or .csv)")
@@ -116,16 +119,17 @@ def plot_signals(
     fig, (top, bottom) = plt.subplots(
         2, 1, sharex=True, figsize=figsize, height_ratios=(2, 1), layout="constrained"
     )
-    top.plot(x, close, color="#1f4e79", linewidth=1.0, label="close")
+    top.plot(x, close, color="#1f4e79", linewidth=1.0, label="close", **few_points(x))
     for column, marker, colour in (("long", "^", "#2e7d32"), ("short", "v", "#c62828")):
         hit = frame[column].to_numpy(bool)
         if hit.any():
             top.scatter(x[hit], close[hit], marker=marker, color=colour, s=36, zorder=3,
                         label=f"{column} ({int(hit.sum())})")  # fmt: skip
-    bottom.plot(x, signal, color="#6a1b9a", linewidth=1.0, label="signal")
+    bottom.plot(x, signal, color="#6a1b9a", linewidth=1.0, label="signal", **few_points(x))
     bottom.axhline(0.0, color="0.5", linewidth=0.6)
     if "ready" in frame:
         _shade_not_ready(frame["ready"].to_numpy(bool), x, (top, bottom))
+    fit_one_point(x, top)
     top.set_ylabel("close")
     bottom.set_ylabel("signal")
     top.legend(loc="upper left", fontsize=8)  # after the shading, so "not ready" is listed
@@ -138,14 +142,14 @@ def _frame(rows: Any):
     import pandas as pd
 
     frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(dict(rows))
+    if len(frame) == 0:  # an empty file has no columns either: that is not the news
+        raise PlotError("no rows to draw")
     missing = [c for c in ("close", "signal", "long", "short") if c not in frame]
     if missing:
         raise PlotError(
             f"rows lack column(s) {missing}; expected the atc-stream output schema "
             "(docs/messages.md)"
         )
-    if len(frame) == 0:
-        raise PlotError("no rows to draw")
     return frame
 
 
@@ -188,6 +192,24 @@ def _x_axis(frame) -> np.ndarray:
     if "bar_index" in frame:
         return frame["bar_index"].to_numpy(np.int64)
     return np.arange(len(frame))
+
+
+#: Up to this many points, lines are drawn with a marker at each (one point draws no line).
+FEW_POINTS = 20
+
+
+def few_points(x: np.ndarray) -> dict:
+    """Line options that show each point of a short series."""
+    return {"marker": "o", "markersize": 4} if len(x) <= FEW_POINTS else {}
+
+
+def fit_one_point(x: np.ndarray, ax) -> None:
+    """A single point gets an x-range of its own scale around it (matplotlib widens the
+    range of one date to years)."""
+    if len(x) != 1:
+        return
+    pad = np.timedelta64(1, "h") if np.issubdtype(x.dtype, np.datetime64) else 1
+    ax.set_xlim(x[0] - pad, x[0] + pad)
 
 
 def _shade_not_ready(ready: np.ndarray, x: np.ndarray, axes) -> None:

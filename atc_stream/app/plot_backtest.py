@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from atc_stream.app.extras import require
-from atc_stream.app.plot import PlotError
+from atc_stream.app.plot import PlotError, few_points, fit_one_point
 
 #: Marker colour of each exit reason.
 REASON_COLOURS = {"signal": "0.35", "stop": "#c62828", "take_profit": "#2e7d32", "time": "#ef6c00"}
@@ -73,13 +73,15 @@ def plot_backtest(
     if "high" in price and "low" in price:
         top.fill_between(x, price["low"].to_numpy(float), price["high"].to_numpy(float),
                          color="#1f4e79", alpha=0.12, linewidth=0, label="low..high")  # fmt: skip
-    top.plot(x, price["close"].to_numpy(float), color="#1f4e79", linewidth=1.0, label="close")
+    top.plot(x, price["close"].to_numpy(float), color="#1f4e79", linewidth=1.0, label="close",
+             **few_points(x))  # fmt: skip
     _draw_trades(top, trades)
     top.set_ylabel("price")
     top.legend(loc="upper left", fontsize=8, ncol=2)
     ex = _times(equity["time"])
     bottom.plot(ex, equity["equity"].to_numpy(float), color="#6a1b9a", linewidth=1.0,
-                label="equity")  # fmt: skip
+                label="equity", **few_points(ex))  # fmt: skip
+    fit_one_point(x, top)
     bottom.axhline(1.0, color="0.5", linewidth=0.6)
     _shade_held(bottom, ex, equity["side"].to_numpy(np.int64))
     bottom.set_ylabel("equity")

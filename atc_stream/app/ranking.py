@@ -124,14 +124,23 @@ def aggregate(metrics: pa.Table) -> pa.Table:
     return grouped.sort_by([(k, "ascending") for k in SET_KEYS])
 
 
-def rank(sets: pa.Table, by: str, column: str | None = None) -> np.ndarray:
-    """Row order of ``sets`` best first by the metric ``by``, read from ``column`` (default
-    ``by``; e.g. ``train.total_return``); NaN last, ties by the ids."""
-    values = sets.column(column or by).to_numpy(zero_copy_only=False).astype(np.float64)
+def rank(sets: pa.Table, by: str, period: str | None = None) -> np.ndarray:
+    """Row order of ``sets`` best first by the metric ``by`` (of ``period``'s columns,
+    ``train.total_return``..., when given); NaN last, ties by the ids. Sets that made no
+    trade and held no position (never ready, or no event) come after every set that did,
+    whatever ``by``: their 0 return and 0 drawdown measure nothing."""
+    prefix = f"{period}." if period else ""
+    values = _floats(sets, prefix + by)
     score = -values if RANK_METRICS[by] else values
     score = np.where(np.isnan(score), np.inf, score)
+    idle = ~((_floats(sets, prefix + "trades") > 0) | (_floats(sets, prefix + "exposure") > 0))
     ids = [sets.column(k).to_numpy() for k in reversed(SET_KEYS)]
-    return np.lexsort((*ids, score))
+    return np.lexsort((*ids, score, idle))
+
+
+def _floats(sets: pa.Table, column: str) -> np.ndarray:
+    """A column as float64, nulls (no bars in the period) as NaN."""
+    return sets.column(column).to_numpy(zero_copy_only=False).astype(np.float64)
 
 
 def side_by_side(tables: dict[str, pa.Table]) -> pa.Table:

@@ -17,6 +17,9 @@ from atc_stream.engine.backtest import backtest
 from atc_stream.io.ohlc import read_ohlc
 from atc_stream.io.readers import InputError
 
+#: Columns of a sweep's trades.parquet that picking a stream and checking it needs.
+TRADE_KEYS = ("exit_time", "symbol", "params_id", "strategy_id")
+
 
 def run_plot(
     *, signals: Path, symbol: str | None, output: Path, params_id: int, title: str | None
@@ -28,6 +31,8 @@ def run_plot(
     check_image_path(output)
     try:
         frame = load_signals(signals)
+        if len(frame) == 0:
+            raise PlotError(f"{signals}: no rows to draw")
         skipped = frame.attrs.get("skipped_lines", [])
         if skipped:
             line, reason = skipped[0]
@@ -105,9 +110,21 @@ def run_plot_backtest(
 def _sweep_stream(trades: Path, params_id: int, strategy_id: int):
     """The trades of one (params_id, strategy_id) of a sweep's trades.parquet, and the
     parameter set and strategy its params.parquet and strategies.parquet hold for them."""
+    if trades.is_dir() and (trades / "trades.parquet").exists():
+        raise RunError(
+            f"--trades {trades} is a directory: give its trades.parquet "
+            f"({trades / 'trades.parquet'})"
+        )
     folder = trades.parent
     try:
         recorded = pq.read_table(trades)
+        missing = [c for c in TRADE_KEYS if c not in recorded.column_names]
+        if missing:
+            plural = "s" if missing[1:] else ""
+            raise RunError(
+                f"--trades {trades} is not a sweep's trades table (no column{plural} "
+                f"{', '.join(missing)})"
+            )
         params_rows = pq.read_table(folder / "params.parquet").to_pylist()
         strategy_rows = pq.read_table(folder / "strategies.parquet").to_pylist()
     except (OSError, pa.ArrowInvalid) as exc:

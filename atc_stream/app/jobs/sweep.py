@@ -53,7 +53,7 @@ def run_sweep(
     *,
     data: Path,
     grid: Path,
-    outdir: Path,
+    outdir: Path | str,
     train_until: str | None,
     top: int,
     rank_by: str,
@@ -80,8 +80,13 @@ def run_sweep(
     check_interval_option(interval)
     if rank_by not in RANK_METRICS:
         raise OptionError(f"{rank_by!r} is not one of {', '.join(RANK_METRICS)}", "--rank-by")
+    if not str(outdir).strip():
+        raise RunError("-o is an empty path: give the directory of the tables")
+    outdir = Path(outdir)
+    _check_grid_file(grid)
     output = SweepOutput(outdir)
     output.check_apart({"DATA": data, "--grid": grid})  # before anything is read or written
+    output.check_ours()
     split = _split_time(train_until, time_unit)
     try:
         sets = load_grid(grid)
@@ -134,8 +139,7 @@ def run_sweep(
         p: aggregate(metrics.filter(pa.compute.equal(metrics.column("period"), p))) for p in periods
     }
     ranking = side_by_side(per_period) if split is not None else per_period["all"]
-    first = f"{periods[0]}.{rank_by}" if split is not None else rank_by
-    order = rank(ranking, rank_by, first)
+    order = rank(ranking, rank_by, periods[0] if split is not None else None)
     ranking = ranking.take(order)
     ranking = ranking.append_column("rank", pa.array(np.arange(1, len(order) + 1), pa.int32()))
     ranking = _with_varied(ranking, sets)
@@ -155,16 +159,30 @@ def run_sweep(
 
 
 def _note_unready(params: list[ATCParams], longest: int) -> None:
-    """A note when some parameter sets never became ready on any symbol: their metrics
-    come from signals of partial windows (docs/spec.md, "Warm-up and readiness")."""
+    """A note when some parameter sets never became ready on any symbol: orders come only
+    from events on ready bars (docs/spec.md, "Backtest"), so they made no trade, and the
+    ranking puts them after the sets that traded."""
     needs = [ready_bar(p) + 1 for p in params]
     unready = [n for n in needs if n > longest]
     if unready:
+        last = "" if len(unready) == len(params) else "; they rank after every set that traded"
         err(
             f"atc-stream: note: {len(unready)} of {len(params)} parameter sets never became "
             f"ready: they need {min(unready)}+ bars a symbol and the longest history has "
-            f"{longest}; their metrics come from signals of partial windows"
+            f"{longest}, so they made no trades{last}"
         )
+
+
+def _check_grid_file(grid: Path) -> None:
+    """``OptionError`` for a ``--grid`` that is not a readable file, said before the paths
+    are compared (a directory given by mistake is the problem, not where -o lies)."""
+    if grid.is_dir():
+        raise OptionError(f"{grid} is a directory, not a TOML grid file", "--grid")
+    try:
+        with open(grid, "rb"):
+            pass
+    except OSError as exc:
+        raise OptionError(f"cannot read {grid}: {exc.strerror or exc}", "--grid") from None
 
 
 def _ordered(metrics: pa.Table, periods: tuple[str, ...]) -> pa.Table:

@@ -17,11 +17,17 @@ import pyarrow.parquet as pq
 
 from atc_stream.app.console import RunError
 from atc_stream.io.files import atomic_file, fsync_dir
+from atc_stream.io.writers import PART_PATTERN
 
 #: The tables of OUTDIR, in the order they are replaced (``NAME.parquet``).
 TABLES = ("metrics", "trades", "params", "strategies", "ranking")
 #: Written last, removed before the first table is replaced.
 MARKER = "_SUCCESS"
+#: What the marker holds.
+MARKER_TEXT = "".join(f"{name}.parquet\n" for name in TABLES)
+#: Parquet metadata key naming the table in every table (and --ray part) a sweep writes:
+#: how a later sweep tells its own files from the user's before replacing them.
+TABLE_KEY = "atc_stream.sweep_table"
 
 
 class SweepOutput:
@@ -49,6 +55,30 @@ class SweepOutput:
             else:
                 continue
             raise RunError(f"-o {self.outdir} {how} the input {option} {path}; choose another path")
+
+    def check_ours(self) -> None:
+        """``RunError`` when OUTDIR is a file, or when a table or ``_SUCCESS`` the sweep
+        would replace is there but was not written by a sweep: it is the user's, not
+        ours to delete. A table is ours when it carries ``TABLE_KEY`` (a ``--ray``
+        dataset: a directory of such parts), or when an earlier version's ``_SUCCESS``
+        lists it."""
+        if self.outdir.is_file():
+            raise RunError(f"-o {self.outdir} is a file: a sweep writes a directory of tables")
+        if not self.outdir.is_dir():
+            return
+        marker = self.outdir / MARKER
+        ours = _marker_is_ours(marker)
+        foreign = [marker.name] if marker.exists() and not ours else []
+        for name in TABLES:
+            path = self.outdir / f"{name}.parquet"
+            if (path.exists() or path.is_symlink()) and not (ours or _table_is_ours(path)):
+                foreign.append(path.name)
+        if foreign:
+            more, them = (f" and {len(foreign) - 1} more", "them") if foreign[1:] else ("", "it")
+            raise RunError(
+                f"-o {self.outdir} holds {foreign[0]}{more}, which a sweep would replace but "
+                f"atc-stream did not write; give another directory, or move {them} away"
+            )
 
     def begin(self, *, staged_trades: bool = False) -> None:
         """OUTDIR created, and what a killed sweep left there removed: temporary tables,
@@ -96,9 +126,9 @@ class SweepOutput:
                     table.close()
                     continue
                 with atomic_file(final, f".{name}.parquet.") as f:
-                    pq.write_table(table, f)
+                    pq.write_table(_marked(table, name), f)
             with atomic_file(marker, f".{MARKER}.") as f:
-                f.write(("\n".join(f"{name}.parquet" for name in TABLES) + "\n").encode())
+                f.write(MARKER_TEXT.encode())
         except OSError as exc:
             raise RunError(f"cannot write {self.outdir}: {exc}") from None
 
@@ -138,7 +168,7 @@ class TradesFile:
         """Append ``table`` (the first table's schema is the file's)."""
         try:
             if self._writer is None:
-                self._writer = pq.ParquetWriter(self._file, table.schema)
+                self._writer = pq.ParquetWriter(self._file, _marked(table, "trades").schema)
             self._writer.write_table(table.cast(self._writer.schema))
         except OSError as exc:  # a full disk, a lost mount
             raise RunError(f"cannot write {self.final}: {exc}") from None
@@ -162,11 +192,40 @@ class TradesFile:
 
 
 def write_synced(table: pa.Table, path: Path) -> None:
-    """``table`` as the Parquet file ``path``, on disk before this returns."""
+    """``table`` as the Parquet file ``path`` (a part of ``--ray``'s trades dataset,
+    marked as a sweep's trades), on disk before this returns."""
     with open(path, "wb") as f:
-        pq.write_table(table, f)
+        pq.write_table(_marked(table, "trades"), f)
         f.flush()
         os.fsync(f.fileno())
+
+
+def _marked(table: pa.Table, name: str) -> pa.Table:
+    return table.replace_schema_metadata({**(table.schema.metadata or {}), TABLE_KEY: name})
+
+
+def _marker_is_ours(marker: Path) -> bool:
+    try:
+        return marker.is_file() and marker.read_bytes() == MARKER_TEXT.encode()
+    except OSError:
+        return False
+
+
+def _table_is_ours(path: Path) -> bool:
+    """Whether ``path`` is a Parquet file carrying ``TABLE_KEY``, or a directory of parts
+    that do (an empty one holds nothing to lose)."""
+    if path.is_dir():
+        parts = sorted(path.iterdir())
+        if not all(PART_PATTERN.match(part.name) for part in parts):
+            return False
+        return not parts or _table_is_ours(parts[0])
+    if not path.is_file():  # a FIFO, a dangling link: not a table of ours
+        return False
+    try:
+        metadata = pq.read_schema(path).metadata or {}
+    except Exception:  # not Parquet, unreadable: not ours either way
+        return False
+    return TABLE_KEY.encode() in metadata
 
 
 def _remove(path: Path) -> None:
