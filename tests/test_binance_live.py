@@ -931,6 +931,24 @@ def test_ping_timeout_reconnects_and_pongs_keep_a_connection():
     assert stats.connects == 1 and not stats.disconnects and stats.bars > 0
 
 
+def test_a_stalled_stream_that_still_answers_pings_times_out_and_no_bar_is_lost():
+    """The stall keeps the socket open and its websocket library still answers our pings:
+    pongs are not messages, so the idle timeout fires, the client reconnects and
+    backfills, and every bar arrives once."""
+    closes = make_bars(SYMBOLS, 260, seed=8)
+    start = 220
+    with FakeExchange(closes, start, faults={start + 5: [("stall", 1)]}, bar_pause=0.008) as ex:
+        config = fast_config(
+            ex, history=150, idle_timeout=0.4, ping_interval=0.05, ping_timeout=2.0
+        )
+        stats, results = feed(
+            ex, config, seed=2, max_bars=len(SYMBOLS) * (260 - start), max_seconds=60
+        )
+    assert stats.disconnects == {"idle_timeout": 1}
+    assert stats.bars == len(SYMBOLS) * (260 - start)
+    assert_exact(collect(results), closes, start - 150, start - 1, 259)
+
+
 def test_an_oversized_frame_drops_the_connection_and_no_bar_is_lost():
     """A frame over ``max_message_bytes`` is refused: the connection ends
     (``connection_lost``), the client reconnects and backfills, every bar arrives once."""

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from atc_stream.connectors.exchanges.config import LiveConfig, LiveStats
-from atc_stream.connectors.exchanges.exchange import WireExchange
+from atc_stream.connectors.exchanges.exchange import PONG, WireExchange
 from atc_stream.connectors.exchanges.klines import Kline, MessageParser
 
 if TYPE_CHECKING:
@@ -233,9 +233,12 @@ class KlineStream:
                 kind = msg.type
                 if kind is text or kind is binary:
                     received = True
-                    watch.seen()
                     self.stats.messages += 1
                     result = parse(msg.data)
+                    if result is not PONG:
+                        # a pong only says the socket is open: a server that stalled
+                        # still answers pings, and must still time out
+                        watch.seen()
                     if result is None:
                         continue
                     if type(result) is Kline:
@@ -251,7 +254,6 @@ class KlineStream:
                     else:  # the exchange refused a subscription: connect again
                         return result.kind, result.detail, received
                     continue
-                watch.seen()
                 if kind is aiohttp.WSMsgType.PING:
                     await ws.pong(msg.data)
                 elif kind is aiohttp.WSMsgType.PONG:
