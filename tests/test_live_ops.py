@@ -413,3 +413,47 @@ def test_cli_json_logs_carry_the_commands_own_refusal_of_a_flag(run_main):
     record = json.loads(line)
     assert code == 2 and record["level"] == "error"
     assert record["message"].startswith("Invalid value: interval must look like 1s")
+
+
+def test_cli_a_taken_metrics_port_is_refused_before_the_output_is_touched(tmp_path, run_main):
+    symbols = ["BTCUSDT"]
+    exchange, _ = realtime_exchange(symbols, 40, 400, seed=23)
+    output = tmp_path / "keep.jsonl"
+    output.write_text("a row from before\n")
+    with socket.socket() as taken, exchange as ex:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, stderr = run_main(
+            ["live", "--symbols", "BTCUSDT", "--interval", "1s", "--history", "20",
+             "--ws-url", ex.ws_url, "--rest-url", ex.rest_url, "--backend", "cpu",
+             "--max-seconds", "3", "-o", str(output), "--metrics-port", str(port)]
+        )  # fmt: skip
+    assert code == 2
+    (line,) = stderr.strip().splitlines()
+    assert line.startswith(f"atc-stream: error: --metrics-port: cannot listen on 127.0.0.1:{port}")
+    assert output.read_text() == "a row from before\n"
+
+
+@pytest.mark.parametrize("name", ["signals.csv", "signals.parquet/"])
+def test_cli_previews_are_written_to_csv_and_never_to_parquet(tmp_path, run_main, name):
+    exchange, _ = realtime_exchange(["BTCUSDT"], 40, 400, seed=24)
+    exchange.previews_per_bar = 2
+    output = str(tmp_path / name)
+    with exchange as ex:
+        code, stderr = run_main(
+            ["live", "--symbols", "BTCUSDT", "--interval", "1s", "--history", "20",
+             "--ws-url", ex.ws_url, "--rest-url", ex.rest_url, "--backend", "cpu",
+             "--max-bars", "3", "--max-seconds", "30", "-o", output]
+        )  # fmt: skip
+    assert code == 0, stderr
+    if name.endswith(".csv"):
+        import csv
+
+        rows = list(csv.DictReader(open(output)))
+        assert any(row["provisional"] == "true" for row in rows)
+    else:
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(output.rstrip("/"))
+        assert table.num_rows > 0 and not any(table.column("provisional").to_pylist())

@@ -251,8 +251,8 @@ def live(
         bool,
         typer.Option(
             "--previews/--no-previews",
-            help="Also write provisional rows for in-progress klines (JSONL output only; "
-            "not published to Redis).",
+            help="Also write provisional rows for in-progress klines (JSONL and CSV output; "
+            "not Parquet, not published to Redis).",
         ),
     ] = True,
     max_seconds: Annotated[float | None, typer.Option(help="Stop after SECONDS.")] = None,

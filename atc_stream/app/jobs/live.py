@@ -92,7 +92,8 @@ def run_live(
 
     log_warnings()
     check_backend(backend)
-    previews = previews and not str(output).endswith(".parquet")  # Parquet: no provisional flag
+    # Parquet has no provisional flag; "out.parquet/" is that directory too
+    previews = previews and Path(str(output)).suffix.lower() != ".parquet"
     try:
         config = LiveConfig(
             history=history, max_streams_per_connection=max_streams_per_connection,
@@ -124,6 +125,8 @@ def run_live(
         raise OptionError("--route-shards needs --redis URL (the cluster's Redis)")
     paper = check_paper_options(strategies, trades=trades, positions=positions)
     check_outputs(outputs)
+    if metrics_port:  # before an output is opened (and a fresh one emptied)
+        _check_listen(metrics_host, metrics_port)
     # the local checks (snapshot options, Redis at the start) before the exchange's
     durability = Durability(
         redis=redis, redis_prefix=redis_prefix, snapshot_dir=snapshot_dir,
@@ -286,6 +289,24 @@ def status_fields(stats) -> dict[str, Any]:
         "lag_seconds": None if lag is None else lag / 1000, "reconnects": stats.reconnects,
         "rejected": sum(stats.rejections.values()) + sum(stats.engine_rejections.values()),
     }  # fmt: skip
+
+
+def _check_listen(host: str, port: int) -> None:
+    """``RunError`` when ``host:port`` cannot be listened on (taken, or no such address);
+    the operations server binds it later, after the warmup has started."""
+    import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp binds
+            probe.bind(address)
+    except OSError as exc:
+        raise RunError(
+            f"--metrics-port: cannot listen on {host}:{port}: {exc.strerror or exc}"
+        ) from None
 
 
 def _run_client(client, durability, max_seconds, max_bars, status_every, ops=None):
