@@ -26,8 +26,9 @@ def _client(redis_url: str):
     return client
 
 
-def _shard_count(client, prefix: str, shards: int | None) -> int:
-    """``shards`` checked against (or recorded as) the cluster's count in Redis."""
+def _shard_count(client, prefix: str, shards: int | None, record: bool = True) -> int:
+    """``shards`` checked against (or, with ``record``, recorded as) the cluster's count
+    in Redis."""
     from atc_stream.connectors.cluster.registry import (
         ShardCountMismatch,
         claim_shards,
@@ -40,7 +41,7 @@ def _shard_count(client, prefix: str, shards: int | None) -> int:
             raise RunError(f"no cluster under prefix {prefix!r} in Redis: give --shards N")
         return have
     try:
-        return claim_shards(client, prefix, shards)
+        return claim_shards(client, prefix, shards, record)
     except ShardCountMismatch as exc:
         raise RunError(str(exc)) from None
 
@@ -83,8 +84,9 @@ def run_cluster(
     check_backend(backend)
     param_sets = param_sets_option(params)
     client = _client(redis)
-    _shard_count(client, redis_prefix, shards)
+    _shard_count(client, redis_prefix, shards, record=False)  # a mismatch before Ray starts
     connect_ray(ray_address, shards)
+    _shard_count(client, redis_prefix, shards)  # recorded once the cluster can run
     import ray
 
     from atc_stream.connectors.cluster.actors import gpus_available, start_shard_actors

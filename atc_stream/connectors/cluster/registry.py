@@ -37,14 +37,15 @@ def recorded_shards(client: redis.Redis, prefix: str) -> int | None:
     return None if value is None else int(value)
 
 
-def claim_shards(client: redis.Redis, prefix: str, shards: int) -> int:
-    """Record ``shards`` for a new cluster, or check it against the recorded count
+def claim_shards(client: redis.Redis, prefix: str, shards: int, record: bool = True) -> int:
+    """Record ``shards`` for a new cluster (``record``; else only check, so that a cluster
+    that never started records nothing), or check it against the recorded count
     (``ShardCountMismatch`` naming how to reshard); the count."""
     check_shards(shards)
-    key = cluster_key(prefix)
-    client.hsetnx(key, "shards", shards)
+    if record:
+        client.hsetnx(cluster_key(prefix), "shards", shards)
     have = recorded_shards(client, prefix)
-    if have != shards:
+    if have is not None and have != shards:
         raise ShardCountMismatch(
             f"the cluster under prefix {prefix!r} has {have} shards, not {shards}: start it "
             f"with --shards {have}, or stop it and run `atc-stream cluster reshard --to "
