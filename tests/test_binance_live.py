@@ -711,6 +711,37 @@ def test_cli_live_snapshot_resume_every_bar_once(tmp_path):
     assert_rows_once_and_exact(rows, closes, t0, start, history)  # across the restart
 
 
+def test_cli_live_resume_on_another_exchange_is_refused(tmp_path):
+    """A snapshot's streams hold one venue's series: another venue's prices would go on
+    from them as if they were the same market."""
+    from exchange_emulators import BinanceUsdmEmulator
+    from typer.testing import CliRunner
+
+    from atc_stream.app.cli import app
+
+    closes = make_bars(["BTCUSDT"], 270, seed=13)
+    start = 230
+    t0 = int(time.time() * 1000) - start * IMS - 1000
+    common = ["live", "--symbols", "BTCUSDT", "--history", "100", "--backend", "cpu",
+              "--no-previews", "--status-every", "0", "--max-seconds", "60",
+              "--snapshot-dir", str(tmp_path / "snaps")]  # fmt: skip
+    with FakeExchange(closes, start, t0=t0, bar_pause=0.01) as ex:
+        first = CliRunner().invoke(
+            app, [*common, "--ws-url", ex.ws_url, "--rest-url", ex.rest_url,
+                  "--output", str(tmp_path / "a.jsonl"), "--max-bars", "2"],
+        )  # fmt: skip
+        assert first.exit_code == 0, first.output
+    with BinanceUsdmEmulator(closes, start, t0=t0, bar_pause=0.01) as ex:
+        again = CliRunner().invoke(
+            app, [*common, "--ws-url", ex.ws_url, "--rest-url", ex.rest_url, "--resume",
+                  "--exchange", "binance-usdm", "--output", str(tmp_path / "b.jsonl")],
+        )  # fmt: skip
+    assert again.exit_code == 2, again.output
+    last = again.stderr.strip().splitlines()[-1]
+    assert last.startswith("atc-stream: error: the snapshot was taken on binance, not ")
+    assert "resume with --exchange binance," in last
+
+
 def test_cli_live_resume_without_a_snapshot_keeps_an_earlier_output(tmp_path):
     """A run without snapshots, then ``--resume``: nothing to resume from, and the bars of
     the first run cannot be had again, so its output is kept and the run refused."""

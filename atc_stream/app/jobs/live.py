@@ -148,6 +148,7 @@ def run_live(
             redis, prefix=redis_prefix, events_before_ready=events_before_ready
         )
         durability.publisher = publisher  # its counters go in the closing summary
+    _check_same_venue(engine.source_offsets.get(LIVE_SOURCE), venue.name, durability)
     if durability.restored and engine.source_offsets.get(LIVE_SOURCE) is None:
         # e.g. warmed up by `replay`, now going live: allowed
         err(f"atc-stream: note: the snapshot holds no live output position (taken by "
@@ -174,7 +175,7 @@ def run_live(
         def offsets() -> dict[str, Any]:
             # taken when a snapshot copies the state: every row of the bars in that state
             # has been written, so the output cut back to here matches the state
-            return {LIVE_SOURCE: {"input": f"{where} {engine.interval}",
+            return {LIVE_SOURCE: {"input": f"{where} {engine.interval}", "exchange": venue.name,
                                   "output": sink.position()}}  # fmt: skip
 
         try:
@@ -289,6 +290,19 @@ def status_fields(stats) -> dict[str, Any]:
         "lag_seconds": None if lag is None else lag / 1000, "reconnects": stats.reconnects,
         "rejected": sum(stats.rejections.values()) + sum(stats.engine_rejections.values()),
     }  # fmt: skip
+
+
+def _check_same_venue(recorded: dict[str, Any] | None, name: str, durability) -> None:
+    """``RunError`` when a restored live snapshot was taken on another exchange: its
+    streams would go on with another venue's prices as if they were one series."""
+    if not durability.restored or recorded is None:
+        return
+    taken_on = recorded.get("exchange") or str(recorded.get("input", "")).split(" ")[0]
+    if taken_on and taken_on != name:
+        raise RunError(
+            f"the snapshot was taken on {taken_on}, not {name}: resume with --exchange "
+            f"{taken_on}, or start fresh with {durability.fresh_store}"
+        )
 
 
 def _check_listen(host: str, port: int) -> None:
