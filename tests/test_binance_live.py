@@ -742,6 +742,23 @@ def test_cli_live_resume_on_another_exchange_is_refused(tmp_path):
     assert "resume with --exchange binance," in last
 
 
+def test_cli_live_a_refused_request_quotes_the_exchange_as_text():
+    from typer.testing import CliRunner
+
+    from atc_stream.app.cli import app
+
+    closes = make_bars(["BTCUSDT"], 270, seed=13)
+    t0 = int(time.time() * 1000) - 230 * IMS - 1000
+    with FakeExchange(closes, 230, t0=t0, bar_pause=0.01) as ex:  # it serves 1m only
+        done = CliRunner().invoke(
+            app, ["live", "--symbols", "BTCUSDT", "--interval", "3m", "--history", "10",
+                  "--backend", "cpu", "--max-seconds", "5", "--ws-url", ex.ws_url,
+                  "--rest-url", ex.rest_url],
+        )  # fmt: skip
+    assert done.exit_code == 1
+    assert 'answered HTTP 400: {"code": -1121, "msg": "Invalid symbol."})' in done.stderr
+
+
 def test_cli_live_resume_without_a_snapshot_keeps_an_earlier_output(tmp_path):
     """A run without snapshots, then ``--resume``: nothing to resume from, and the bars of
     the first run cannot be had again, so its output is kept and the run refused."""

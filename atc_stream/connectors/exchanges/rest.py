@@ -129,7 +129,8 @@ class KlineRest:
                 last_problem = f"HTTP {status}"
                 continue
             if status != 200:
-                raise RestError(f"GET {_shown(url, params)} answered HTTP {status}: {body[:300]!r}")
+                said = body[:300].decode("utf-8", "replace").strip()  # the exchange's own words
+                raise RestError(f"GET {_shown(url, params)} answered HTTP {status}: {said}")
             try:
                 data = unwrap(msgspec.json.decode(body))
             except msgspec.DecodeError:
