@@ -146,7 +146,11 @@ def test_demo_sigterm_writes_a_final_snapshot_and_resume_finishes(tmp_path, redi
     assert [r["bar_index"] for r in rest if r["symbol"] == "SYM003"][-1] == 3999
 
 
-def test_run_stream_sigterm_then_resume(tmp_path, redis_url):  # noqa: F811
+@pytest.mark.parametrize("stop, status", [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
+def test_run_stream_stopped_then_resumed(stop, status, tmp_path, redis_url):  # noqa: F811
+    """Either signal stops it after its batch with a final snapshot; a Ctrl-C (SIGINT)
+    ends with status 130, so that a script tells it from a finished run, and a SIGTERM,
+    how a service is stopped, with 0."""
     import redis
 
     client = redis.Redis.from_url(redis_url)
@@ -163,11 +167,13 @@ def test_run_stream_sigterm_then_resume(tmp_path, redis_url):  # noqa: F811
     while not client.exists("sig") or client.xlen("sig") < 500:
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
         time.sleep(0.01)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(stop)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
-    assert "final snapshot" in err
+    assert proc.returncode == status, err
+    assert f"{stop.name}: stopping" in err and "final snapshot" in err
+    assert "run-stream done" in err and "Traceback" not in err
     written = client.xlen("sig")
+    assert client.xpending("bars", "atc")["pending"] == 0  # every batch read was acknowledged
     assert 500 <= written < 4000
     done = subprocess.run(
         [*base, "--resume", "--stop-when-idle", "0.5"], capture_output=True, text=True, timeout=120
@@ -223,8 +229,8 @@ def test_run_stream_refuses_a_group_already_read_without_resume(redis_url, run_m
 
 @pytest.mark.parametrize(
     "command",
-    [["run-stream", "--input-stream", "bars"], ["subscribe"], ["live", "--symbols", "BTCUSDT"],
-     ["replay", "bars.csv"]],
+    [["run-stream", "--input-stream", "bars", "--output-stream", "sig"], ["subscribe"],
+     ["live", "--symbols", "BTCUSDT"], ["replay", "bars.csv"]],
 )  # fmt: skip
 @pytest.mark.parametrize(
     "database, says",
@@ -256,7 +262,10 @@ def test_keys_of_the_wrong_type_are_one_line_and_exit_2(redis_url, run_main):  #
     add_bars(client, "bars", n_bars=5)
     client.close()
     run = ["run-stream", "--redis", redis_url, "--backend", "cpu", "--stop-when-idle", "0.3"]
-    for args in (["--input-stream", "text"], ["--input-stream", "bars", "--output-stream", "text"]):
+    for args in (
+        ["--input-stream", "text", "--output-stream", "sig"],
+        ["--input-stream", "bars", "--output-stream", "text"],
+    ):
         code, stderr = run_main([*run, *args])
         assert code == 2
         assert "refused a command: WRONGTYPE" in one_error_line(stderr)
@@ -293,7 +302,8 @@ def test_a_wait_that_is_not_a_finite_number_of_seconds_is_refused(args, run_main
 
 
 def test_a_namespace_that_cannot_name_snapshot_files_is_one_line(tmp_path, run_main):
-    args = ["--input-stream", "bars", "--snapshot-dir", str(tmp_path), "--namespace", "a/b"]
+    args = ["--input-stream", "bars", "--output-stream", "sig", "--snapshot-dir", str(tmp_path)]
+    args += ["--namespace", "a/b"]
     code, stderr = run_main(["run-stream", "--redis", "redis://127.0.0.1:1/0", *args])
     assert code == 2
     assert "namespace 'a/b' cannot name snapshot files" in one_error_line(stderr)

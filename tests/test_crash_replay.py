@@ -180,7 +180,7 @@ def test_run_stream_refuses_to_overwrite_existing_snapshots(tmp_path):
     store = DirectorySnapshotStore(snaps)
     store.save(Engine(ATCParams(), backend="cpu", outputs="all").snapshot())
     res = cli(["run-stream", "--redis", "redis://127.0.0.1:1", "--input-stream", "in",
-               "--snapshot-dir", str(snaps)])  # fmt: skip
+               "--output-stream", "out", "--snapshot-dir", str(snaps)])  # fmt: skip
     assert res.exit_code == 2, res.output
     assert "already holds snapshots" in res.output and "--resume" in res.output
     assert len(store.list()) == 1

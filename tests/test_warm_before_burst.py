@@ -57,8 +57,8 @@ def test_warming_up_before_each_step_changes_no_result_state_or_counter(kind):
     for a, b in zip(_state(warmed), _state(plain), strict=True):
         np.testing.assert_array_equal(a, b)
     assert publisher.stats() == {
-        "enqueued": 0, "delivered": 0, "dropped": 0, "dropped_rows": 0, "messages": 0,
-        "errors": 0, "reconnects": 0, "queued": 0,
+        "enqueued": 0, "delivered": 0, "delivered_rows": 0, "dropped": 0, "dropped_rows": 0,
+        "messages": 0, "errors": 0, "reconnects": 0, "queued": 0,
     }  # fmt: skip
     assert publisher._seq == 0
 

@@ -161,8 +161,9 @@ class Durability:
     on SIGINT/SIGTERM for one run.
 
     ``snapshot_dir`` (else ``redis``) names the snapshot store; ``resume`` restores from
-    it. Without ``resume`` a store that already holds snapshots is refused unless
-    ``overwrite`` (a fresh run must not bury the snapshots of another one).
+    it. ``namespace``: the command's ``--namespace`` (None: it has none; the store's is
+    "default"). With ``refuse_existing`` and without ``resume`` a store that already
+    holds snapshots is refused (a fresh run must not bury the snapshots of another one).
     """
 
     def __init__(
@@ -174,7 +175,7 @@ class Durability:
         snapshot_every: int | None,
         resume: bool,
         publish: bool = True,
-        namespace: str = "default",
+        namespace: str | None = None,
         refuse_existing: bool = False,
         events_before_ready: bool = False,
     ) -> None:
@@ -189,7 +190,11 @@ class Durability:
         #: the thread publisher, or the event-loop one a command sets (``live``)
         self.publisher: SignalPublisher | LoopPublisher | None = None
         self.stop_requested = False
+        #: the signal that asked the run to stop (``signal.SIGINT``/``SIGTERM``), or None
+        self.stop_signal: int | None = None
         self.restored = False
+        #: what starts fresh beside this store, as the refusals of a resume say it
+        self.fresh_store = _fresh_store(snapshot_dir, namespace)
         self.final_offsets: Callable[[], dict[str, Any]] | None = None
         self._on_stop: list[Callable[[], object]] = []
         if redis is not None:
@@ -200,7 +205,7 @@ class Durability:
                 raise RunError("--snapshot-every and --resume need --snapshot-dir or --redis")
             return
         if snapshot_dir is not None or snapshot_every is not None or resume:
-            self.store = open_snapshot_store(target, namespace=namespace)
+            self.store = open_snapshot_store(target, namespace=namespace or "default")
         if refuse_existing and self.store is not None and not resume:
             try:
                 existing = self.store.list()
@@ -210,8 +215,8 @@ class Durability:
             if existing:
                 raise RunError(
                     f"{self.store!r} already holds snapshots ({len(existing)}); add --resume "
-                    "to continue from them, or use another --snapshot-dir/--namespace "
-                    "(or delete them) to start fresh"
+                    f"to continue from them, or use {self.fresh_store} (or delete them) to "
+                    "start fresh"
                 )
         if redis is not None:  # after the local checks of the options and the store
             check_redis_reachable(redis)
@@ -226,8 +231,8 @@ class Durability:
                 found = self.store.latest()
         except SnapshotError as exc:
             raise RunError(
-                f"{exc}; to start fresh, run without --resume and with an empty "
-                "--snapshot-dir (or delete the damaged snapshots)"
+                f"{exc}; to start fresh, run without --resume and with "
+                f"{self.fresh_store} (or delete the damaged snapshots)"
             ) from exc
         except Exception as exc:  # a store that cannot be reached
             raise RunError(f"cannot read snapshots from {self.store!r}: {exc}") from exc
@@ -255,14 +260,16 @@ class Durability:
         ``strategies``: paper trading (a resumed engine must trade the same ones)."""
         engine = self.restore(backend, outputs)
         if engine is not None:
-            check_resume_matches(engine, param_sets=param_sets, interval=interval)
+            check_resume_matches(
+                engine, param_sets=param_sets, interval=interval, fresh=self.fresh_store
+            )
             asked = [s.to_dict() for s in strategies or []]
             traded = [s.to_dict() for s in engine.strategies]
             if asked != traded:
                 difference = _strategy_difference(asked, traded)
                 raise RunError(
                     f"--strategy differs from the snapshot's ({difference}); resume with the "
-                    "snapshot's strategies, or start fresh with another --snapshot-dir"
+                    f"snapshot's strategies, or start fresh with {self.fresh_store}"
                 )
         else:
             engine = Engine(
@@ -318,6 +325,7 @@ class Durability:
         if self.stop_requested and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: stop at once
         self.stop_requested = True
+        self.stop_signal = self.stop_signal or signum
         err(f"atc-stream: {signal.Signals(signum).name}: stopping after the current batch")
         for callback in self._on_stop:
             callback()
@@ -359,13 +367,26 @@ class Durability:
             stats = self.publisher.stats()
             err(
                 f"  redis publish    {stats['delivered']} steps delivered, "
-                f"{stats['dropped']} dropped ({stats['dropped_rows']} rows)"
+                f"{stats['dropped']} dropped ({stats['delivered_rows']} rows delivered, "
+                f"{stats['dropped_rows']} dropped)"
             )
 
 
-def check_resume_matches(engine, *, param_sets=None, interval: str | None = None) -> None:
+def _fresh_store(snapshot_dir: Path | None, namespace: str | None) -> str:
+    """The options that give a run a store of its own: a snapshot directory's name, or
+    for snapshots in Redis the ``--namespace`` of their keys (a command without one gets
+    a directory instead)."""
+    if snapshot_dir is not None:
+        return "another --snapshot-dir" + (" or --namespace" if namespace is not None else "")
+    return "another --namespace" if namespace is not None else "a --snapshot-dir"
+
+
+def check_resume_matches(
+    engine, *, param_sets=None, interval: str | None = None, fresh: str = "another --snapshot-dir"
+) -> None:
     """``RunError`` when the parameter sets or interval asked for differ from the restored
-    engine's (None: not asked for, take the snapshot's)."""
+    engine's (None: not asked for, take the snapshot's); ``fresh``: what the message
+    offers to start fresh with (``Durability.fresh_store``)."""
     if param_sets is not None:
         have = [p.to_dict() for p in engine.param_sets]
         want = [p.to_dict() for p in param_sets]
@@ -373,12 +394,12 @@ def check_resume_matches(engine, *, param_sets=None, interval: str | None = None
             raise RunError(
                 f"--params differ from the snapshot's ({len(want)} parameter set(s) asked, "
                 f"the snapshot holds {have}); resume with the snapshot's parameters, or "
-                "start fresh with another --snapshot-dir"
+                f"start fresh with {fresh}"
             )
     if interval is not None and engine.interval != interval:
         raise RunError(
             f"--interval {interval!r} differs from the snapshot's {engine.interval!r}; "
-            "resume with the snapshot's interval, or start fresh with another --snapshot-dir"
+            f"resume with the snapshot's interval, or start fresh with {fresh}"
         )
 
 

@@ -4,6 +4,7 @@ and the last applied entry (``app.durability.Durability``)."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -43,10 +44,20 @@ def run_stream(
     strategies: Sequence[str] = (),
 ) -> int:
     """Consume ``input_stream`` until SIGINT/SIGTERM or ``stop_when_idle``; the exit
-    status. A Redis that cannot be reached at the start or refuses a command, and a
-    consumer group already read from without ``resume``, are a ``RunError`` (one line,
-    exit 2)."""
+    status: 0, or 130 when a SIGINT (Ctrl-C) stopped it after its batch (a SIGTERM is
+    how a service is stopped: 0). No output (neither ``output_stream`` nor ``publish``)
+    is an ``OptionError``. A Redis that cannot be reached at the start or refuses a
+    command, and a consumer group already read from without ``resume``, are a
+    ``RunError`` (one line, exit 2)."""
     require("redis", "atc-stream run-stream")
+    if output_stream is None and not publish:
+        # every entry would be applied and acknowledged with its rows written nowhere
+        raise OptionError(
+            "neither is given, so the rows would go nowhere while every entry is read and "
+            "acknowledged; give --output-stream KEY (a Redis Stream), --publish (pub/sub), "
+            "or both",
+            "--output-stream/--publish",
+        )
     from redis import exceptions as redis_errors
 
     from atc_stream.connectors.redis.streams import RedisStreamRunner
@@ -97,9 +108,10 @@ def run_stream(
     except redis_errors.RedisError as exc:
         raise redis_failure(redis, exc) from None
     err("atc-stream: run-stream done")
-    for line in stats.lines(engine) + (paper_lines(engine) if paper is not None else []):
+    for line in stats.lines() + (paper_lines(engine) if paper is not None else []):
         err("  " + line)
-    return 0
+    # scripts tell a Ctrl-C from a finished run by the status, as replay's
+    return 130 if durability.stop_signal == signal.SIGINT else 0
 
 
 def _refuse_a_group_read_before(runner) -> None:

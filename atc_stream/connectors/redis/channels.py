@@ -169,6 +169,7 @@ class SignalMessages:
         self._seq = 0
         self.enqueued = 0
         self.delivered = 0
+        self.delivered_rows = 0
         self.dropped = 0
         self.dropped_rows = 0
         self.messages = 0
@@ -177,7 +178,8 @@ class SignalMessages:
 
     def _counts(self, queued: int) -> dict[str, int]:
         """The delivery counters; ``queued``: steps given but not delivered or dropped."""
-        names = ("enqueued", "delivered", "dropped", "dropped_rows", "messages", "errors")
+        names = ("enqueued", "delivered", "delivered_rows", "dropped", "dropped_rows",
+                 "messages", "errors")  # fmt: skip
         return {**{n: getattr(self, n) for n in names}, "reconnects": self.reconnects,
                 "queued": queued}  # fmt: skip
 

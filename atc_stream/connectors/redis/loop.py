@@ -31,9 +31,9 @@ class LoopPublisher(SignalMessages):
     >>> await publisher.aclose()         # waits (within close_timeout) for the replies
 
     Counters as ``SignalPublisher.stats()``: ``enqueued`` (steps given), ``delivered``
-    (acknowledged by Redis), ``dropped``/``dropped_rows``, ``messages``, ``errors``,
-    ``reconnects``; ``queued`` is the steps sent but not acknowledged yet. A lost
-    connection is re-established on the ``backoff`` schedule.
+    and ``delivered_rows`` (acknowledged by Redis), ``dropped``/``dropped_rows``,
+    ``messages``, ``errors``, ``reconnects``; ``queued`` is the steps sent but not
+    acknowledged yet. A lost connection is re-established on the ``backoff`` schedule.
     """
 
     def __init__(
@@ -187,6 +187,7 @@ class LoopPublisher(SignalMessages):
                 self._in_flight.popleft()
                 if failure is None:
                     self.delivered += 1
+                    self.delivered_rows += rows
                     self.messages += messages
                 else:
                     self.errors += 1

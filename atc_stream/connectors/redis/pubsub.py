@@ -45,8 +45,9 @@ class SignalPublisher(SignalMessages):
     >>> pub.close()                      # flush (within ``close_timeout``) and stop
 
     Counters (read any time, or ``stats()``): ``enqueued``/``delivered``/``dropped``
-    steps, ``dropped_rows``, ``messages`` (pub/sub messages and hash fields written),
-    ``errors`` (failed sends), ``reconnects`` (outages that ended) and ``connected``.
+    steps, ``delivered_rows``/``dropped_rows``, ``messages`` (pub/sub messages and hash
+    fields written), ``errors`` (failed sends), ``reconnects`` (outages that ended) and
+    ``connected``.
 
     Up to ``max_steps_per_send`` queued steps go out in one round trip (one Lua script
     that publishes them, plus one HSET); the cap keeps each script short, since Redis
@@ -203,6 +204,7 @@ class SignalPublisher(SignalMessages):
                 continue
             with self._lock:
                 self.delivered += len(items)
+                self.delivered_rows += sum(len(result) for _, result in items)
                 self.messages += sent
                 self._lock.notify_all()
 

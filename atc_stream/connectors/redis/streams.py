@@ -110,7 +110,7 @@ class RunStats:
     """What a Redis Streams run did."""
 
     entries: int = 0  #: input entries read (all kinds)
-    bars: int = 0  #: well-formed bars handed to the engine
+    bars: int = 0  #: bars applied: well-formed and not rejected by the engine
     rows_out: int = 0  #: output rows written (output stream and/or publisher)
     trades_out: int = 0  #: trade entries written to the output stream's ``:trades``
     positions_out: int = 0  #: position entries written to its ``:positions``
@@ -118,11 +118,15 @@ class RunStats:
     skipped_old: int = 0  #: entries at or before the restored offset, dropped
     batches: int = 0
     malformed: Counter = field(default_factory=Counter)
+    #: well-formed bars the engine rejected in this run, by reason (``Engine.rejections``
+    #: also holds those of the runs before a restored snapshot)
+    rejected: Counter = field(default_factory=Counter)
     seconds: float = 0.0
 
-    def lines(self, engine: Engine | None = None) -> list[str]:
+    def lines(self) -> list[str]:
         malformed = ", ".join(f"{k}={v}" for k, v in sorted(self.malformed.items())) or "none"
-        lines = [
+        rejected = ", ".join(f"{k}={v}" for k, v in sorted(self.rejected.items())) or "none"
+        return [
             f"entries read     {self.entries} in {self.batches} batches",
             f"bars applied     {self.bars} ({self.bars / self.seconds:,.0f} bars/s)"
             if self.seconds > 0
@@ -135,11 +139,8 @@ class RunStats:
             ),
             f"skipped (<= restored offset) {self.skipped_old}",
             f"malformed        {malformed}",
+            f"rejected bars    {rejected}",
         ]
-        if engine is not None:
-            rejected = ", ".join(f"{k}={v}" for k, v in sorted(engine.rejections.items()))
-            lines.append(f"rejected bars    {rejected or 'none'}")
-        return lines
 
 
 class _Faults:
@@ -462,8 +463,11 @@ class RedisStreamRunner:
                 self.engine.add_symbol(bar[0])
             bars.append(bar)
             src_of.setdefault(bar[:3], entry_id)
-        self.stats.bars += len(bars)
+        rejected_before = self.engine.rejections.copy()
         result = self._step(bars)
+        rejected = self.engine.rejections - rejected_before
+        self.stats.bars += len(bars) - rejected.total()
+        self.stats.rejected.update(rejected)
         self._faults.hit("after_step")
         out = self._unwritten(result, src_of)
         self._write_until_done(out, ids)
@@ -491,15 +495,17 @@ class RedisStreamRunner:
         slot_lists = [symbol_slots[b[0]] for b in bars]
         counts = np.fromiter((a.shape[0] for a in slot_lists), np.int64, len(bars))
         slots = np.concatenate(slot_lists)
+        # a bar fanned out to several streams is one input: rejected and counted once
+        inputs = np.repeat(np.arange(len(bars)), counts)
         times = np.repeat(np.fromiter((b[1] for b in bars), np.int64, len(bars)), counts)
         closes = np.repeat(np.fromiter((b[2] for b in bars), np.float64, len(bars)), counts)
         if not self._ohlc:
-            return self.engine.step_arrays(slots, times, closes)
+            return self.engine.step_arrays(slots, times, closes, inputs)
         o, h, lo = (
             np.repeat(np.fromiter((b[k] for b in bars), np.float64, len(bars)), counts)
             for k in (3, 4, 5)
         )
-        return self.engine.step_arrays(slots, times, closes, opens=o, highs=h, lows=lo)
+        return self.engine.step_arrays(slots, times, closes, inputs, opens=o, highs=h, lows=lo)
 
     def _parse_bar(self, entry_id, fields) -> tuple | None:
         if isinstance(fields, list):  # msgpack path: [name, value, name, value, ...] of str

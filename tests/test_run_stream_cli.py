@@ -1,0 +1,151 @@
+"""``atc-stream run-stream``: its refusals, summary counts and messages (real redis-server)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from redis_fixtures import redis_server, redis_url  # noqa: F401
+
+from atc_stream.connectors.replay.player import random_walk_table
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(300)]
+
+T0 = 1_700_000_000_000
+MINUTE = 60_000
+
+
+def client_of(url: str):
+    import redis
+
+    return redis.Redis.from_url(url)
+
+
+def add_walk(client, key: str = "bars", n_symbols: int = 4, n_bars: int = 60) -> int:
+    table = random_walk_table(n_symbols, n_bars, seed=5)
+    pipe = client.pipeline(transaction=False)
+    for s, t, c in zip(table.symbols, table.times.tolist(), table.closes.tolist(), strict=True):
+        pipe.xadd(key, {"symbol": s, "time": t, "close": repr(c)})
+    pipe.execute()
+    return len(table.times)
+
+
+def one_error_line(stderr: str) -> str:
+    errors = [line for line in stderr.splitlines() if line.startswith("atc-stream: error:")]
+    assert len(errors) == 1, stderr
+    return errors[0]
+
+
+def run_stream(url: str, *args: str) -> list[str]:
+    return ["run-stream", "--redis", url, "--input-stream", "bars", "--backend", "cpu", *args]
+
+
+@pytest.mark.parametrize("extra", [[], ["--snapshot-every", "10"], ["--strategy", "stop=0.02"]])
+def test_a_run_without_an_output_is_refused_before_reading(extra, redis_url, run_main):  # noqa: F811
+    """Neither --output-stream nor --publish: every entry would be applied and acknowledged
+    with its rows written nowhere. Refused before the group is made or a snapshot taken."""
+    client = client_of(redis_url)
+    add_walk(client)
+    args = run_stream(redis_url, "--group", "nog", "--stop-when-idle", "1", *extra)
+    code, stderr = run_main(args)
+    assert code == 2
+    line = one_error_line(stderr)
+    assert stderr.strip().splitlines() == [line]
+    assert "--output-stream" in line and "--publish" in line and "go nowhere" in line
+    assert client.xinfo_groups("bars") == [] and client.keys("*") == [b"bars"]
+    client.close()
+
+
+def summary_value(stderr: str, name: str) -> str:
+    """The value of one line of the closing summary (``  bars applied     5 (...)``)."""
+    (value,) = re.findall(rf"^  {name} +(.*)$", stderr, re.MULTILINE)
+    return value
+
+
+@pytest.mark.parametrize("param_sets", [1, 2])
+def test_bars_applied_leaves_out_the_bars_the_engine_rejected(
+    param_sets,
+    tmp_path,
+    redis_url,  # noqa: F811
+    run_main,
+):
+    """Read = applied + malformed + rejected; a bar fanned out to two parameter sets is
+    rejected (and counted) once, and gives one row per set."""
+    client = client_of(redis_url)
+    entries = [
+        (T0, "100"), (T0 + MINUTE, "inf"), (T0 + MINUTE, "-5"), (T0 + MINUTE, "nan"),
+        (T0, "101"), (T0 - MINUTE, "99"), (T0 + MINUTE, "101"), (T0 + 2 * MINUTE, "102"),
+        (T0 + MINUTE, "100"), (T0 + 3 * MINUTE, "abc"), (T0 + 3 * MINUTE, "103"),
+        (T0 + 4 * MINUTE, "104"),
+    ]  # fmt: skip
+    for time_, close in entries:
+        client.xadd("bars", {"symbol": "A", "time": time_, "close": close})
+    params = tmp_path / "params.json"
+    params.write_text('[{}, {"ema_len": 20}]' if param_sets == 2 else "[{}]")
+    args = run_stream(redis_url, "--output-stream", "sig", "--stop-when-idle", "0.3")
+    code, stderr = run_main([*args, "--params", str(params)])
+    assert code == 0, stderr
+    assert summary_value(stderr, "entries read") == "12 in 1 batches"
+    assert summary_value(stderr, "bars applied").startswith("5 (")
+    assert summary_value(stderr, "rows out").startswith(f"{5 * param_sets} (")
+    assert summary_value(stderr, "malformed") == "bad_close=1"
+    assert summary_value(stderr, "rejected bars") == (
+        "duplicate_bar=1, non_finite_close=2, non_positive_close=1, out_of_order_bar=2"
+    )
+    assert client.xlen("sig") == 5 * param_sets
+    client.close()
+
+
+def test_paper_trading_bars_applied_leaves_out_bad_ohlc(redis_url, run_main):  # noqa: F811
+    client = client_of(redis_url)
+    prices = [(100, 101, 99), (100, 90, 95), (101, 102, 100), (101, 99, 100), (102, 103, 101)]
+    for i, (open_, high, low) in enumerate(prices):
+        client.xadd("bars", {"symbol": "A", "time": T0 + i * MINUTE, "open": open_,
+                             "high": high, "low": low, "close": open_})  # fmt: skip
+    args = run_stream(redis_url, "--output-stream", "sig", "--stop-when-idle", "0.3")
+    code, stderr = run_main([*args, "--strategy", "stop=0.02"])
+    assert code == 0, stderr
+    assert summary_value(stderr, "bars applied").startswith("3 (")
+    assert summary_value(stderr, "rows out").startswith("3 (")
+    assert summary_value(stderr, "rejected bars") == "bad_ohlc=2"
+    client.close()
+
+
+def test_the_publish_summary_counts_the_rows_delivered(redis_url, run_main):  # noqa: F811
+    client = client_of(redis_url)
+    total = add_walk(client)
+    code, stderr = run_main(run_stream(redis_url, "--publish", "--stop-when-idle", "0.3"))
+    assert code == 0, stderr
+    assert re.search(rf"steps delivered, 0 dropped \({total} rows delivered, 0 dropped\)", stderr)
+    assert summary_value(stderr, "rows out").startswith(f"{total} (")
+    client.close()
+
+
+@pytest.mark.parametrize(
+    "store, fresh",
+    [([], "another --namespace"), (["--snapshot-dir"], "another --snapshot-dir or --namespace")],
+)
+def test_a_resume_that_differs_from_the_snapshot_names_the_option_to_start_fresh(
+    store,
+    fresh,
+    tmp_path,
+    redis_url,  # noqa: F811
+    run_main,
+):
+    """Snapshots in Redis (no --snapshot-dir) are kept apart by --namespace: the refusal
+    names that, not a --snapshot-dir the run was not given."""
+    client = client_of(redis_url)
+    add_walk(client)
+    options = ["--output-stream", "sig", "--snapshot-every", "100000", "--stop-when-idle", "0.3"]
+    options += [*store, str(tmp_path / "snaps")] if store else []
+    code, stderr = run_main(run_stream(redis_url, *options))
+    assert code == 0 and "final snapshot" in stderr, stderr
+    params = tmp_path / "params.json"
+    params.write_text('[{"ema_len": 20}]')
+    for differing in (["--interval", "5m"], ["--params", str(params)], ["--strategy", "stop=0.02"]):
+        code, stderr = run_main(run_stream(redis_url, *options, "--resume", *differing))
+        assert code == 2
+        line = one_error_line(stderr)
+        assert "differ" in line and line.endswith(f"start fresh with {fresh}"), line
+        assert ("--snapshot-dir" in line) == bool(store)
+    client.close()
