@@ -175,3 +175,30 @@ def test_sigterm_during_start_up_is_one_line_and_exit_0(tmp_path):
         "atc-stream: SIGTERM: stopped during start-up, before any bar was applied"
     )
     assert "Traceback" not in text
+
+
+def test_a_second_sigterm_during_the_stop_still_ends_it_with_exit_0(tmp_path):
+    """Service managers send SIGTERM again: the one that comes while the stop runs, or
+    while the interpreter shuts down after it, must not turn the clean stop into a kill."""
+    exchange, _ = realtime_exchange(["BTCUSDT", "ETHUSDT"], 40, 400, seed=32)
+    log = tmp_path / "live.log"
+    with exchange as ex:
+        process = start_live(
+            ["--symbols", "BTCUSDT,ETHUSDT", "--interval", "1s", "--history", "20",
+             "--ws-url", ex.ws_url, "--rest-url", ex.rest_url, "--backend", "cpu",
+             "--status-every", "0", "--snapshot-dir", str(tmp_path / "snaps"),
+             "-o", str(tmp_path / "out.jsonl"), "--max-seconds", "120"], log,
+        )  # fmt: skip
+        try:
+            wait_for("rows", lambda: (tmp_path / "out.jsonl").exists()
+                     and (tmp_path / "out.jsonl").stat().st_size > 0, process, log)  # fmt: skip
+            process.send_signal(signal.SIGTERM)
+            time.sleep(0.02)
+            process.send_signal(signal.SIGTERM)
+            code = process.wait(timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    text = log.read_text()
+    assert code == 0, text
+    assert "final snapshot" in text and "Traceback" not in text

@@ -138,7 +138,7 @@ def sigterm_stops_start_up(job: Callable[..., int]) -> Callable[..., int]:
             if not Durability.entered:  # (after the run, its own stop is under way)
                 raise TerminatedBeforeStart
 
-        Durability.entered = False
+        Durability.entered = Durability.signalled = False
         previous = signal.signal(signal.SIGTERM, stop)
         try:
             return job(**options)
@@ -147,7 +147,11 @@ def sigterm_stops_start_up(job: Callable[..., int]) -> Callable[..., int]:
                         "was applied")  # fmt: skip
             return 0
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            # after a stop by signal the process is on its way out: a service manager's
+            # second SIGTERM then meets ``stop`` (a no-op once entered), not the default
+            # action that would end a clean stop as "killed by SIGTERM"
+            if not Durability.signalled:
+                signal.signal(signal.SIGTERM, previous)
 
     return run
 
@@ -324,14 +328,16 @@ class Durability:
     def _handle(self, signum, frame) -> None:
         if self.stop_requested and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: stop at once
-        self.stop_requested = True
+        self.stop_requested = Durability.signalled = True
         self.stop_signal = self.stop_signal or signum
         err(f"atc-stream: {signal.Signals(signum).name}: stopping after the current batch")
         for callback in self._on_stop:
             callback()
 
-    #: whether a run has taken over SIGINT/SIGTERM (``sigterm_stops_start_up``)
+    #: whether a run has taken over SIGINT/SIGTERM (``sigterm_stops_start_up``), and
+    #: whether a signal has asked it to stop
     entered = False
+    signalled = False
 
     def __enter__(self) -> Durability:
         Durability.entered = True

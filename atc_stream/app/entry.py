@@ -17,6 +17,19 @@ def main() -> None:
         cli_main()
     except KeyboardInterrupt as exc:  # later ones: the job's handling, or typer's 130
         _interrupted(exc)
+    finally:
+        _ignore_signals_once_stopped()
+
+
+def _ignore_signals_once_stopped() -> None:
+    """After a run stopped by a signal, SIGTERM is ignored: a service manager's second
+    SIGTERM would otherwise meet the default action while the interpreter shuts down
+    (Python puts its handlers back then) and end a clean stop as "killed"."""
+    durability = sys.modules.get("atc_stream.app.durability")
+    if durability is not None and durability.Durability.signalled:
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _interrupted(exc: KeyboardInterrupt) -> None:
