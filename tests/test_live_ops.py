@@ -407,12 +407,156 @@ def test_cli_metrics_port_without_the_metrics_extra_names_it(tmp_path, run_main,
 def test_cli_json_logs_carry_the_commands_own_refusal_of_a_flag(run_main):
     """A value the command itself refuses (not click's parser) is a JSON line too."""
     code, stderr = run_main(
-        ["live", "--symbols", "BTCUSDT", "--interval", "7x", "--log-format", "json"]
+        ["live", "--symbols", "BTCUSDT", "--route-shards", "2", "--log-format", "json"]
     )
     (line,) = stderr.strip().splitlines()
     record = json.loads(line)
     assert code == 2 and record["level"] == "error"
-    assert record["message"].startswith("Invalid value: interval must look like 1s")
+    assert record["message"].startswith("Invalid value: --route-shards needs --redis URL")
+
+
+def _bad_key_file(tmp_path, log_format: str | None = None):
+    config = tmp_path / "jj.toml"
+    said = f'log_format = "{log_format}"\n' if log_format else ""
+    config.write_text(f"symbols = 'BTCUSDT'\n{said}histroy = 10\n")
+    return str(config)
+
+
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (lambda p: ["--config", _bad_key_file(p, "json")], "unknown key 'histroy'"),
+        (lambda p: ["--config", _bad_key_file(p), "--log-format", "json"], "unknown key"),
+        (lambda p: ["--log-format=json", "--config", _bad_key_file(p, "text")], "unknown key"),
+        (lambda p: ["--symbols", "X", "--log-format", "json", "--history", "ten"], "--history"),
+        (lambda p: ["--symbols", "X", "--interval", "7x", "--log-format", "json"], "--interval"),
+        (lambda p: ["--log-format", "json", "--max-seconds", "1"], "Missing option '--symbols'"),
+        (lambda p: ["--symbols", "X", "--log-format", "json", "--histroy", "3"], "--histroy"),
+    ],
+    ids=["file", "flag", "flag-over-file", "number", "interval", "missing", "unknown-option"],
+)
+def test_cli_json_logs_carry_usage_and_config_file_errors(tmp_path, run_main, args, named):
+    """With JSON logs asked for (the flag, or else the file as far as it was read), the one
+    line of a refused option or config file is a JSON record too."""
+    code, stderr = run_main(["live", *args(tmp_path)])
+    (line,) = stderr.strip().splitlines()
+    record = json.loads(line)
+    assert code == 2 and record["level"] == "error" and named in record["message"]
+    assert not record["message"].startswith("atc-stream")
+
+
+def test_cli_the_log_format_flag_wins_over_the_files_for_its_error_too(tmp_path, run_main):
+    code, stderr = run_main(["live", "--config", _bad_key_file(tmp_path, "json"),
+                             "--log-format", "text"])  # fmt: skip
+    (line,) = stderr.strip().splitlines()
+    assert code == 2 and line.startswith("atc-stream: error: Invalid value for '--config': ")
+    assert "unknown key 'histroy'" in line
+
+
+def test_cli_json_warning_records_carry_no_level_in_their_message(tmp_path, run_main):
+    from aiohttp import web
+    from test_live_symbol_check import rest_server
+
+    async def answer(request):
+        return web.Response(status=503, text="down for maintenance")
+
+    with rest_server(answer) as url:
+        code, stderr = run_main(
+            ["live", "--symbols", "BTCUSDT", "--rest-url", url, "--ws-url", "ws://127.0.0.1:9",
+             "--max-seconds", "1.5", "--log-format", "json", "-o", str(tmp_path / "o.jsonl")]
+        )  # fmt: skip
+    records = [json.loads(line) for line in stderr.strip().splitlines()]
+    warnings = [r for r in records if r["level"] == "warning"]
+    assert code == 2 and warnings, records
+    assert all(r["message"].startswith("listing the symbols of binance: HTTP 503; retry ")
+               for r in warnings)  # fmt: skip
+    assert records[-1]["message"].startswith("cannot list the symbols of binance: ")
+
+
+# -- the config file: flags undo its settings, its values checked as its own -------------------
+
+
+def test_cli_every_on_off_flag_of_live_has_its_off_form(capsys, monkeypatch):
+    import typer
+
+    from atc_stream.app.cli import app
+
+    live = typer.main.get_command(app).commands["live"]
+    flags = [p for p in live.params if getattr(p, "is_bool_flag", False) and p.name != "help"]
+    assert {p.name for p in flags} >= {"resume", "events_before_ready", "previews"}
+    assert all(p.secondary_opts == [f"--no-{p.opts[0][2:]}"] for p in flags), [
+        (p.name, p.secondary_opts) for p in flags
+    ]
+    monkeypatch.setenv("COLUMNS", "200")  # the help's table, not cut at 80
+    with pytest.raises(SystemExit):
+        from atc_stream.app.cli import main
+
+        main(["live", "--help"])
+    shown = capsys.readouterr().out
+    assert "--no-resume" in shown and "--no-events-before-ready" in shown
+
+
+@pytest.mark.parametrize(
+    "undo, stops_at",
+    [(["--max-seconds=", "--max-bars", "4"], 4), (["--max-bars", "", "--max-seconds", "3"], 2)],
+)
+def test_cli_flags_undo_what_the_config_file_sets(tmp_path, run_main, monkeypatch, undo, stops_at):
+    """The file turns on --resume and --events-before-ready and sets --redis (unreachable:
+    the run would fail), --max-seconds and --max-bars (the run would stop at once or at
+    bar 1): --no-FLAG and an empty value undo each. Its ~ paths are the home directory's."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    (home / "signals.jsonl").write_text('{"symbol": "BTCUSDT", "time": 1}\n')  # resume: refused
+    exchange, _ = realtime_exchange(["BTCUSDT", "ETHUSDT"], 40, 400, seed=25)
+    with exchange as ex:
+        config = tmp_path / "live.toml"
+        config.write_text(
+            f'symbols = ["BTCUSDT", "ETHUSDT"]\ninterval = "1s"\nhistory = 20\n'
+            f'ws_url = "{ex.ws_url}"\nrest_url = "{ex.rest_url}"\nbackend = "cpu"\n'
+            'previews = false\nstatus_every = 0\nlog_format = "json"\n'
+            'redis = "redis://127.0.0.1:9/0"\nresume = true\nevents_before_ready = true\n'
+            'snapshot_dir = "~/snaps"\noutput = "~/signals.jsonl"\n'
+            "max_seconds = 0.2\nmax_bars = 1\n"
+        )
+        code, stderr = run_main(["live", "--config", str(config), "--redis", "", "--no-resume",
+                                 "--no-events-before-ready", *undo])  # fmt: skip
+    assert code == 0, stderr
+    records = [json.loads(line) for line in stderr.splitlines()]
+    done = next(r for r in records if r["message"] == "live done")
+    assert done["bars"] >= stops_at
+    rows = [json.loads(line) for line in (home / "signals.jsonl").read_text().splitlines()]
+    assert rows and all(r["interval"] == "1s" for r in rows)  # the old line is gone
+    assert any((home / "snaps").iterdir()) and not any(work.iterdir())  # no ./~ made
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("max_seconds = -5\n", "key 'max_seconds': must be > 0, got -5.0"),
+        ("max-seconds = nan\n", "key 'max-seconds': must be > 0, got nan"),
+        ("interval = '7x'\n", "key 'interval': interval must look like 1s"),
+        ("idle_timeout = 0\n", "key 'idle_timeout': must be > 0, got 0"),
+        ("ws_url = 'stream.example'\n", "key 'ws_url': must be a URL like scheme://host"),
+        ("rest-url = 'nope'\n", "key 'rest-url': must be a URL like scheme://host"),
+    ],
+)
+def test_cli_a_bad_value_in_the_config_file_names_the_file_and_key(tmp_path, run_main, text, said):
+    config = tmp_path / "live.toml"
+    config.write_text("symbols = 'BTCUSDT'\n" + text)
+    code, stderr = run_main(["live", "--config", str(config)])
+    (line,) = stderr.strip().splitlines()
+    assert code == 2 and f"{config}: {said}" in line, line
+    assert "'--max-seconds'" not in line and "--ws-url" not in line
+
+
+def test_cli_the_same_bad_value_as_a_flag_names_the_flag(run_main):
+    code, stderr = run_main(["live", "--symbols", "BTCUSDT", "--max-seconds", "-5"])
+    (line,) = stderr.strip().splitlines()
+    assert code == 2
+    assert line.startswith("atc-stream: error: Invalid value for '--max-seconds': must be > 0")
 
 
 def test_cli_a_taken_metrics_port_is_refused_before_the_output_is_touched(tmp_path, run_main):

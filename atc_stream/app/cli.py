@@ -15,7 +15,7 @@ import typer
 
 from atc_stream.app import console, jobs
 from atc_stream.app.cluster_cli import cluster_app
-from atc_stream.app.config_file import load_config_file
+from atc_stream.app.config_file import LOG_FORMAT, ConfigCommand, load_config_file
 from atc_stream.app.console import PROGRAM, error
 from atc_stream.app.defaults import INTERVAL, REDIS_PREFIX
 from atc_stream.app.logs import LogFormat, use_log_format
@@ -39,6 +39,8 @@ from atc_stream.app.options import (
     StrategyOption,
     TradesOption,
     WarmupOption,
+    check_feed_setting,
+    check_positive,
     check_seconds,
     check_speed,
     redis_option,
@@ -204,7 +206,7 @@ def replay(
     )  # fmt: skip
 
 
-@app.command()
+@app.command(cls=ConfigCommand)
 def live(
     symbols: Annotated[
         str,
@@ -233,7 +235,7 @@ def live(
     ws_url: Annotated[
         str | None,
         typer.Option(
-            "--ws-url",
+            "--ws-url", callback=check_feed_setting,
             help="Websocket base URL (default: the exchange's, e.g. "
             "wss://stream.binance.com:9443); the exchange's path is added.",
         ),
@@ -241,7 +243,7 @@ def live(
     rest_url: Annotated[
         str | None,
         typer.Option(
-            "--rest-url",
+            "--rest-url", callback=check_feed_setting,
             help="REST base URL (default: the exchange's, e.g. https://api.binance.com); "
             "the exchange's paths are added.",
         ),
@@ -255,15 +257,15 @@ def live(
             "not Parquet, not published to Redis).",
         ),
     ] = True,
-    max_seconds: Annotated[float | None, typer.Option(help="Stop after SECONDS.")] = None,
+    max_seconds: Annotated[float | None, typer.Option(help="Stop after SECONDS.",
+        callback=check_positive)] = None,
     max_bars: Annotated[int | None, typer.Option(min=1,
         help="Stop after N closed bars applied after warmup.")] = None,
     max_streams_per_connection: Annotated[
         int, typer.Option(min=1, help="Streams per websocket connection.")
     ] = 1024,
-    idle_timeout: Annotated[
-        float, typer.Option(help="Reconnect after SECONDS without a message.")
-    ] = 60.0,
+    idle_timeout: Annotated[float, typer.Option(callback=check_feed_setting,
+        help="Reconnect after SECONDS without a message.")] = 60.0,
     rest_weight_budget: Annotated[
         int | None,
         typer.Option(
@@ -305,8 +307,8 @@ def live(
     log_format: Annotated[LogFormat, typer.Option("--log-format", help="stderr lines and "
         "logs as text or JSON objects, one a line.")] = LogFormat.text,
     config: Annotated[list[Path] | None, typer.Option(is_eager=True, callback=load_config_file,
-        metavar="FILE", help="TOML file of options (key: option name); options given here "
-        "win.")] = None,
+        metavar="FILE", help="TOML file of options (key: option name; ~ expanded, relative "
+        "paths from the working directory); options given here win.")] = None,
 ) -> None:  # fmt: skip
     """Stream exchange klines (Binance, Bybit, OKX or any ccxt exchange) through the engine.
 
@@ -316,6 +318,8 @@ def live(
     last bar. A status line goes to stderr; signals to --output (and Redis with --redis).
     With --strategy, paper trading on the klines' open/high/low/close (from the bar after
     the REST warmup: trades closed within the warmup are in the state, not written).
+    To undo a --config setting: --no-FLAG turns an on/off flag off (--no-resume), and an
+    empty value turns off an option whose default is none (--redis '', --max-seconds=).
     """
     run_job(
         "live:run_live", symbols=symbols, interval=interval, exchange=exchange,
@@ -666,8 +670,10 @@ def main(argv: list[str] | None = None) -> None:
     except typer.TyperException as exc:  # a usage error, or another error typer reports
         ctx = getattr(exc, "ctx", None)  # set on usage errors only
         hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
+        form = ctx.meta.get(LOG_FORMAT, "text") if ctx is not None else "text"
         if exc.format_message().strip():  # empty: no command given, the help was shown
-            error(f"{_plain(exc.format_message())}{hint}")
+            with use_log_format(form):  # the command's --log-format, when it has one
+                error(f"{_plain(exc.format_message())}{hint}")
         sys.exit(exc.exit_code)
     finally:
         _started_ms = None

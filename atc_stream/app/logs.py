@@ -50,10 +50,8 @@ class JsonFormatter(logging.Formatter):
 
 
 def _log_line(line: str, level: str, fields: Mapping[str, Any] | None) -> None:
-    text = line.strip()
-    prefix = f"{PROGRAM}: error: " if level == "error" else f"{PROGRAM}: "
-    if text.startswith(prefix):
-        text = text[len(prefix) :]
+    # the record has its level: "atc-stream: warning: x" is the message "x"
+    text = line.strip().removeprefix(f"{PROGRAM}: ").removeprefix(f"{level}: ")
     extra = {k: v for k, v in (fields or {}).items() if k not in _RECORD_FIELDS}
     LINES.log(_LEVELS.get(level, logging.INFO), text, extra=extra)
 

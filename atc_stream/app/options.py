@@ -44,6 +44,38 @@ def check_seconds(value: float | None) -> float | None:
     return value
 
 
+def check_positive(value: float | None) -> float | None:
+    """A number that must be > 0 when given (``live --max-seconds``); NaN is refused."""
+    if value is not None and not value > 0:
+        raise typer.BadParameter(f"must be > 0, got {value}")
+    return value
+
+
+def check_interval(value: str) -> str:
+    """A bar interval label (``1m``, ``4h``), checked as the option is read (where a value
+    from a ``--config`` file is reported with its key)."""
+    from atc_stream.core.intervals import validate_interval
+
+    try:
+        return validate_interval(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def check_feed_setting(param: typer.CallbackParam, value: Any) -> Any:
+    """A value of ``live`` that the feed's ``LiveConfig`` checks (a URL, a timeout), checked
+    as the option is read, with ``LiveConfig``'s own rule."""
+    from atc_stream.connectors.exchanges.config import LiveConfig
+
+    if value is not None and param.name is not None:
+        try:
+            LiveConfig(**{param.name: value})
+        except ValueError as exc:  # "idle_timeout must be > 0 or None, got -1.0"
+            said = str(exc).removeprefix(f"{param.name} ").replace(" or None", "")
+            raise typer.BadParameter(said) from None
+    return value
+
+
 StopWhenIdleOption = Annotated[
     float | None,
     typer.Option(
@@ -94,7 +126,8 @@ BackendOption = Annotated[
     str, typer.Option("--backend", help="cpu, cuda or auto.", callback=check_backend)
 ]
 IntervalOption = Annotated[
-    str, typer.Option("--interval", help="Bar interval label of the streams.")
+    str,
+    typer.Option("--interval", help="Bar interval label of the streams.", callback=check_interval),
 ]
 ResumableIntervalOption = Annotated[
     str | None,
