@@ -6,8 +6,7 @@ import re
 
 import pytest
 from redis_fixtures import redis_server, redis_url  # noqa: F401
-
-from atc_stream.connectors.replay.player import random_walk_table
+from test_cli_redis import add_bars, one_error_line
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(300)]
 
@@ -21,21 +20,6 @@ def client_of(url: str):
     return redis.Redis.from_url(url)
 
 
-def add_walk(client, key: str = "bars", n_symbols: int = 4, n_bars: int = 60) -> int:
-    table = random_walk_table(n_symbols, n_bars, seed=5)
-    pipe = client.pipeline(transaction=False)
-    for s, t, c in zip(table.symbols, table.times.tolist(), table.closes.tolist(), strict=True):
-        pipe.xadd(key, {"symbol": s, "time": t, "close": repr(c)})
-    pipe.execute()
-    return len(table.times)
-
-
-def one_error_line(stderr: str) -> str:
-    errors = [line for line in stderr.splitlines() if line.startswith("atc-stream: error:")]
-    assert len(errors) == 1, stderr
-    return errors[0]
-
-
 def run_stream(url: str, *args: str) -> list[str]:
     return ["run-stream", "--redis", url, "--input-stream", "bars", "--backend", "cpu", *args]
 
@@ -45,7 +29,7 @@ def test_a_run_without_an_output_is_refused_before_reading(extra, redis_url, run
     """Neither --output-stream nor --publish: every entry would be applied and acknowledged
     with its rows written nowhere. Refused before the group is made or a snapshot taken."""
     client = client_of(redis_url)
-    add_walk(client)
+    add_bars(client, "bars")
     args = run_stream(redis_url, "--group", "nog", "--stop-when-idle", "1", *extra)
     code, stderr = run_main(args)
     assert code == 2
@@ -113,7 +97,7 @@ def test_paper_trading_bars_applied_leaves_out_bad_ohlc(redis_url, run_main):  #
 
 def test_the_publish_summary_counts_the_rows_delivered(redis_url, run_main):  # noqa: F811
     client = client_of(redis_url)
-    total = add_walk(client)
+    total = add_bars(client, "bars")
     code, stderr = run_main(run_stream(redis_url, "--publish", "--stop-when-idle", "0.3"))
     assert code == 0, stderr
     assert re.search(rf"steps delivered, 0 dropped \({total} rows delivered, 0 dropped\)", stderr)
@@ -135,7 +119,7 @@ def test_a_resume_that_differs_from_the_snapshot_names_the_option_to_start_fresh
     """Snapshots in Redis (no --snapshot-dir) are kept apart by --namespace: the refusal
     names that, not a --snapshot-dir the run was not given."""
     client = client_of(redis_url)
-    add_walk(client)
+    add_bars(client, "bars")
     options = ["--output-stream", "sig", "--snapshot-every", "100000", "--stop-when-idle", "0.3"]
     options += [*store, str(tmp_path / "snaps")] if store else []
     code, stderr = run_main(run_stream(redis_url, *options))
