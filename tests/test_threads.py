@@ -98,7 +98,7 @@ def test_tuple_fast_path_matches_the_checked_path():
     "item, reason",
     [((["S1"], 60, 1.0), "unknown_symbol"), (("S1", True, 1.0), "bad_time_type"),
      (("S1", 60, False), "bad_close_type"), (("S1", np.uint64(60), 1.0), None),
-     ([("S1", 60, 1.0)], "malformed_update"), ("S1x", "bad_time_type")],
+     ([("S1", 60, 1.0)], "malformed_update"), ("S1x", "malformed_update")],
 )  # fmt: skip
 def test_items_the_fast_path_must_not_accept_are_checked(item, reason):
     engine = Engine(backend="cpu", outputs="all")
