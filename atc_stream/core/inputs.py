@@ -140,15 +140,11 @@ def times_to_ms(times: Any, time_unit: str | None = None, *, what: str = "times"
         return _datetime64_to_ms(arr, what)
     if arr.dtype.kind in "iu":
         return _integers_to_ms(arr.astype(np.int64), time_unit, what)
-    if (
-        arr.dtype.kind == "f"
-        and arr.size
-        and np.all(np.isfinite(arr))
-        and np.all(arr == np.trunc(arr))
-    ):
-        return _integers_to_ms(arr.astype(np.int64), time_unit, what)
     if arr.dtype.kind == "f" and arr.size:
-        bad = int(np.flatnonzero(~(np.isfinite(arr) & (arr == np.trunc(arr))))[0])
+        whole = np.isfinite(arr) & (arr == np.trunc(arr))
+        if whole.all():
+            return _integers_to_ms(arr.astype(np.int64), time_unit, what)
+        bad = int(np.flatnonzero(~whole)[0])
         raise ValueError(
             f"{what} must be whole-number epochs or datetimes: "
             f"{what}[{bad}] = {float(arr.flat[bad])!r}"
@@ -337,8 +333,8 @@ def float_columns(frame: Any, names: Sequence[str]) -> list[np.ndarray]:
     missing values become NaN, which the caller rejects."""
     frame = _table(frame)
     if is_arrow(frame, "Table"):
-        return [closes_array(frame.column(name)) for name in names]
-    return [closes_array(frame[name]) for name in names]
+        return [closes_array(frame.column(name), name) for name in names]
+    return [closes_array(frame[name], name) for name in names]
 
 
 def frame_columns(

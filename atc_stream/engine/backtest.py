@@ -104,12 +104,19 @@ def backtest(
 # -- inputs ---------------------------------------------------------------------------------
 
 
+def check_param_set(params: Any, what: str = "params") -> ATCParams:
+    """``params`` when it is an ATCParams, else the ``ValueError`` naming what it is."""
+    if not isinstance(params, ATCParams):
+        hint = " (make one with ATCParams(**params))" if isinstance(params, Mapping) else ""
+        raise ValueError(f"{what} must be an ATCParams, got {type(params).__name__}{hint}")
+    return params
+
+
 def _param_list(params: Any) -> list[ATCParams]:
     items = [ATCParams()] if params is None else params
     items = [items] if isinstance(items, ATCParams) else list(items)
     for i, p in enumerate(items):
-        if not isinstance(p, ATCParams):
-            raise ValueError(f"params[{i}] must be an ATCParams, got {type(p).__name__}")
+        check_param_set(p, f"params[{i}]")
     if not items:
         raise ValueError("params is empty: give at least one ATCParams")
     return items
@@ -160,7 +167,7 @@ def _bar_columns(bars: Any, time_unit: str | None):
 
     symbols = _symbol_codes(column("symbol"))
     times = inputs.times_to_ms(column("time"), time_unit, what="column 'time'")
-    prices = {name: inputs.closes_array(column(name)) for name in PRICE_COLUMNS}
+    prices = {name: inputs.closes_array(column(name), name) for name in PRICE_COLUMNS}
     n = symbols.codes.shape[0]
     for name, values in [("time", times), *prices.items()]:
         if values.shape != (n,):

@@ -26,7 +26,7 @@ from atc_stream.core.results import (
 from atc_stream.core.strategy import Strategy
 from atc_stream.engine import paper, snapshots, warmups
 from atc_stream.engine.backends import make_backend
-from atc_stream.engine.backtest import as_strategy_list
+from atc_stream.engine.backtest import as_strategy_list, check_param_set
 from atc_stream.engine.breakdown import BreakdownWatch
 from atc_stream.engine.exercise import exercise_kernels
 from atc_stream.engine.parsing import (
@@ -159,10 +159,7 @@ class Engine:
 
     def add_params(self, params: ATCParams) -> int:
         """Register a parameter set; return its ``params_id``."""
-        if not isinstance(params, ATCParams):
-            hint = " (make one with ATCParams(**params))" if isinstance(params, Mapping) else ""
-            raise ValueError(f"params must be an ATCParams, got {type(params).__name__}{hint}")
-        return self.store.add_params(params)
+        return self.store.add_params(check_param_set(params))
 
     def add_symbol(self, symbol: str, params_ids: Iterable[int] | None = None) -> list[StreamKey]:
         """Add one stream per parameter set (all by default) for ``symbol``; existing ones stay."""

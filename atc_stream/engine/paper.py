@@ -225,9 +225,10 @@ def ohlc_history(
             reject(-1, MISSING_OHLC, f"{symbol!r}: (times, closes) without open/high/low", symbol)
             continue
         try:
-            times, *prices = series
+            times, o, h, lo, c = series
             times = inputs.times_to_ms(times, time_unit, what=f"history of {symbol!r} times")
-            o, h, lo, c = (inputs.closes_array(v) for v in prices)
+            o, h, lo, c = (inputs.closes_array(v, name) for v, name in
+                           ((o, "open"), (h, "high"), (lo, "low"), (c, "close")))  # fmt: skip
         except (TypeError, ValueError) as exc:
             reject(-1, BAD_HISTORY, f"{symbol!r}: {exc}", str(symbol))
             continue

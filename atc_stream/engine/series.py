@@ -13,6 +13,7 @@ import numpy as np
 
 from atc_stream.core import inputs, schema
 from atc_stream.core.params import ATCParams
+from atc_stream.engine.backtest import check_param_set
 from atc_stream.engine.breakdown import check_series
 from atc_stream.state.arrays import StateStore
 
@@ -45,10 +46,7 @@ def compute(
     """
     from atc_stream.kernels.cpu import CpuBackend
 
-    params = ATCParams() if params is None else params
-    if not isinstance(params, ATCParams):
-        hint = " (make one with ATCParams(**params))" if isinstance(params, dict) else ""
-        raise ValueError(f"params must be an ATCParams, got {type(params).__name__}{hint}")
+    params = ATCParams() if params is None else check_param_set(params)
     index = None
     if inputs.is_pandas(closes, "Series"):
         series: Any = closes  # pandas is optional: no static type for its Series here

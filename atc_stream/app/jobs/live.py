@@ -28,7 +28,6 @@ from atc_stream.app.console import (
 from atc_stream.app.durability import Durability, check_backend, sigterm_stops_start_up
 from atc_stream.app.extras import require
 from atc_stream.app.paper import check_paper_options, paper_lines
-from atc_stream.core.intervals import validate_interval
 from atc_stream.core.params import load_param_sets
 from atc_stream.io.table_writers import PaperOutputs
 from atc_stream.io.writers import check_apart, check_outputs
@@ -101,9 +100,6 @@ def run_live(
             rest_weight_budget=rest_weight_budget, ws_compression=ws_compression,
             warm_before_ms=warm_before_ms, ws_url=ws_url, rest_url=rest_url,
         )  # fmt: skip
-        if max_seconds is not None and not max_seconds > 0:
-            raise ValueError(f"--max-seconds must be > 0, got {max_seconds}")
-        validate_interval(interval)
         param_sets = load_param_sets(params) if params is not None else None
     except ValueError as exc:
         raise OptionError(_as_flags(str(exc))) from None
