@@ -177,28 +177,43 @@ def test_sigterm_during_start_up_is_one_line_and_exit_0(tmp_path):
     assert "Traceback" not in text
 
 
-def test_a_second_sigterm_during_the_stop_still_ends_it_with_exit_0(tmp_path):
-    """Service managers send SIGTERM again: the one that comes while the stop runs, or
-    while the interpreter shuts down after it, must not turn the clean stop into a kill."""
-    exchange, _ = realtime_exchange(["BTCUSDT", "ETHUSDT"], 40, 400, seed=32)
+def stop_a_live_run(tmp_path: Path, *signals: int, seed: int) -> tuple[int, str]:
+    """Two symbols live on a local exchange until rows are written, then ``signals`` 20 ms
+    apart: the exit status and the log."""
+    exchange, _ = realtime_exchange(["BTCUSDT", "ETHUSDT"], 40, 400, seed=seed)
     log = tmp_path / "live.log"
+    out = tmp_path / "out.jsonl"
     with exchange as ex:
         process = start_live(
             ["--symbols", "BTCUSDT,ETHUSDT", "--interval", "1s", "--history", "20",
              "--ws-url", ex.ws_url, "--rest-url", ex.rest_url, "--backend", "cpu",
              "--status-every", "0", "--snapshot-dir", str(tmp_path / "snaps"),
-             "-o", str(tmp_path / "out.jsonl"), "--max-seconds", "120"], log,
+             "-o", str(out), "--max-seconds", "120"], log,
         )  # fmt: skip
         try:
-            wait_for("rows", lambda: (tmp_path / "out.jsonl").exists()
-                     and (tmp_path / "out.jsonl").stat().st_size > 0, process, log)  # fmt: skip
-            process.send_signal(signal.SIGTERM)
-            time.sleep(0.02)
-            process.send_signal(signal.SIGTERM)
+            wait_for("rows", lambda: out.exists() and out.stat().st_size > 0, process, log)
+            for k, signum in enumerate(signals):
+                if k:
+                    time.sleep(0.02)
+                process.send_signal(signum)
             code = process.wait(timeout=60)
         finally:
             if process.poll() is None:
                 process.kill()
-    text = log.read_text()
+    return code, log.read_text()
+
+
+def test_a_second_sigterm_during_the_stop_still_ends_it_with_exit_0(tmp_path):
+    """Service managers send SIGTERM again: the one that comes while the stop runs, or
+    while the interpreter shuts down after it, must not turn the clean stop into a kill."""
+    code, text = stop_a_live_run(tmp_path, signal.SIGTERM, signal.SIGTERM, seed=32)
     assert code == 0, text
     assert "final snapshot" in text and "Traceback" not in text
+
+
+def test_ctrl_c_stops_live_cleanly_with_exit_130(tmp_path):
+    """SIGINT stops a live run as SIGTERM does (the current batch, a final snapshot), and
+    exits 130 as every command's Ctrl-C does, so a script tells it from a run that ended."""
+    code, text = stop_a_live_run(tmp_path, signal.SIGINT, seed=33)
+    assert code == 130, text
+    assert "final snapshot" in text and "live done" in text and "Traceback" not in text

@@ -126,6 +126,10 @@ class TerminatedBeforeStart(KeyboardInterrupt):
     """SIGTERM while a job starts up, before its ``Durability`` handles the signal."""
 
 
+#: What a stop during a job's start-up says after ``atc-stream: SIGTERM: ``.
+STOPPED_IN_START_UP = "stopped during start-up, before any bar was applied"
+
+
 def sigterm_stops_start_up(job: Callable[..., int]) -> Callable[..., int]:
     """``job`` (a command's run function) ended cleanly by a SIGTERM that comes before its
     ``Durability`` takes the signal over (checks, restoring a snapshot, loading kernels,
@@ -143,8 +147,7 @@ def sigterm_stops_start_up(job: Callable[..., int]) -> Callable[..., int]:
         try:
             return job(**options)
         except TerminatedBeforeStart as exc:
-            interrupted(exc, "atc-stream: SIGTERM: stopped during start-up, before any bar "
-                        "was applied")  # fmt: skip
+            interrupted(exc, f"atc-stream: SIGTERM: {STOPPED_IN_START_UP}")
             return 0
         finally:
             # after a stop by signal the process is on its way out: a service manager's
@@ -200,6 +203,10 @@ class Durability:
         #: what starts fresh beside this store, as the refusals of a resume say it
         self.fresh_store = _fresh_store(snapshot_dir, namespace)
         self.final_offsets: Callable[[], dict[str, Any]] | None = None
+        #: the bars the run has applied so far, for a job whose run starts up before it
+        #: applies any (``live`` waits for the exchange's history): stopped then, it
+        #: leaves the snapshots as they were. None: the run applies from its start
+        self.bars_applied: Callable[[], int] | None = None
         self._on_stop: list[Callable[[], object]] = []
         if redis is not None:
             require("redis", "--redis")
@@ -325,12 +332,26 @@ class Durability:
     def on_stop(self, callback: Callable[[], object]) -> None:
         self._on_stop.append(callback)
 
+    def starting_up(self) -> bool:
+        """Whether the run is still starting up: ``bars_applied`` says none yet."""
+        return self.bars_applied is not None and self.bars_applied() == 0
+
+    @property
+    def stopped_in_start_up(self) -> bool:
+        """Whether a signal stopped the run before it applied any bar (its one line said
+        so; the snapshots are as they were)."""
+        return self.stop_requested and self.starting_up()
+
     def _handle(self, signum, frame) -> None:
         if self.stop_requested and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: stop at once
         self.stop_requested = Durability.signalled = True
         self.stop_signal = self.stop_signal or signum
-        err(f"atc-stream: {signal.Signals(signum).name}: stopping after the current batch")
+        name = signal.Signals(signum).name
+        if self.starting_up():
+            err(f"atc-stream: {name}: {STOPPED_IN_START_UP}")
+        else:
+            err(f"atc-stream: {name}: stopping after the current batch")
         for callback in self._on_stop:
             callback()
 
@@ -352,7 +373,9 @@ class Durability:
         clean = exc_type is None or exc_type is StopRun
         if self.snapshotter is not None:
             snapshotter = self.snapshotter
-            if clean:  # the state matches the recorded offsets: keep it
+            # stopped before any bar was applied, the engine is the restored snapshot or
+            # empty: a snapshot of it would only bury the newest one with nothing new
+            if clean and not self.stopped_in_start_up:  # the state matches the offsets
                 try:
                     offsets = self.final_offsets() if self.final_offsets is not None else None
                     snapshot_id = snapshotter.close(offsets)

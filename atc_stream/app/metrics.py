@@ -23,6 +23,11 @@ COUNTERS = (
     ("messages", "messages", "Websocket messages received."),
     ("connects", "connects", "Websocket handshakes that succeeded."),
     ("reconnects", "reconnects", "Websocket handshakes after a connection's first."),
+    (
+        "connect_failures",
+        "connect_failures",
+        "Websocket connect attempts that failed (refused, timed out, handshake refused).",
+    ),
     ("rest_requests", "rest_requests", "REST requests sent."),
     (
         "rest_limit_waits",
@@ -96,7 +101,9 @@ class LiveCollector:
             (f"{PREFIX}_uptime_seconds", "Seconds since the feed started.", stats.seconds),
         ]  # fmt: skip
         if stats.last_bar_lag_ms is not None:
-            lag = "Clock minus the close of the newest bar applied, when it was applied."
+            lag = ("Seconds the feed is behind: clock minus the close of the newest bar "
+                   "applied, when it was applied; while a closed bar is overdue, clock minus "
+                   "its close (it grows while no bar comes).")  # fmt: skip
             gauges.append((f"{PREFIX}_last_bar_lag_seconds", lag, stats.last_bar_lag_ms / 1000))
         for name, doc, value in gauges:
             yield GaugeMetricFamily(name, doc, value)

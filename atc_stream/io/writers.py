@@ -9,6 +9,7 @@ import contextlib
 import io
 import os
 import re
+import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,8 +53,10 @@ def check_apart(
     for name, path in outputs.items():
         if path is not None and not str(path).strip():
             raise OutputError(f"{name} is an empty path: give a file name, or - for stdout")
+    # a device (/dev/null) keeps nothing another path could destroy: it may take any
+    # number of outputs
     named = [(name, path, _resolved(path)) for name, path in outputs.items()
-             if path is not None and str(path) != "-"]  # fmt: skip
+             if path is not None and str(path) != "-" and not is_device(path)]  # fmt: skip
     read = [("input " + name, path, _resolved(path)) for name, path in inputs.items()
             if path]  # fmt: skip
     for i, (name, given, out) in enumerate(named):
@@ -184,31 +187,45 @@ class Writer(Protocol):
     def close(self) -> None: ...
 
 
+def is_device(path: str | Path) -> bool:
+    """Whether ``path`` is a character device (``/dev/null``, a terminal): an output that
+    keeps nothing, written as a stream like stdout."""
+    try:
+        return stat.S_ISCHR(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
 def output_format(path: str | Path | None) -> str:
-    """``jsonl``, ``csv`` or ``parquet`` for ``path`` by its extension; ``-``/None: jsonl.
+    """``jsonl``, ``csv`` or ``parquet`` for ``path`` by its extension; ``-``/None and a
+    device without one of those extensions (``/dev/null``): jsonl, as on stdout.
 
     Raises ``OutputError`` for any other extension (rather than guess).
     """
     if path in (None, "-"):
         return "jsonl"
     suffix = Path(str(path)).suffix.lower()
-    if suffix not in FORMATS_BY_SUFFIX:
-        known = ", ".join(sorted(FORMATS_BY_SUFFIX))
-        raise OutputError(
-            f"cannot tell the output format of {str(path)!r}: use one of {known} or '-'"
-        )
-    return FORMATS_BY_SUFFIX[suffix]
+    if suffix in FORMATS_BY_SUFFIX:
+        return FORMATS_BY_SUFFIX[suffix]
+    if is_device(path):  # a run that only publishes writes its rows to /dev/null
+        return "jsonl"
+    known = ", ".join(sorted(FORMATS_BY_SUFFIX))
+    raise OutputError(f"cannot tell the output format of {str(path)!r}: use one of {known} or '-'")
 
 
 class LineFile:
-    """An append-only byte file whose position can be made durable and cut back to."""
+    """An append-only byte file whose position can be made durable and cut back to.
+
+    On a device (``/dev/null``) nothing is kept: its position is always 0 bytes, and a
+    resume has nothing to cut back (a device can be neither synced nor truncated)."""
 
     def __init__(self, path: str | Path | None, resume_bytes: int | None) -> None:
         self.path = None if path in (None, "-") else Path(path)
+        self._device = self.path is not None and is_device(self.path)
         if self.path is None:
             self._file: IO[bytes] = sys.stdout.buffer
             return
-        if resume_bytes is None:
+        if resume_bytes is None or self._device:
             try:
                 self._file = open(self.path, "wb")  # noqa: SIM115
             except OSError as exc:
@@ -251,12 +268,14 @@ class LineFile:
             self._file.write(data)
 
     def tell(self) -> int | None:
-        return None if self.path is None else self._file.tell()
+        if self.path is None:
+            return None
+        return 0 if self._device else self._file.tell()
 
     def sync(self) -> None:
         with self._writing():
             self._file.flush()
-            if self.path is not None:
+            if self.path is not None and not self._device:
                 os.fsync(self._file.fileno())
 
     def close(self) -> None:

@@ -13,6 +13,7 @@ fresh with the rows from the snapshot on. ``--metrics-port``: ``app.ops_server``
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,7 +31,7 @@ from atc_stream.app.extras import require
 from atc_stream.app.paper import check_paper_options, paper_lines
 from atc_stream.core.params import load_param_sets
 from atc_stream.io.table_writers import PaperOutputs
-from atc_stream.io.writers import check_apart, check_outputs
+from atc_stream.io.writers import ReaderGone, check_apart, check_outputs
 
 if TYPE_CHECKING:
     from atc_stream.connectors.redis.loop import LoopPublisher
@@ -75,7 +76,8 @@ def run_live(
     route_shards: int | None = None,
 ) -> int:
     """Run the live feed until ``max_seconds``/``max_bars``/SIGINT/SIGTERM; the exit status
-    (1 when the feed failed: REST unusable or banned, no symbol known). Every bar closing
+    (1 when the feed failed: REST unusable or banned, no symbol known; 130 after a
+    Ctrl-C, 0 after a SIGTERM, both clean stops). Every bar closing
     after ``started_ms`` (default: when the feed starts) is stepped and written.
     ``metrics_port`` (0: off) serves the operations endpoints on ``metrics_host``.
     ``route_shards``: every applied closed bar also goes to a cluster's shard streams."""
@@ -186,6 +188,9 @@ def run_live(
             raise OptionError(str(exc), param_hint="--symbols") from None
         durability.on_stop(client.stop)
         durability.final_offsets = offsets
+        # the warmup waits for the exchange's history: a stop before it is applied is
+        # a stop during start-up (no snapshot, one line)
+        durability.bars_applied = lambda: client.stats.warmup_bars + client.stats.bars
         err(
             f"atc-stream: live {len(client.symbols)} symbols x {engine.interval} from "
             f"{where} ({engine.backend.name} backend)"
@@ -202,11 +207,15 @@ def run_live(
                 _close_routing(routing, routing.router.shards)
     if stderr_is_terminal() and status_every > 0:
         err("")
+    # Ctrl-C exits 130 as every command's does; SIGTERM, a service manager's stop, 0
+    stopped = 130 if durability.stop_signal == signal.SIGINT else 0
+    if durability.stopped_in_start_up:  # its one line said so: no summary of nothing
+        return stopped
     err("atc-stream: live done" + (f" (failed: {failed})" if failed else ""),
         level="error" if failed else "info", fields=status_fields(stats))  # fmt: skip
     for line in stats.lines() + (paper_lines(engine) if paper is not None else []):
         err("  " + line)
-    return 1 if failed is not None else 0
+    return 1 if failed is not None else stopped
 
 
 def _close_routing(routing, shards: int) -> None:
@@ -284,6 +293,7 @@ def status_fields(stats) -> dict[str, Any]:
         "bars": stats.bars, "bars_per_second": round(stats.bars_per_second, 3),
         "rows_out": stats.rows_out, "previews": stats.previews,
         "lag_seconds": None if lag is None else lag / 1000, "reconnects": stats.reconnects,
+        "connect_failures": stats.connect_failures,
         "rejected": sum(stats.rejections.values()) + sum(stats.engine_rejections.values()),
     }  # fmt: skip
 
@@ -356,6 +366,8 @@ def _run_client(client, durability, max_seconds, max_bars, status_every, ops=Non
     with durability:
         try:
             stats = asyncio.run(serve_and_run())
+        except ReaderGone:  # `| head` has what it wants: the command's quiet 141, no failure
+            raise
         except (RestError, ValueError) as exc:
             return exc, client.stats
     return None, stats

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 
 from atc_stream.connectors.exchanges.timing import (
@@ -12,6 +13,7 @@ from atc_stream.connectors.exchanges.timing import (
     BucketHistogram,
 )
 from atc_stream.connectors.retry import Backoff
+from atc_stream.core.intervals import next_open
 
 
 @dataclass
@@ -105,6 +107,9 @@ class LiveStats:
     open_connections: int = 0
     connects: int = 0  #: successful websocket handshakes
     reconnects: int = 0  #: handshakes after the first one of a connection
+    #: connect attempts that failed (refused, timed out, handshake refused): a feed that
+    #: cannot reach the exchange retries with no handshake, so ``reconnects`` stays 0
+    connect_failures: int = 0
     messages: int = 0  #: websocket messages received
     warmup_bars: int = 0
     bars: int = 0  #: closed (symbol, bar)s applied after warmup (websocket + backfill)
@@ -123,7 +128,10 @@ class LiveStats:
     #: REST requests of the latest run that waited for the weight budget or a 429 pause
     rest_limit_waits: int = 0
     rest_limit_wait_s: float = 0.0  #: seconds they waited, summed over them
-    last_bar_lag_ms: float | None = None  #: clock - close time of the newest applied bar
+    #: how far behind the feed is (ms): clock minus the close of the newest bar applied,
+    #: when it was applied; while a closed bar is overdue, clock minus that bar's close
+    #: (``note_lag``), so a stalled feed's lag grows
+    last_bar_lag_ms: float | None = None
     started: float = field(default_factory=time.monotonic)
     ended: float | None = None  #: set when ``run`` returns
     rejections: Counter = field(default_factory=Counter)  #: bad input by reason
@@ -146,13 +154,27 @@ class LiveStats:
         s = self.seconds
         return self.bars / s if s > 0 else 0.0
 
+    def note_lag(self, now_ms: int, lasts: Iterable[int | None], interval: str) -> None:
+        """The lag at ``now_ms`` of symbols whose last applied bars open at ``lasts`` (None:
+        no bar yet). While the bar after the oldest of them has closed and is not applied,
+        the lag is the time since its close: it grows with the clock, not frozen at the
+        last bar's, until the bar comes (its step then measures the lag afresh)."""
+        known = [last for last in lasts if last is not None]
+        if not known:
+            return
+        due = next_open(next_open(min(known), interval), interval)  # the next bar's close
+        if now_ms > due and (self.last_bar_lag_ms is None or now_ms - due > self.last_bar_lag_ms):
+            self.last_bar_lag_ms = float(now_ms - due)
+
     def status_line(self) -> str:
         lag = "-" if self.last_bar_lag_ms is None else f"{self.last_bar_lag_ms / 1000:.1f}s"
         rejected = sum(self.rejections.values()) + sum(self.engine_rejections.values())
+        # failed connects only when there are some: a healthy feed's line stays short
+        failed = f" ({self.connect_failures} connects failed)" if self.connect_failures else ""
         return (
             f"live {self.symbols} symbols | {self.open_connections}/{self.connections} conn | "
             f"{self.bars} bars ({self.bars_per_second:.1f}/s) | previews {self.previews} | "
-            f"lag {lag} | reconnects {self.reconnects} | rejected {rejected}"
+            f"lag {lag} | reconnects {self.reconnects}{failed} | rejected {rejected}"
         )
 
     def lines(self) -> list[str]:
@@ -166,7 +188,7 @@ class LiveStats:
             f"time             {self.seconds:.1f} s ({self.bars_per_second:.1f} bars/s)",
             f"previews         {self.previews} ({self.previews_superseded} superseded)",
             f"messages         {self.messages}; connects {self.connects}, "
-            f"reconnects {self.reconnects}",
+            f"reconnects {self.reconnects}, connects failed {self.connect_failures}",
             f"disconnects      {fmt(self.disconnects)}",
             f"REST             {self.rest_requests} requests, {self.backfills} backfills "
             f"({self.backfill_failures} failed); retries: {fmt(self.http_retries)}",

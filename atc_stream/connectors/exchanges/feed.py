@@ -285,15 +285,16 @@ class KlineClient:
         return self.stats
 
     def _update_engine_rejections(self) -> None:
-        self.stats.engine_rejections = Counter(self.engine.rejections) - Counter(
-            self._engine_rejections_at_start
-        )
+        since = Counter(self.engine.rejections)
+        self.stats.engine_rejections = since - self._engine_rejections_at_start
 
     # -- what operations ask (metrics, readiness), from the client's event loop -------------
 
     def stats_now(self) -> LiveStats:
-        """The statistics, the engine's rejections during the run brought up to date."""
+        """The statistics, the engine's rejections during the run and the lag (grown while a
+        bar is overdue) brought up to date: the status line and the metrics read them here."""
         self._update_engine_rejections()
+        self.stats.note_lag(self.clock_ms(), [s.last for s in self._state.values()], self.interval)
         return self.stats
 
     def queue_depth(self) -> int:
@@ -328,8 +329,7 @@ class KlineClient:
     async def _status_loop(self, on_status: Callable[[LiveStats], Any], every: float) -> None:
         while True:
             await asyncio.sleep(every)
-            self._update_engine_rejections()
-            on_status(self.stats)
+            on_status(self.stats_now())
 
     # -- startup: warmup fresh symbols, backfill restored ones -------------------------------
 

@@ -182,8 +182,10 @@ class KlineStream:
                     cfg.open_timeout,
                 )
             except (OSError, aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                self.stats.connect_failures += 1
                 detail = f"{type(exc).__name__}: {exc}"
             except Exception as exc:  # a bug or an unexpected library error: log, reconnect
+                self.stats.connect_failures += 1
                 reason, detail = "error", f"{type(exc).__name__}: {exc}"
                 log.exception("connection %d failed unexpectedly", self.index)
             else:

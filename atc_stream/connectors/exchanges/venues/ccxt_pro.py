@@ -243,7 +243,8 @@ class CcxtStream:
 
     Counted like one connection: up once any watch returns (``connected`` is set then:
     the symbols' candles flow), down (one ``disconnects`` entry) when a watch fails while
-    up; a failed watch waits ``Backoff`` and watches again.
+    up; a watch that fails while down counts as a failed connect (``connect_failures``).
+    A failed watch waits ``Backoff`` and watches again.
     """
 
     def __init__(
@@ -314,6 +315,8 @@ class CcxtStream:
             # updates after a break may miss the end of the pending bar: the feed
             # backfills it over REST once a later bar shows up
             pending = None
+            if not self.up:  # a watch that fails while down is a failed connect attempt
+                self.stats.connect_failures += 1
             self._went_down(reason, detail)
             await asyncio.sleep(backoff.next())
 

@@ -1,0 +1,238 @@
+"""How ``atc-stream live`` ends and what it leaves, on real local exchanges (1 s bars on
+the wall clock) and real processes: a reader that closes stdout ends it quietly with
+status 141; ``-o /dev/null`` is an output (``replay`` and ``demo`` share the check); a
+SIGTERM while the warmup waits for the exchange's history leaves the snapshots as they
+were; a Ctrl-C while the command loads is one line and status 130, never a traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("prometheus_client")
+pytest.importorskip("aiohttp")
+pytest.importorskip("websockets")
+
+from exchange_emulators import FakeExchange, make_bars  # noqa: E402
+from test_live_ops import realtime_exchange  # noqa: E402
+from test_live_sigterm import REPO, start_live, wait_for  # noqa: E402
+
+START_UP_STOP = "atc-stream: SIGTERM: stopped during start-up, before any bar was applied"
+
+
+def live_env() -> dict[str, str]:
+    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path}
+
+
+def one_second_bars(symbols: list[str]) -> list[str]:
+    """The options of a run on ``realtime_exchange``'s 1 s bars."""
+    return ["--symbols", ",".join(symbols), "--interval", "1s", "--history", "20",
+            "--backend", "cpu", "--status-every", "0"]  # fmt: skip
+
+
+# -- stdout closed by its reader ---------------------------------------------------------------
+
+
+def test_a_reader_that_closes_stdout_ends_live_quietly_with_141(tmp_path):
+    """``atc-stream live ... | head -1``: the next row finds no reader; the run ends
+    without a word more (no error, no summary, no traceback), status 141 as ``replay``'s."""
+    exchange, _ = realtime_exchange(["BTCUSDT"], 40, 400, seed=51)
+    exchange.previews_per_bar = 2  # a row to write every half second
+    with exchange as ex:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "atc_stream", "live", *one_second_bars(["BTCUSDT"]),
+             "--ws-url", ex.ws_url, "--rest-url", ex.rest_url, "--max-seconds", "60"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=live_env(),
+        )  # fmt: skip
+        try:
+            first = process.stdout.readline()
+            process.stdout.close()  # as `head -1` does once it has its line
+            err = process.stderr.read().decode()
+            code = process.wait(timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    assert json.loads(first)["symbol"] == "BTCUSDT"
+    assert code == 141, err
+    (line,) = err.strip().splitlines()  # the start line, nothing after it
+    assert line.startswith("atc-stream: live 1 symbols x 1s from binance"), err
+
+
+# -- a device as the output --------------------------------------------------------------------
+
+
+def test_live_writes_to_dev_null_and_resumes_there(tmp_path, run_main):
+    """``-o /dev/null`` (only Redis or the metrics wanted): accepted, snapshots taken, and
+    ``--resume`` with it again has nothing to cut back. The trades may go there too."""
+    with realtime_exchange(["BTCUSDT", "ETHUSDT"], 40, 400, seed=52)[0] as ex:
+        common = ["live", *one_second_bars(["BTCUSDT", "ETHUSDT"]), "--ws-url", ex.ws_url,
+                  "--rest-url", ex.rest_url, "--max-seconds", "60", "--max-bars", "2",
+                  "-o", os.devnull]  # fmt: skip
+        snaps = ["--snapshot-dir", str(tmp_path / "snaps")]
+        code, stderr = run_main([*common, *snaps])
+        assert code == 0, stderr
+        assert "final snapshot" in stderr and "live done" in stderr
+        code, stderr = run_main([*common, *snaps, "--resume"])
+        assert code == 0, stderr
+        assert "restored snapshot" in stderr and "final snapshot" in stderr
+        code, stderr = run_main([*common, "--strategy", "direction=long_only",
+                                 "--trades", os.devnull])  # fmt: skip
+        assert code == 0, stderr
+
+
+def test_replay_and_demo_write_to_dev_null_as_live_does(tmp_path, run_main):
+    """The output check ``live`` uses is theirs too: a device is a JSONL stream there."""
+    bars = tmp_path / "bars.csv"
+    closes = make_bars(["BTCUSDT"], 120, seed=53)["BTCUSDT"]
+    rows = (f"BTCUSDT,{1_700_000_000_000 + 60_000 * i},{c}\n" for i, c in enumerate(closes))
+    bars.write_text("symbol,time,close\n" + "".join(rows))
+    replay = ["replay", str(bars), "-o", os.devnull, "--no-progress",
+              "--snapshot-dir", str(tmp_path / "snaps")]  # fmt: skip
+    code, stderr = run_main([*replay, "--warmup", "70"])
+    assert code == 0, stderr
+    code, stderr = run_main([*replay, "--resume"])
+    assert code == 0, stderr
+    code, stderr = run_main(["demo", "--symbols", "2", "--bars", "150", "--warmup", "80",
+                             "-o", os.devnull, "--no-progress"])  # fmt: skip
+    assert code == 0, stderr
+    code, stderr = run_main(["demo", "--symbols", "2", "--bars", "150", "-o", "signals.txt"])
+    assert code == 2 and "cannot tell the output format of 'signals.txt'" in stderr
+
+
+# -- SIGTERM during the warmup -----------------------------------------------------------------
+
+
+class HeldHistory(FakeExchange):
+    """Klines over REST wait for ``gate``: a client's warmup (or backfill) waits with them."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+        self.gate.set()
+
+    async def _klines(self, request, fault):
+        while not self.gate.is_set():
+            await asyncio.sleep(0.005)
+        return await super()._klines(request, fault)
+
+
+def snapshot_files(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir()) if directory.exists() else []
+
+
+def test_sigterm_while_the_warmup_waits_for_history_leaves_the_snapshots_as_they_were(
+    tmp_path,
+):
+    """A fresh run stopped while its REST history is asked for writes no snapshot (one of
+    an engine without a bar would be what ``--resume`` restores), and a resumed one
+    stopped while its backfill waits leaves the newest snapshot the newest: one line,
+    exit 0, no summary."""
+    closes = make_bars(["BTCUSDT"], 400, seed=54)
+    now = int(time.time() * 1000)
+    exchange = HeldHistory(closes, 40, t0=now - now % 1000 - 40_000, interval="1s",
+                           realtime=True, previews_per_bar=0)  # fmt: skip
+    fresh, resumed = tmp_path / "fresh", tmp_path / "resumed"
+    fresh.mkdir()
+    resumed.mkdir()
+    with exchange as ex:
+        common = [*one_second_bars(["BTCUSDT"]), "--ws-url", ex.ws_url, "--rest-url",
+                  ex.rest_url, "--max-seconds", "120"]  # fmt: skip
+
+        def stopped_while_held(args: list[str], log: Path) -> tuple[int, str]:
+            ex.gate.clear()
+            asked = len(ex.rest_requests)
+            process = start_live([*common, *args], log)
+            try:
+                wait_for("a klines request", lambda: len(ex.rest_requests) > asked, process, log)
+                time.sleep(0.3)  # the request waits: the run is in its start-up
+                process.send_signal(signal.SIGTERM)
+                code = process.wait(timeout=60)
+            finally:
+                if process.poll() is None:
+                    process.kill()
+                ex.gate.set()
+            return code, log.read_text()
+
+        code, text = stopped_while_held(
+            ["--snapshot-dir", str(fresh / "snaps"), "-o", str(fresh / "out.jsonl")],
+            tmp_path / "fresh.log",
+        )  # fmt: skip
+        assert code == 0, text
+        assert text.strip().splitlines()[-1] == START_UP_STOP, text
+        assert "final snapshot" not in text and "live done" not in text
+        assert snapshot_files(fresh / "snaps") == [] and (fresh / "out.jsonl").read_text() == ""
+
+        resumed_args = ["--snapshot-dir", str(resumed / "snaps"), "-o",
+                        str(resumed / "out.jsonl")]  # fmt: skip
+        first = start_live([*common, *resumed_args, "--max-bars", "2"], tmp_path / "first.log")
+        assert first.wait(timeout=120) == 0, (tmp_path / "first.log").read_text()
+        before = snapshot_files(resumed / "snaps")
+        rows = (resumed / "out.jsonl").read_text()
+        assert before and rows
+        time.sleep(1.2)  # a bar closes while it is down: the resume backfills it
+        code, text = stopped_while_held([*resumed_args, "--resume"], tmp_path / "second.log")
+    assert code == 0, text
+    assert "restored snapshot" in text and text.strip().splitlines()[-1] == START_UP_STOP
+    assert "Traceback" not in text and "final snapshot" not in text
+    assert snapshot_files(resumed / "snaps") == before
+    assert (resumed / "out.jsonl").read_text() == rows
+
+
+# -- Ctrl-C while the command loads ------------------------------------------------------------
+
+# The command as its console script runs it, after saying on stdout that the interpreter is
+# up and the entry point imported (before that, a Ctrl-C is Python's own: the interpreter's
+# start-up and the .pth files of site-packages). ``CTRL_C_WHEN`` names a module whose import
+# gets a Ctrl-C in the middle (numba's compiled dispatcher imports its device arrays from
+# C: an interrupt there comes back as an ``ImportError``), instead of the test's timing.
+_STARTED_THEN_LIVE = """
+import os, signal, sys
+
+class CtrlCDuring:
+    def find_spec(self, name, path=None, target=None):
+        if name == os.environ.get("CTRL_C_WHEN"):
+            print("importing " + name, flush=True)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, CtrlCDuring())
+from atc_stream.app.entry import main
+print("started", flush=True)
+sys.argv = ["atc-stream", *sys.argv[1:]]
+sys.exit(main())
+"""
+
+
+def start_loading(tmp_path: Path, ctrl_c_when: str = "") -> subprocess.Popen:
+    """``live`` against an address that refuses everything: it would take seconds (the
+    symbol check's retries) to end by itself."""
+    return subprocess.Popen(
+        [sys.executable, "-c", _STARTED_THEN_LIVE, "live", "--symbols", "BTCUSDT",
+         "--ws-url", "ws://127.0.0.1:9", "--rest-url", "http://127.0.0.1:9",
+         "--max-seconds", "20", "-o", str(tmp_path / "out.jsonl")],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**live_env(), "CTRL_C_WHEN": ctrl_c_when},
+    )  # fmt: skip
+
+
+def test_ctrl_c_inside_an_import_that_masks_it_is_one_line_and_exit_130(tmp_path):
+    process = start_loading(tmp_path, ctrl_c_when="numba._devicearray")
+    try:
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert "importing numba._devicearray" in out, (out, err)  # the Ctrl-C came in there
+    assert process.returncode == 130, err
+    assert err == "atc-stream: interrupted\n", err
