@@ -360,6 +360,14 @@ def test_invalid_strategies_raise_naming_the_field():
         backtest(bars, SHORT, [])
 
 
+@pytest.mark.parametrize("interval", ["banana", "1min", "", "0m", 60])
+def test_an_interval_label_that_is_not_one_is_refused(interval):
+    """The label goes into every row's key columns: one nothing can read is refused."""
+    with pytest.raises(ValueError, match="interval must look like 1s, 1m.*ms, s, m, h, d, w"):
+        backtest(sample_bars(n=20), SHORT, interval=interval)
+    assert backtest(sample_bars(n=20), SHORT, interval="4h").metrics["interval"][0] == "4h"
+
+
 # -- vectorbt where the rules coincide ---------------------------------------------------
 
 

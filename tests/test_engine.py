@@ -268,6 +268,16 @@ def test_invalid_library_arguments_raise_value_error_naming_them():
         compute([1.0, float("nan")])
     with pytest.raises(ValueError, match="closes"):
         compute(np.ones((2, 2)))
+    with pytest.raises(ValueError, match="interval must look like 1s, 1m.*got 'banana'"):
+        Engine(backend="cpu", interval="banana")
+    with pytest.raises(ValueError, match="interval must look like 1s, 1m.*got '1 h'"):
+        compute(np.ones(5), interval="1 h")
+    assert compute(np.ones(5))["interval"][0] == ""  # no label asked for: the column is blank
+    older = Engine(backend="cpu", outputs="all")
+    older.interval = "1min"  # a label older versions took: their snapshots still restore
+    older.warmup({"X": (np.arange(30, dtype=np.int64) * 60_000, np.linspace(1.0, 2.0, 30))})
+    restored = Engine.restore(older.snapshot(), backend="cpu", outputs="all")
+    assert restored.interval == "1min" and restored.streams == older.streams
     engine = Engine(backend="cpu", outputs="all")
     with pytest.raises(ValueError, match="symbol"):
         engine.add_symbol("")

@@ -73,3 +73,19 @@ def test_replay_warns_about_a_rejected_close_on_a_line_of_its_own(tmp_path):
         done.stderr
     )
     assert any("non_positive_close" in line and "bars.csv:27" in line for line in warnings)
+
+
+def test_a_replay_shows_the_rows_read_before_the_first_bar_is_played(tmp_path, run_main):
+    """The first pass reads the whole file before any bar is played: minutes of a large
+    file, shown by a bar of its own (rows read), then the replay's."""
+    rows = ["symbol,time,close"]
+    rows += [f"AAA,{1_700_000_000_000 + i * 60_000},{100 + i * 0.1:.2f}" for i in range(50)]
+    data = tmp_path / "bars.csv"
+    data.write_text("\n".join(rows) + "\n")
+    out = str(tmp_path / "out.jsonl")
+    code, stderr = run_main(["replay", str(data), "-o", out, "--progress", "--backend", "cpu"])
+    assert code == 0, stderr
+    reading, replay = stderr.find("reading: "), stderr.find("replay: ")
+    assert 0 <= reading < replay, stderr
+    code, stderr = run_main(["replay", str(data), "-o", out, "--no-progress"])
+    assert code == 0 and "reading:" not in stderr, stderr

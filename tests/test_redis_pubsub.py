@@ -425,3 +425,35 @@ def signal_channel_of(symbol: str) -> str:
     from atc_stream.connectors.redis.channels import signal_channel
 
     return signal_channel("atc", symbol)
+
+
+def test_subscribe_cli_with_symbols_prints_only_their_events_and_latest(redis_url, results):  # noqa: F811
+    """The events channel and the latest hash carry every symbol's records: --symbols
+    narrows them too, and --count counts the lines printed."""
+    with SignalPublisher(redis_url) as pub:  # the latest hash of every symbol
+        pub.publish(results[0])
+    ready_events = [
+        r["symbol"] for result in results for r in result.records()
+        if r["ready"] and (r["long"] or r["short"])
+    ]  # fmt: skip
+    assert set(ready_events) == {"SYM000", "SYM001", "SYM002", "SYM003"}
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "atc_stream", "subscribe", "--redis", redis_url,
+            "--symbols", "SYM001", "--events", "--latest", "--count", "400",
+            "--timeout", "5",
+        ],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    _wait_for_subscriber(redis_url, "atc:events", proc)
+    with SignalPublisher(redis_url) as pub:
+        for result in results:
+            pub.publish(result)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    lines = [msgspec.json.decode(line) for line in out.splitlines()]
+    assert {line["data"]["symbol"] for line in lines} == {"SYM001"}
+    kinds = [line["kind"] for line in lines]
+    assert kinds[:2] == ["latest", "latest"]  # SYM001's two parameter sets
+    assert "event" in kinds
+    assert len(lines) == 2 + 400  # then 400 messages of SYM001 (its signals alone are 800)

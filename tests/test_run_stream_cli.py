@@ -133,3 +133,91 @@ def test_a_resume_that_differs_from_the_snapshot_names_the_option_to_start_fresh
         assert "differ" in line and line.endswith(f"start fresh with {fresh}"), line
         assert ("--snapshot-dir" in line) == bool(store)
     client.close()
+
+
+HOUR = 60 * MINUTE
+
+
+def hourly_bars(client, key: str = "bars", n: int = 30) -> None:
+    for i in range(n):
+        for symbol in ("A", "B"):
+            client.xadd(key, {"symbol": symbol, "time": T0 + i * HOUR, "close": 100 + i % 7})
+
+
+def output_intervals(client, key: str) -> set[bytes]:
+    return {fields[b"key"].split(b":")[1] for _, fields in client.xrange(key)}
+
+
+def test_the_interval_is_inferred_from_the_bars_the_stream_holds(redis_url, run_main):  # noqa: F811
+    """Entries carry no interval: hourly bars are labelled 1h, not the 1m default."""
+    client = client_of(redis_url)
+    hourly_bars(client)
+    code, stderr = run_main(run_stream(redis_url, "--output-stream", "sig", "--stop-when-idle",
+                                       "0.3"))  # fmt: skip
+    assert code == 0, stderr
+    assert "interval 1h, inferred from the spacing of the bars it holds" in stderr
+    assert output_intervals(client, "sig") == {b"1h"}
+    client.close()
+
+
+def test_an_interval_the_bars_contradict_is_refused_before_reading(redis_url, run_main):  # noqa: F811
+    client = client_of(redis_url)
+    hourly_bars(client)
+    args = run_stream(redis_url, "--output-stream", "sig", "--stop-when-idle", "0.3")
+    code, stderr = run_main([*args, "--interval", "1m"])
+    assert code == 2
+    line = one_error_line(stderr)
+    assert "--interval 1m does not match the bars of bars, which are 1h apart" in line, line
+    assert not client.exists("sig") and client.xinfo_groups("bars") == []
+    code, stderr = run_main([*args, "--interval", "1h"])
+    assert code == 0 and "interval 1h, from --interval" in stderr, stderr
+    client.close()
+
+
+def test_an_empty_stream_is_labelled_with_the_default_said_on_the_start_line(
+    redis_url,  # noqa: F811
+    run_main,
+):
+    client = client_of(redis_url)
+    code, stderr = run_main(run_stream(redis_url, "--output-stream", "sig", "--stop-when-idle",
+                                       "0.3"))  # fmt: skip
+    assert code == 0, stderr
+    assert "interval 1m, the default: bars holds no two bars of a symbol" in stderr
+    assert "give --interval" in stderr
+    client.close()
+
+
+def test_a_resumed_run_keeps_the_snapshots_interval(tmp_path, redis_url, run_main):  # noqa: F811
+    client = client_of(redis_url)
+    hourly_bars(client, n=10)
+    options = ["--output-stream", "sig", "--snapshot-dir", str(tmp_path / "s"), "--resume",
+               "--stop-when-idle", "0.3"]  # fmt: skip
+    code, stderr = run_main(run_stream(redis_url, *options))
+    assert code == 0 and "interval 1h, inferred" in stderr, stderr
+    client.xadd("bars", {"symbol": "A", "time": T0 + 10 * HOUR, "close": 100})
+    code, stderr = run_main(run_stream(redis_url, *options))
+    assert code == 0 and "interval 1h, the snapshot's" in stderr, stderr
+    assert summary_value(stderr, "bars applied").startswith("1 (")
+    assert output_intervals(client, "sig") == {b"1h"}
+    client.close()
+
+
+def test_a_bad_interval_names_the_option(redis_url, run_main):  # noqa: F811
+    code, stderr = run_main(run_stream(redis_url, "--output-stream", "sig", "--interval", "1min"))
+    assert code == 2
+    assert "'--interval'" in one_error_line(stderr) and "got '1min'" in stderr
+
+
+def test_the_stream_is_read_in_pages_up_to_the_sample(redis_url):  # noqa: F811
+    from atc_stream.connectors.redis.stream_spacing import stream_interval
+
+    client = client_of(redis_url)
+    for i in range(10):  # A every 5 minutes, then B every hour after entry 10
+        client.xadd("bars", {"symbol": "A", "time": T0 + i * 5 * MINUTE, "close": 1})
+    client.xadd("bars", {"symbol": "A", "time": "yesterday", "close": 1})  # left out
+    for i in range(30):
+        client.xadd("bars", {"symbol": "B", "time": T0 + i * HOUR, "close": 1})
+    assert stream_interval(client, "bars", page=3, sample=11) == "5m"
+    assert stream_interval(client, "bars", page=4) == "1h"  # 29 gaps of 1h, 9 of 5m
+    assert stream_interval(client, "missing") is None
+    client.close()

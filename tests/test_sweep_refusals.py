@@ -261,3 +261,11 @@ def test_plot_trades_given_another_table_of_a_sweep_is_one_line(
     )  # fmt: skip
     one_line(code, stderr, f"--trades {trades} " + says.format(out=out))
     assert not chart.exists()
+
+
+def test_a_train_until_outside_the_bars_names_their_span_as_dates(capsys, tmp_path, hourly):
+    data, grid = hourly
+    code, _, stderr = sweep(capsys, data, grid, tmp_path / "out", "--train-until", "2030-01-01")
+    one_line(code, stderr, "'2030-01-01' leaves no bars on one side")
+    span = "bars span 2024-01-01T00:00:00.000Z to 2024-01-25T23:00:00.000Z"  # 600 hours
+    assert span in stderr, stderr

@@ -19,7 +19,10 @@ _PATTERN = re.compile(r"^([1-9][0-9]*)(ms|s|m|h|d|w|M)$")
 def _split(interval: str) -> tuple[int, str]:
     parts = _split_label(interval) if isinstance(interval, str) else None
     if parts is None:
-        raise ValueError(f"interval must look like 1s, 1m, 15m, 4h, 1d, 1w or 1M, got {interval!r}")
+        raise ValueError(
+            "interval must look like 1s, 1m, 15m, 4h, 1d, 1w or 1M (a count from 1 and a "
+            f"unit: ms, s, m, h, d, w, or M for calendar months), got {interval!r}"
+        )
     return parts
 
 
@@ -28,6 +31,11 @@ def _split_label(interval: str) -> tuple[int, str] | None:
     # cached: the live client asks for every kline it checks (a regex match each time)
     match = _PATTERN.match(interval)
     return None if match is None else (int(match.group(1)), match.group(2))
+
+
+def is_interval(interval: object) -> bool:
+    """Whether ``interval`` is a label this module reads (``validate_interval`` passes)."""
+    return isinstance(interval, str) and _split_label(interval) is not None
 
 
 def validate_interval(interval: str) -> str:

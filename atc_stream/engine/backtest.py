@@ -11,6 +11,7 @@ import numpy as np
 
 from atc_stream.core import inputs, output_row
 from atc_stream.core.backtest_result import BacktestResult, EquityCurves
+from atc_stream.core.intervals import validate_interval
 from atc_stream.core.params import ATCParams
 from atc_stream.core.schema import ready_bar
 from atc_stream.core.strategy import EXIT_REASONS, Strategy
@@ -44,7 +45,8 @@ def backtest(
     time; times as ``Engine.step`` takes them (``time_unit`` for integer epochs, None =
     ms). ``params`` (default ``ATCParams()``) and ``strategies`` (default ``Strategy()``)
     may be lists; ``params_id``/``strategy_id`` in the result are positions in them and
-    ``interval`` labels the rows. ``backend``: "cpu", "cuda" or "auto" (both the ATC and
+    ``interval`` labels the rows (a label ``core.intervals`` accepts: ``1m``, ``4h``...;
+    any other is a ``ValueError``). ``backend``: "cpu", "cuda" or "auto" (both the ATC and
     the strategy kernels run there; results are the same bits).
 
     Bad input raises ``ValueError`` naming the problem and the first offending row (its
@@ -52,6 +54,7 @@ def backtest(
     ``high < low``, an open or close outside ``[low, high]``, a time not after the
     symbol's previous one, an invalid strategy. Nothing is skipped silently.
     """
+    validate_interval(interval)  # a label of every row: refused before any work
     param_sets = _param_list(params)
     strategy_list = as_strategy_list(strategies)
     symbols, times, prices = _bar_columns(bars, time_unit)

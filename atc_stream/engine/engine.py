@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from atc_stream.core import inputs, schema
+from atc_stream.core.intervals import is_interval, validate_interval
 from atc_stream.core.params import ATCParams
 from atc_stream.core.results import (
     PendingStep,
@@ -96,7 +97,7 @@ class Engine:
         if strategies is not None:
             self.store.set_strategies(as_strategy_list(strategies))
         self.outputs = outputs
-        self.interval = interval
+        self.interval = validate_interval(interval)  # every stream key and row carries it
         self._keys_by_slot: list[StreamKey | None] = [None] * self.store.capacity
         self._slot_of: dict[StreamKey, int] = {}
         self._symbol_slots: dict[str, np.ndarray] = {}
@@ -689,9 +690,11 @@ class Engine:
         snap = blob if isinstance(blob, Snapshot) else decode_snapshot(blob)
         h = snap.header
         eng = cls(
-            snap.params, backend=backend, interval=h.interval, capacity=h.capacity,
-            threads=threads, outputs=outputs, cuda_graph=cuda_graph,
+            snap.params, backend=backend,
+            interval=h.interval if is_interval(h.interval) else "1m",
+            capacity=h.capacity, threads=threads, outputs=outputs, cuda_graph=cuda_graph,
             strategies=snap.strategies or None,
         )  # fmt: skip
+        eng.interval = h.interval  # older versions took any label; the streams' keys hold it
         snapshots.load_state(eng, snap, backend)
         return eng

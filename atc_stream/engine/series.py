@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from atc_stream.core import inputs, schema
+from atc_stream.core.intervals import validate_interval
 from atc_stream.core.params import ATCParams
 from atc_stream.engine.backtest import check_param_set
 from atc_stream.engine.breakdown import check_series
@@ -34,7 +35,8 @@ def compute(
     ``closes``: a NumPy array, list, pandas Series (any index) or pyarrow array. Bar times
     come from ``times`` (any form ``atc_stream.inputs.times_to_ms`` takes, integer epochs
     in ``time_unit``), else from the Series' DatetimeIndex, else they are the bar index.
-    ``symbol``/``interval``/``params_id`` fill those columns.
+    ``symbol``/``interval``/``params_id`` fill those columns (``interval``: "" or a label
+    ``core.intervals`` accepts, ``1m``, ``4h``...).
 
     Returns :data:`atc_stream.core.schema.COLUMNS` as a dict of NumPy arrays (``time`` int64
     epoch ms), or, given a pandas Series, a DataFrame on the Series' index (``time`` as
@@ -47,6 +49,8 @@ def compute(
     from atc_stream.kernels.cpu import CpuBackend
 
     params = ATCParams() if params is None else check_param_set(params)
+    if interval:  # "" (the default) leaves the column blank
+        validate_interval(interval)
     index = None
     if inputs.is_pandas(closes, "Series"):
         series: Any = closes  # pandas is optional: no static type for its Series here

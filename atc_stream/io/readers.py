@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from atc_stream.core.errors import InputError as InputError
 from atc_stream.core.errors import first_line
 from atc_stream.core.inputs import bad_ohlc
-from atc_stream.core.spacing import common_interval
+from atc_stream.core.spacing import interval_of
 from atc_stream.core.timetext import MAX_TIME_MS, EpochUnit, EpochUnitError, parse_time_column
 from atc_stream.io.cells import Cells, StringCells, SymbolCells, any_byte_of, column_cells
 from atc_stream.io.cells import SymbolCodes as SymbolCodes
@@ -691,10 +691,4 @@ def infer_interval(table) -> str | None:
 
 def infer_interval_of(codes: np.ndarray, times: np.ndarray) -> str | None:
     """``infer_interval`` of bars given as symbol codes and times (any order)."""
-    if times.shape[0] < 2:
-        return None
-    order = np.lexsort((times, codes))
-    times, codes = times[order], codes[order]
-    same = np.diff(codes) == 0
-    starts, gaps = times[:-1][same], np.diff(times)[same]
-    return common_interval(starts[gaps > 0], gaps[gaps > 0])
+    return interval_of(codes, times)

@@ -22,7 +22,8 @@ from atc_stream.app.shard_snapshots import check_shard_options, write_shard_snap
 from atc_stream.connectors.replay.player import TableBars
 from atc_stream.connectors.replay.stream import BarFileSource
 from atc_stream.connectors.replay.ticks import EMPTY_POLICIES, aggregate_ticks
-from atc_stream.core.intervals import interval_ms, is_calendar, validate_interval
+from atc_stream.core.intervals import interval_ms, validate_interval
+from atc_stream.core.spacing import spacing_fits
 from atc_stream.io.readers import PRICE_NAMES, InputError
 from atc_stream.io.table_writers import PaperOutputs
 from atc_stream.io.tick_reader import load_ticks
@@ -146,6 +147,7 @@ def replay(
         source, interval = bar_source(
             bars, columns=columns, symbol=symbol, time_unit=time_unit, interval=interval,
             strict=strict, resume=durability.resume, warmup=warmup, ohlc_columns=ohlc_columns,
+            progress=progress,
         )  # fmt: skip
         source_input = str(bars.resolve())
         bad_rows = source.bad_rows
@@ -177,6 +179,12 @@ def replay(
         counts += "".join(f"; the first: {example}" for example in first)
         raise RunError(f"the engine rejected inputs of {bars or ticks} ({counts}); the output "
                        "is complete without them (--strict)")  # fmt: skip
+    if summary.engine_rejected and not summary.applied and not summary.stopped:
+        # every bar read was refused by the engine (a close <= 0, duplicates): the output
+        # holds no row, as a file whose rows were all rejected when read
+        counts = ", ".join(f"{k}={v}" for k, v in sorted(summary.rejected.items()) if v)
+        raise RunError(f"{bars or ticks}: no bar applied: every one was rejected "
+                       f"({counts}); no signal rows were written")  # fmt: skip
     return engine, summary
 
 
@@ -229,6 +237,7 @@ def replay_source(
             if paper is not None:
                 writer.close()
     summary.rejected.update(reader_rejections or {})
+    summary.read_rejected = sum((reader_rejections or {}).values())
     done = "stopped early by a signal" if summary.stopped else "done"
     err(f"atc-stream: replay {done} ({engine.backend.name} backend)")
     for line in summary.lines() + (paper_lines(engine) if paper is not None else []):
@@ -266,6 +275,7 @@ def bar_source(
     except InputError as exc:
         raise RunError(str(exc)) from None
     _report_bad_rows(source.bad_rows, path, strict)
+    _refuse_all_rejected(source.rows, source.bad_rows, path, "rows")
     return source, bars_interval(interval, source.infer_interval(), resume, path)
 
 
@@ -278,15 +288,25 @@ def check_interval_option(interval: str | None) -> None:
             raise OptionError(str(exc), param_hint="--interval") from None
 
 
+def _refuse_all_rejected(good: int, bad_rows, path: Path, what: str) -> None:
+    """A file whose every row was rejected is a ``RunError`` (before any output is
+    opened): a run that applies nothing and exits 0 would pass for a quiet day in a
+    script, when the input is the wrong file, unit or column. A file without rows is
+    not refused: there is nothing wrong to say about it."""
+    if good == 0 and bad_rows.total:
+        counts = ", ".join(f"{k}={v}" for k, v in sorted(bad_rows.counts.items()) if v)
+        raise RunError(
+            f"{path}: no usable {what}: all {bad_rows.total} were rejected ({counts}); "
+            "nothing was written"
+        )
+
+
 def _report_bad_rows(bad_rows, path: Path, strict: bool) -> None:
     """Each rejected row on stderr; with ``strict`` any one stops the run."""
     for line in bad_rows.lines():
         err(f"atc-stream: {line}")
     if strict and bad_rows.total:
         raise RunError(f"{bad_rows.total} rejected rows in {path} (--strict)")
-
-
-DAY_MS = 86_400_000
 
 
 def check_tick_options(interval: str | None, empty: str) -> None:
@@ -315,24 +335,12 @@ def bars_interval(interval: str | None, inferred: str | None, resume: bool, path
                 f"were read, rejected rows left out); labelling bars {INTERVAL}: give --interval"
             )
         return inferred or INTERVAL
-    if inferred is not None and not _spacing_fits(interval, inferred):
+    if inferred is not None and not spacing_fits(interval, inferred):
         raise RunError(
             f"--interval {interval} does not match the bars, which are {inferred} apart "
             f"(most common spacing in {path.name}); give --interval {inferred}"
         )
     return interval
-
-
-def _spacing_fits(interval: str, inferred: str) -> bool:
-    """Whether bars ``inferred`` apart (their most common spacing) are ``interval`` bars:
-    the same length, or for N months 28 N to 31 N days."""
-    if is_calendar(inferred):  # bars a calendar month apart
-        return interval == inferred
-    spacing = interval_ms(inferred)
-    if not is_calendar(interval):
-        return interval_ms(interval) == spacing
-    months = int(interval[:-1] or 1)
-    return 28 * months * DAY_MS <= spacing <= 31 * months * DAY_MS
 
 
 def tick_bars(
@@ -355,6 +363,7 @@ def tick_bars(
     except InputError as exc:  # unreadable damage: one line, exit 2
         raise RunError(str(exc)) from None
     _report_bad_rows(ticks.bad_rows, path, strict)
+    _refuse_all_rejected(len(ticks), ticks.bad_rows, path, "ticks")
     try:
         bars = aggregate_ticks(ticks, interval, empty=empty)
     except ValueError as exc:

@@ -16,9 +16,12 @@ from atc_stream.app.console import (
     param_sets_option,
     redis_failure,
 )
+from atc_stream.app.defaults import INTERVAL
 from atc_stream.app.durability import Durability, check_backend
 from atc_stream.app.extras import require
 from atc_stream.app.paper import check_paper_options, paper_lines
+from atc_stream.core.intervals import validate_interval
+from atc_stream.core.spacing import spacing_fits
 
 
 def run_stream(
@@ -91,10 +94,11 @@ def run_stream(
     try:
         if not resume:
             _refuse_a_group_read_before(runner)
+        label = _label_interval(engine, runner, interval, restored=durability.restored)
         runner.prepare(resume=resume)
         with durability:  # left by an exception: no final snapshot (state past the offset)
             err(f"atc-stream: reading {input_stream} after entry {runner.offset} "
-                f"({engine.backend.name} backend)")  # fmt: skip
+                f"({engine.backend.name} backend); interval {label}")  # fmt: skip
             stats = runner.run(stop_when_idle=stop_when_idle)
     except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
         if not durability.stop_requested:
@@ -112,6 +116,36 @@ def run_stream(
         err("  " + line)
     # scripts tell a Ctrl-C from a finished run by the status, as replay's
     return 130 if durability.stop_signal == signal.SIGINT else 0
+
+
+def _label_interval(engine, runner, interval: str | None, *, restored: bool) -> str:
+    """Set the interval of a fresh ``engine`` (it has no streams yet, so its label can
+    still be chosen): ``interval``, else the spacing of the bars the input stream holds,
+    else the default. Entries carry no interval, and a label that silently says ``1m`` of
+    hourly bars would follow every row into the outputs and the snapshots. A restored
+    engine keeps the snapshot's. Returns the label and where it came from, for the
+    start line; ``interval`` that the bars' spacing contradicts is a ``RunError``."""
+    if restored:
+        return f"{engine.interval}, the snapshot's"
+    from atc_stream.connectors.redis.stream_spacing import SAMPLE_ENTRIES, stream_interval
+
+    inferred = stream_interval(runner.client, runner.input_stream, time_unit=runner.time_unit)
+    if interval is not None:
+        if inferred is not None and not spacing_fits(interval, inferred):
+            raise RunError(
+                f"--interval {interval} does not match the bars of {runner.input_stream}, "
+                f"which are {inferred} apart (most common spacing of its first "
+                f"{SAMPLE_ENTRIES:,} entries); give --interval {inferred}"
+            )
+        return f"{interval}, from --interval"
+    if inferred is None:
+        engine.interval = INTERVAL
+        return (
+            f"{INTERVAL}, the default: {runner.input_stream} holds no two bars of a symbol "
+            "to infer it from; give --interval to label the rows"
+        )
+    engine.interval = validate_interval(inferred)
+    return f"{inferred}, inferred from the spacing of the bars it holds"
 
 
 def _refuse_a_group_read_before(runner) -> None:

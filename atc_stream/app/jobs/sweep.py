@@ -103,9 +103,11 @@ def run_sweep(
         raise RunError(f"{data}: no usable bars")
     label = bars_interval(interval, infer_interval_of(bars.codes, bars.times), False, data)
     if split is not None and not (bars.times.min() < split <= bars.times.max()):
+        first, last = (int(t) for t in (bars.times.min(), bars.times.max()))
         raise OptionError(
-            f"{train_until!r} leaves no bars on one side (bars span "
-            f"{int(bars.times.min())}..{int(bars.times.max())} ms)", "--train-until",
+            f"{train_until!r} leaves no bars on one side (bars span {_utc(first)} to "
+            f"{_utc(last)}; epoch ms {first}..{last}): give a time after the first bar, "
+            "up to the last", "--train-until",
         )  # fmt: skip
     output.begin(staged_trades=ray)
     if not ray and backend != "cuda":
@@ -274,3 +276,8 @@ def _progress(total: int | None, enabled: bool, desc: str = "sweep", unit: str =
         enabled, total=total, desc=desc, unit=unit, unit_scale=total is None, leave=False,
         delay=delay,
     )  # fmt: skip
+
+
+def _utc(ms: int) -> str:
+    """ISO-8601 UTC text of an epoch-ms bar time, as a date is given to ``--train-until``."""
+    return f"{np.datetime64(ms, 'ms')}Z"

@@ -42,6 +42,9 @@ class ReplaySummary:
     events_before_ready: bool = False
     seconds: float = 0.0
     rejected: Counter = field(default_factory=Counter)
+    #: how many of ``rejected`` are rows the file reader left out: those never reached
+    #: the engine, so they are not among the warmup and stepped bars
+    read_rejected: int = 0
     #: the inputs the engine rejected, the first few with the ``file:line`` they came
     #: from (where the source knows it: a bar file's rows)
     engine_rows: BadRows = field(default_factory=BadRows)
@@ -75,10 +78,24 @@ class ReplaySummary:
             return ""
         return f" ({self.bars_per_second:,.0f} bars/s)"
 
+    @property
+    def engine_rejected(self) -> int:
+        """The warmup and stepped bars the engine rejected."""
+        return sum(self.rejected.values()) - self.read_rejected
+
+    @property
+    def applied(self) -> int:
+        """The bars that reached a stream: read, handed to the engine and not rejected."""
+        return self.warmup_bars + self.step_bars - self.engine_rejected
+
     def lines(self) -> list[str]:
         rejected = ", ".join(f"{k}={v}" for k, v in sorted(self.rejected.items())) or "none"
-        n_rejected = sum(self.rejected.values())
-        of_them = f", {n_rejected} of them rejected (below)" if n_rejected else ""
+        of_them = f", {self.engine_rejected} of them rejected" if self.engine_rejected else ""
+        if self.read_rejected:
+            rows = "row" if self.read_rejected == 1 else "rows"
+            of_them += f"; {self.read_rejected} {rows} left out when read"
+        if of_them:
+            of_them += " (below)"
         return [
             f"symbols          {self.symbols}",
             f"bars             {self.warmup_bars} warmup + {self.step_bars} stepped{of_them}",

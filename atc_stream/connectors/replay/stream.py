@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from atc_stream.core.progress import progress_bar
 from atc_stream.io.readers import (
     BadRows,
     InputError,
@@ -92,8 +93,9 @@ class BarFileSource:
     """A bar file (or directory) as a bar source for ``BarPlayer``; scanned on creation.
 
     ``ohlc_columns``: the (open, high, low) columns, read beside the close so that the
-    bars carry OHLC (for an engine with strategies). Raises ``io.readers.InputError``
-    for damage that makes a file unreadable.
+    bars carry OHLC (for an engine with strategies). ``progress``: a bar on stderr (rows
+    read) while the file is scanned. Raises ``io.readers.InputError`` for damage that
+    makes a file unreadable.
     """
 
     def __init__(
@@ -111,6 +113,7 @@ class BarFileSource:
         merge_rows: int = DEFAULT_MERGE_ROWS,
         sample_rows: int = DEFAULT_SAMPLE_ROWS,
         spill_dir: str | Path | None = None,
+        progress: bool = False,
     ) -> None:
         if warmup_bars < 0:
             raise ValueError(f"warmup_bars must be >= 0, got {warmup_bars}")
@@ -136,14 +139,21 @@ class BarFileSource:
         #: the files of the good rows from ``_file_starts[i]`` on (one per file: ``where``)
         self._files: list[Path] = []
         self._file_starts: list[int] = []
-        self._scan(sample_rows)
+        self._scan(sample_rows, progress)
 
     # -- pass 1 -------------------------------------------------------------------
 
     def _read(self, bad: BadRows):
         return self._read_file(bad=bad, symbols=self._symbols)
 
-    def _scan(self, sample_rows: int) -> None:
+    def _scan(self, sample_rows: int, progress: bool) -> None:
+        # the whole file is read before the first bar is played: on a large file that is
+        # minutes, which a bar of its own shows are spent reading, not hung
+        with progress_bar(progress, desc="reading", unit="row", unit_scale=True,
+                          leave=False) as bar:  # fmt: skip
+            self._scan_rows(sample_rows, bar)
+
+    def _scan_rows(self, sample_rows: int, bar) -> None:
         rows, last_time, in_order = 0, np.iinfo(np.int64).min, True
         sample: list[tuple[np.ndarray, np.ndarray]] = []
         sampled = 0
@@ -165,6 +175,7 @@ class BarFileSource:
                     batch.codes, batch.times, rows + np.arange(n), batch.lines, _prices(batch)
                 )
             rows += n
+            bar.update(n)
         first_seen = self._symbols.names
         self.symbol_names: list[str] = sorted(first_seen.tolist())
         #: first-seen code -> index in ``symbol_names``
