@@ -286,9 +286,9 @@ def test_demo_sizes_below_one_are_usage_errors(run_main, option, value):
 @pytest.mark.parametrize(
     "args, said",
     [
-        (["demo", "--symbols", "0"], "'--symbols': must be at least 1"),
-        (["demo", "--bars", "x"], "'--bars': not an integer"),
-        (["replay", "{bars}", "--time-unit", "h"], "'--time-unit': 'h' is not one of"),
+        (["demo", "--symbols", "0"], "--symbols: must be at least 1"),
+        (["demo", "--bars", "x"], "--bars: not an integer"),
+        (["replay", "{bars}", "--time-unit", "h"], "--time-unit: 'h' is not one of"),
     ],
 )
 def test_usage_errors_say_it_plainly(bars, run_main, args, said):
@@ -617,6 +617,52 @@ def test_the_summary_says_how_many_of_the_bars_played_were_rejected(tmp_path, ru
     assert len((tmp_path / "o.jsonl").read_text().splitlines()) == 200
 
 
+def test_rows_left_out_when_read_are_not_counted_among_the_bars_played(tmp_path, run_main):
+    lines = bars_text(20).splitlines()
+    lines[5] = lines[5].rsplit(",", 1)[0] + ",oops"  # left out by the reader
+    lines[8] = lines[8].rsplit(",", 1)[0] + ",-3"  # read, then rejected by the engine
+    path = tmp_path / "m.csv"
+    path.write_text("\n".join(lines) + "\n")
+    code, err = run_main(["replay", str(path), "-o", str(tmp_path / "o.jsonl"), "--no-progress"])
+    assert code == 0, err
+    assert "0 warmup + 19 stepped, 1 of them rejected; 1 row left out when read (below)" in err
+    assert len((tmp_path / "o.jsonl").read_text().splitlines()) == 18
+
+
+@pytest.mark.parametrize("ticks", [False, True], ids=["bars", "ticks"])
+def test_a_file_whose_every_row_is_bad_is_one_line_and_exit_2(tmp_path, run_main, ticks):
+    path = tmp_path / "bad.csv"
+    size = ",1" if ticks else ""  # the tick file's size column
+    header = "symbol,time,price,size" if ticks else "symbol,time,close"
+    path.write_text(f"{header}\nAAA,yesterday,1{size}\nAAA,{T0},x{size}\n")
+    out = tmp_path / "o.jsonl"
+    args = ["--ticks", str(path), "--interval", "1m"] if ticks else [str(path)]
+    code, err = run_main(["replay", *args, "-o", str(out), "--no-progress"])
+    what = "ticks" if ticks else "rows"
+    reason = "bad_price" if ticks else "bad_close"
+    one_error_line(code, err, f"no usable {what}: all 2 were rejected ({reason}=1, bad_time=1)")
+    assert not out.exists()  # refused before the output was opened
+
+
+def test_a_replay_whose_every_bar_the_engine_rejects_ends_with_exit_2(tmp_path, run_main):
+    path = tmp_path / "neg.csv"
+    path.write_text(f"symbol,time,close\nAAA,{T0},-1\nAAA,{T0 + 60_000},0\n")
+    out = tmp_path / "o.jsonl"
+    code, err = run_main(["replay", str(path), "-o", str(out), "--no-progress"])
+    assert code == 2, err
+    assert "rejected inputs  non_positive_close=2" in err  # the summary first
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("atc-stream: error: ") and "no bar applied" in last, err
+    assert out.read_text() == ""
+
+
+def test_a_file_of_a_header_and_no_rows_is_a_run_of_no_bars(tmp_path, run_main):
+    path = tmp_path / "h.csv"
+    path.write_text("symbol,time,close\n")
+    code, err = run_main(["replay", str(path), "-o", str(tmp_path / "o.jsonl"), "--no-progress"])
+    assert code == 0 and "0 warmup + 0 stepped\n" in err, err
+
+
 def test_a_summary_of_no_time_shows_no_rate():
     lines = ReplaySummary(step_bars=0, seconds=0.0).lines()
     assert not any("inf" in line for line in lines)
@@ -710,3 +756,11 @@ def test_a_reader_that_closes_stdout_ends_the_run_quietly(tmp_path):
     err = proc.stderr.read().decode()
     assert proc.wait(60) == 141, err
     assert "error" not in err and "Traceback" not in err and "Exception" not in err, err
+
+
+@pytest.mark.parametrize("command", [["replay", "x.csv"], ["cluster", "--shards", "2"]])
+def test_a_bad_interval_is_refused_as_the_option_is_read(command, run_main):
+    # before any file or Redis server is looked at (the Redis URL here answers nothing)
+    code, err = run_main([*command, "--interval", "banana", "--redis", "redis://127.0.0.1:1"])
+    one_error_line(code, err, "--interval")
+    assert "banana" in err and "Redis" not in err and "x.csv" not in err

@@ -89,7 +89,9 @@ def assert_metrics_match(found: dict, stats) -> None:
     for name, value in [
         ("signal_rows_total", stats.rows_out), ("previews_total", stats.previews),
         ("messages_total", stats.messages), ("connects_total", stats.connects),
-        ("reconnects_total", stats.reconnects), ("rest_requests_total", stats.rest_requests),
+        ("reconnects_total", stats.reconnects),
+        ("connect_failures_total", stats.connect_failures),
+        ("rest_requests_total", stats.rest_requests),
         ("backfills_total", stats.backfills), ("backfill_failures_total", stats.backfill_failures),
         ("rest_limit_waits_total", stats.rest_limit_waits),
         ("rest_limit_wait_seconds_total", stats.rest_limit_wait_s),
@@ -231,8 +233,9 @@ def test_collector_exposes_every_field_of_live_stats():
     stats = client.stats
     for name, value in [("closed_klines", 11), ("backfilled_bars", 4), ("warmup_bars", 200),
                         ("rows_out", 17), ("previews", 3), ("messages", 40), ("connects", 2),
-                        ("reconnects", 1), ("rest_requests", 9), ("backfills", 2),
-                        ("backfill_failures", 1), ("last_bar_lag_ms", 1250.0)]:  # fmt: skip
+                        ("reconnects", 1), ("connect_failures", 4), ("rest_requests", 9),
+                        ("backfills", 2), ("backfill_failures", 1),
+                        ("last_bar_lag_ms", 1250.0)]:  # fmt: skip
         setattr(stats, name, value)
     stats.rejections.update({"bad_json": 2, "future_kline": 1})
     stats.disconnects.update({"idle_timeout": 1, "closed_by_server": 2})
@@ -389,7 +392,7 @@ def test_cli_config_file_given_twice_is_refused_not_half_read(tmp_path, run_main
     )
     assert code == 2
     (line,) = stderr.strip().splitlines()
-    assert "'--config': given 2 times" in line and str(first) in line and str(second) in line
+    assert "--config: given 2 times" in line and str(first) in line and str(second) in line
 
 
 def test_cli_metrics_port_without_the_metrics_extra_names_it(tmp_path, run_main, monkeypatch):
@@ -449,7 +452,7 @@ def test_cli_the_log_format_flag_wins_over_the_files_for_its_error_too(tmp_path,
     code, stderr = run_main(["live", "--config", _bad_key_file(tmp_path, "json"),
                              "--log-format", "text"])  # fmt: skip
     (line,) = stderr.strip().splitlines()
-    assert code == 2 and line.startswith("atc-stream: error: Invalid value for '--config': ")
+    assert code == 2 and line.startswith("atc-stream: error: Invalid value for --config: ")
     assert "unknown key 'histroy'" in line
 
 
@@ -556,7 +559,7 @@ def test_cli_the_same_bad_value_as_a_flag_names_the_flag(run_main):
     code, stderr = run_main(["live", "--symbols", "BTCUSDT", "--max-seconds", "-5"])
     (line,) = stderr.strip().splitlines()
     assert code == 2
-    assert line.startswith("atc-stream: error: Invalid value for '--max-seconds': must be > 0")
+    assert line.startswith("atc-stream: error: Invalid value for --max-seconds: must be > 0")
 
 
 def test_cli_a_taken_metrics_port_is_refused_before_the_output_is_touched(tmp_path, run_main):

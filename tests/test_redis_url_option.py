@@ -22,7 +22,7 @@ def test_a_value_that_is_no_redis_url_is_one_line(command, url, run_main):
     code, stderr = run_main([*command, "--redis", url])
     (line,) = stderr.strip().splitlines()
     assert code == 2
-    assert line.startswith("atc-stream: error: Invalid value for '--redis': ")
+    assert line.startswith("atc-stream: error: Invalid value for --redis: ")
     assert f"{url!r} is not a Redis URL; give redis://HOST:PORT" in line
 
 

@@ -6,6 +6,7 @@ go to stderr so stdout stays machine-readable.
 
 from __future__ import annotations
 
+import re
 import sys
 from enum import Enum
 from pathlib import Path
@@ -18,6 +19,7 @@ from atc_stream.app.cluster_cli import cluster_app
 from atc_stream.app.config_file import LOG_FORMAT, ConfigCommand, load_config_file
 from atc_stream.app.console import PROGRAM, error
 from atc_stream.app.defaults import INTERVAL, REDIS_PREFIX
+from atc_stream.app.help_text import reflow_commands
 from atc_stream.app.logs import LogFormat, use_log_format
 from atc_stream.app.options import (
     BackendOption,
@@ -37,6 +39,7 @@ from atc_stream.app.options import (
     SnapshotToOption,
     StopWhenIdleOption,
     StrategyOption,
+    StreamIntervalOption,
     TradesOption,
     WarmupOption,
     check_feed_setting,
@@ -190,7 +193,9 @@ def replay(
     file's columns, or each interval's ticks). With --shard-snapshots N --snapshot-to
     TARGET, a backfill: one snapshot per shard at the end, where live shards start.
     With --strict, a row the reader rejects stops the run before any output; a bar the
-    engine rejects (duplicate, out of order, close <= 0) exits 2 after a complete output."""
+    engine rejects (duplicate, out of order, close <= 0) exits 2 after a complete output.
+    Without it, bad rows are left out and counted; a file whose every row is rejected
+    exits 2 (nothing applied)."""
     run_job(
         "replay:run_replay", bars=bars, ticks=ticks,
         columns={"symbol": symbol_column, "time": time_column, "close": close_column,
@@ -371,7 +376,11 @@ def subscribe(
     redis: Annotated[str, redis_option("Redis URL of the publisher.")],
     symbols: Annotated[
         list[str] | None,
-        typer.Option("--symbols", help="Symbols to follow (repeat or comma-separate)."),
+        typer.Option(
+            "--symbols",
+            help="Symbols to follow (repeat or comma-separate); --events, --trades, "
+            "--positions and --latest then print only their records too (--batch: whole).",
+        ),
     ] = None,
     events: Annotated[bool, typer.Option("--events", help="Follow the events channel.")] = False,
     batch: Annotated[
@@ -440,7 +449,7 @@ def run_stream(
     ] = "default",
     params: ParamsOption = None,
     backend: BackendOption = "auto",
-    interval: ResumableIntervalOption = None,
+    interval: StreamIntervalOption = None,
     time_unit: Annotated[
         TimeUnit | None,
         typer.Option(
@@ -612,6 +621,7 @@ def plot(
 
 
 app.add_typer(cluster_app, name="cluster")
+reflow_commands(app)
 
 #: When the command ``main`` runs started (ms since the epoch): ``live`` publishes every
 #: bar closing after it. None outside ``main`` (the commands run inside another program).
@@ -646,10 +656,15 @@ PLAIN_WORDING = (
 )
 
 
+#: click quotes an option it names itself ("Invalid value for '--interval'") but not one a
+#: job names ("Invalid value for --interval"): one form for both
+_QUOTED_OPTION = re.compile(r"Invalid value for '(-[^' ]+)'")
+
+
 def _plain(message: str) -> str:
     for validator, plain in PLAIN_WORDING:
         message = message.replace(validator, plain)
-    return message
+    return _QUOTED_OPTION.sub(r"Invalid value for \1", message)
 
 
 def main(argv: list[str] | None = None) -> None:

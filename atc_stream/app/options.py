@@ -62,6 +62,11 @@ def check_interval(value: str) -> str:
         raise typer.BadParameter(str(exc)) from None
 
 
+def check_optional_interval(value: str | None) -> str | None:
+    """``check_interval`` of an ``--interval`` that may be left out (None)."""
+    return None if value is None else check_interval(value)
+
+
 def check_feed_setting(param: typer.CallbackParam, value: Any) -> Any:
     """A value of ``live`` that the feed's ``LiveConfig`` checks (a URL, a timeout), checked
     as the option is read, with ``LiveConfig``'s own rule."""
@@ -135,6 +140,18 @@ ResumableIntervalOption = Annotated[
         "--interval",
         help="Bar interval label of the streams (default: on --resume the snapshot's; "
         f"replay of bars: inferred from their spacing; else {INTERVAL}).",
+        callback=check_optional_interval,
+    ),
+]
+StreamIntervalOption = Annotated[
+    str | None,
+    typer.Option(
+        "--interval",
+        help="Bar interval label of the streams. Entries carry none: by default it is the "
+        "snapshot's on --resume, else inferred from the spacing of the bars the input "
+        f"stream holds at the start, else {INTERVAL} (said on stderr). Refused when the "
+        "bars' spacing says otherwise.",
+        callback=check_optional_interval,
     ),
 ]
 
