@@ -87,6 +87,19 @@ def test_outputs_equal_one_uninterrupted_step_whatever_the_batching(client, batc
     assert runner.engine.source_offsets[source_key(INPUT)] == ids[-1]
 
 
+def test_the_summary_rate_counts_the_time_spent_applying_not_the_idle_wait(client):
+    push(client, bar_fields(table_bars(random_walk_table(20, 10, seed=3))))
+    stats = run(client).stats  # stops after 0.3 s without entries
+    assert 0 < stats.busy_seconds < stats.seconds - 0.25
+    line = next(line for line in stats.lines() if line.startswith("bars applied"))
+    assert line == (
+        f"bars applied     200 ({200 / stats.busy_seconds:,.0f} bars/s while busy, "
+        f"{stats.seconds:,.1f} s in all)"
+    )
+    skipped = next(line for line in stats.lines() if line.startswith("skipped"))
+    assert skipped == "skipped          0 (at or before the restored offset)"
+
+
 def test_bad_entries_are_counted_acknowledged_and_skipped(client, caplog):
     good = table_bars(random_walk_table(3, 40, seed=2))
     bad = [

@@ -205,7 +205,7 @@ def test_a_resumed_run_keeps_the_snapshots_interval(tmp_path, redis_url, run_mai
 def test_a_bad_interval_names_the_option(redis_url, run_main):  # noqa: F811
     code, stderr = run_main(run_stream(redis_url, "--output-stream", "sig", "--interval", "1min"))
     assert code == 2
-    assert "'--interval'" in one_error_line(stderr) and "got '1min'" in stderr
+    assert "Invalid value for --interval:" in one_error_line(stderr) and "got '1min'" in stderr
 
 
 def test_the_stream_is_read_in_pages_up_to_the_sample(redis_url):  # noqa: F811

@@ -122,14 +122,17 @@ class RunStats:
     #: also holds those of the runs before a restored snapshot)
     rejected: Counter = field(default_factory=Counter)
     seconds: float = 0.0
+    #: of ``seconds``, those spent applying batches (not waiting for entries)
+    busy_seconds: float = 0.0
 
     def lines(self) -> list[str]:
         malformed = ", ".join(f"{k}={v}" for k, v in sorted(self.malformed.items())) or "none"
         rejected = ", ".join(f"{k}={v}" for k, v in sorted(self.rejected.items())) or "none"
         return [
             f"entries read     {self.entries} in {self.batches} batches",
-            f"bars applied     {self.bars} ({self.bars / self.seconds:,.0f} bars/s)"
-            if self.seconds > 0
+            f"bars applied     {self.bars} ({self.bars / self.busy_seconds:,.0f} bars/s "
+            f"while busy, {self.seconds:,.1f} s in all)"
+            if self.busy_seconds > 0
             else f"bars applied     {self.bars}",
             f"rows out         {self.rows_out} (+{self.rows_suppressed} suppressed replays)",
             *(
@@ -137,7 +140,7 @@ class RunStats:
                 if self.trades_out or self.positions_out
                 else []
             ),
-            f"skipped (<= restored offset) {self.skipped_old}",
+            f"skipped          {self.skipped_old} (at or before the restored offset)",
             f"malformed        {malformed}",
             f"rejected bars    {rejected}",
         ]
@@ -386,7 +389,9 @@ class RedisStreamRunner:
                     ):
                         break
                     continue
+                applying = time.perf_counter()
                 self.process(entries)
+                self.stats.busy_seconds += time.perf_counter() - applying
                 idle_since = time.monotonic()
         finally:
             self.stats.seconds += time.perf_counter() - started
