@@ -218,3 +218,25 @@ def test_an_engine_without_strategies_prepares_only_its_own_kernels():
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "True", "False"]
+
+
+def test_the_loading_ctrl_c_handler_is_put_away_once_the_job_is_loaded(monkeypatch):
+    """While the command loads, a Ctrl-C inside an import ends the process at once (an
+    interrupted import cannot be unwound); once its job is loaded, a Ctrl-C unwinds as
+    Python's does, so that the job's ``finally`` clauses run, inside a later import too."""
+    import signal
+
+    from atc_stream.app import entry
+    from atc_stream.app import run_job as run_job_module
+
+    handlers = []
+    monkeypatch.setattr(run_job_module, "load_job", lambda job: lambda: handlers.append(
+        signal.getsignal(signal.SIGINT)))  # fmt: skip
+    previous = entry._take_ctrl_c()
+    try:
+        assert previous is signal.default_int_handler, "pytest left Python's handler"
+        assert getattr(signal.getsignal(signal.SIGINT), "while_loading", False)
+        run_job_module.run_job("a:job")
+        assert handlers == [signal.default_int_handler]
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -764,3 +764,14 @@ def test_a_bad_interval_is_refused_as_the_option_is_read(command, run_main):
     code, err = run_main([*command, "--interval", "banana", "--redis", "redis://127.0.0.1:1"])
     one_error_line(code, err, "--interval")
     assert "banana" in err and "Redis" not in err and "x.csv" not in err
+
+
+def test_an_option_is_named_one_way_whoever_refuses_its_value():
+    from atc_stream.app.console import plain_usage_error as _plain
+
+    assert _plain("Invalid value for '-o' / '--output': no") == (
+        "Invalid value for -o / --output: no"
+    )
+    assert _plain("Invalid value for '--interval': got 'x'") == (
+        "Invalid value for --interval: got 'x'"
+    )

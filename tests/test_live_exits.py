@@ -189,6 +189,41 @@ def test_sigterm_while_the_warmup_waits_for_history_leaves_the_snapshots_as_they
     assert (resumed / "out.jsonl").read_text() == rows
 
 
+def test_a_resumed_run_with_no_bar_to_backfill_is_past_its_start_up(tmp_path):
+    """Restarted within a bar (1 m bars), the resumed run's backfill brings nothing: once
+    it is done the run is live, and a SIGTERM then is an ordinary stop (its final
+    snapshot and summary), not a stop "during start-up"."""
+    closes = make_bars(["BTCUSDT"], 400, seed=55)
+    now = int(time.time() * 1000)
+    if now % 60_000 > 45_000:  # both runs within one bar: not across a minute's close
+        time.sleep(61 - (now % 60_000) / 1000)
+        now = int(time.time() * 1000)
+    exchange = FakeExchange(closes, 40, t0=now - now % 60_000 - 40 * 60_000, interval="1m",
+                            realtime=True, previews_per_bar=0)  # fmt: skip
+    snaps, out = tmp_path / "snaps", tmp_path / "out.jsonl"
+    with exchange as ex:
+        common = ["--symbols", "BTCUSDT", "--interval", "1m", "--history", "20", "--backend",
+                  "cpu", "--status-every", "0", "--snapshot-dir", str(snaps), "-o", str(out),
+                  "--ws-url", ex.ws_url, "--rest-url", ex.rest_url]  # fmt: skip
+        first = start_live([*common, "--max-seconds", "2"], tmp_path / "first.log")
+        assert first.wait(timeout=120) == 0, (tmp_path / "first.log").read_text()
+        log = tmp_path / "second.log"
+        second = start_live([*common, "--resume", "--max-seconds", "120"], log)
+        try:
+            wait_for("the run", lambda: "atc-stream: live 1 symbols" in log.read_text(),
+                     second, log)  # fmt: skip
+            time.sleep(1.0)  # its backfill: one REST request to this machine
+            second.send_signal(signal.SIGTERM)
+            code = second.wait(timeout=60)
+        finally:
+            if second.poll() is None:
+                second.kill()
+    text = log.read_text()
+    assert code == 0, text
+    assert "stopping after the current batch" in text and START_UP_STOP not in text
+    assert "final snapshot" in text and "live done" in text, text
+
+
 # -- Ctrl-C while the command loads ------------------------------------------------------------
 
 # The command as its console script runs it, after saying on stdout that the interpreter is

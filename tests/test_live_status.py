@@ -113,3 +113,15 @@ def test_connect_attempts_the_exchange_refuses_show_on_the_status_line_and_metri
                                           .search, lines) if m]  # fmt: skip
     assert shown and shown[-1] >= 2 and shown == sorted(shown), lines
     assert f"connects failed {failed}" in "\n".join(stats.lines())
+
+
+def test_one_quiet_symbol_does_not_make_a_healthy_feeds_lag_grow():
+    from atc_stream.connectors.exchanges.config import LiveStats
+
+    minute = 60_000
+    newest, quiet = 100 * minute, 90 * minute  # the quiet pair's last bar: ten bars ago
+    stats = LiveStats()
+    stats.note_lag(newest + 2 * minute - 1, [newest, quiet, None], "1m")
+    assert stats.last_bar_lag_ms is None  # the newest symbol's next bar is not due yet
+    stats.note_lag(newest + 2 * minute + 5_000, [newest, quiet], "1m")
+    assert stats.last_bar_lag_ms == 5_000.0  # no symbol brought it: the feed stalls

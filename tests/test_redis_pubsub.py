@@ -457,3 +457,23 @@ def test_subscribe_cli_with_symbols_prints_only_their_events_and_latest(redis_ur
     assert kinds[:2] == ["latest", "latest"]  # SYM001's two parameter sets
     assert "event" in kinds
     assert len(lines) == 2 + 400  # then 400 messages of SYM001 (its signals alone are 800)
+
+
+def test_subscribe_timeout_counts_what_prints_not_other_symbols_records(redis_url, results):  # noqa: F811
+    """--timeout ends the command when nothing it prints arrived for that long, also while
+    other symbols' events keep coming on the events channel it follows."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "atc_stream", "subscribe", "--redis", redis_url,
+         "--symbols", "NOT-PUBLISHED", "--events", "--timeout", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    _wait_for_subscriber(redis_url, "atc:events", proc)
+    started = time.monotonic()
+    with SignalPublisher(redis_url) as pub:
+        while proc.poll() is None and time.monotonic() - started < 20:
+            for result in results:  # every symbol's events, for as long as it runs
+                pub.publish(result)
+            time.sleep(0.05)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert out == b"" and time.monotonic() - started < 10

@@ -6,7 +6,6 @@ go to stderr so stdout stays machine-readable.
 
 from __future__ import annotations
 
-import re
 import sys
 from enum import Enum
 from pathlib import Path
@@ -17,7 +16,7 @@ import typer
 from atc_stream.app import console, jobs
 from atc_stream.app.cluster_cli import cluster_app
 from atc_stream.app.config_file import LOG_FORMAT, ConfigCommand, load_config_file
-from atc_stream.app.console import PROGRAM, error
+from atc_stream.app.console import PROGRAM, error, plain_usage_error
 from atc_stream.app.defaults import INTERVAL, REDIS_PREFIX
 from atc_stream.app.help_text import reflow_commands
 from atc_stream.app.logs import LogFormat, use_log_format
@@ -406,7 +405,9 @@ def subscribe(
     count: Annotated[int | None, typer.Option(help="Exit after COUNT messages.", min=1)] = None,
     timeout: Annotated[
         float | None,
-        typer.Option(help="Exit when nothing arrived for TIMEOUT seconds.", callback=check_seconds),
+        typer.Option(
+            help="Exit when nothing to print arrived for TIMEOUT seconds.", callback=check_seconds
+        ),
     ] = None,
 ) -> None:
     """Print signals as they arrive (one JSON object per line: channel, kind, data).
@@ -646,27 +647,6 @@ def _process_started_ms() -> int:
     return int((now - min(max(age, 0.0), 60.0)) * 1000)
 
 
-#: typer's validation wording (pydantic's), said as a person would
-PLAIN_WORDING = (
-    ("Value error, ", ""),
-    ("Input should be a valid integer, unable to parse string as an integer", "not an integer"),
-    ("Input should be a valid number, unable to parse string as a number", "not a number"),
-    ("Input should be greater than or equal to ", "must be at least "),
-    ("Input should be less than or equal to ", "must be at most "),
-)
-
-
-#: click quotes an option it names itself ("Invalid value for '--interval'") but not one a
-#: job names ("Invalid value for --interval"): one form for both
-_QUOTED_OPTION = re.compile(r"Invalid value for '(-[^' ]+)'")
-
-
-def _plain(message: str) -> str:
-    for validator, plain in PLAIN_WORDING:
-        message = message.replace(validator, plain)
-    return _QUOTED_OPTION.sub(r"Invalid value for \1", message)
-
-
 def main(argv: list[str] | None = None) -> None:
     """The console entry point: a usage error (bad option value, missing file, unknown
     option) is one line on stderr and exit status 2, not a usage box."""
@@ -688,7 +668,7 @@ def main(argv: list[str] | None = None) -> None:
         form = ctx.meta.get(LOG_FORMAT, "text") if ctx is not None else "text"
         if exc.format_message().strip():  # empty: no command given, the help was shown
             with use_log_format(form):  # the command's --log-format, when it has one
-                error(f"{_plain(exc.format_message())}{hint}")
+                error(f"{plain_usage_error(exc.format_message())}{hint}")
         sys.exit(exc.exit_code)
     finally:
         _started_ms = None

@@ -148,3 +148,28 @@ def redis_failure(url: str, exc: BaseException, doing: str = "") -> RunError:
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError)):
         return RunError(f"cannot reach Redis at {shown_url(url)}{what}: {text}")
     return RunError(f"Redis at {shown_url(url)} refused a command{what}: {text}")
+
+
+#: typer's validation wording (pydantic's), said as a person would
+PLAIN_WORDING = (
+    ("Value error, ", ""),
+    ("Input should be a valid integer, unable to parse string as an integer", "not an integer"),
+    ("Input should be a valid number, unable to parse string as a number", "not a number"),
+    ("Input should be greater than or equal to ", "must be at least "),
+    ("Input should be less than or equal to ", "must be at most "),
+)
+
+
+#: click quotes an option it names itself ("Invalid value for '--interval'") but not one a
+#: job names ("Invalid value for --interval"): one form for both
+_QUOTED_OPTIONS = re.compile(r"Invalid value for ((?:'-[^' ]+'(?: / )?)+)")
+
+
+def plain_usage_error(message: str) -> str:
+    """A usage error as a person would say it: pydantic's wording plain, options named
+    one way."""
+    for validator, plain in PLAIN_WORDING:
+        message = message.replace(validator, plain)
+    return _QUOTED_OPTIONS.sub(
+        lambda match: "Invalid value for " + match.group(1).replace("'", ""), message
+    )

@@ -126,7 +126,7 @@ class TerminatedBeforeStart(KeyboardInterrupt):
     """SIGTERM while a job starts up, before its ``Durability`` handles the signal."""
 
 
-#: What a stop during a job's start-up says after ``atc-stream: SIGTERM: ``.
+#: What a stop during a job's start-up says after ``atc-stream: SIGTERM: `` (or SIGINT).
 STOPPED_IN_START_UP = "stopped during start-up, before any bar was applied"
 
 
@@ -203,10 +203,11 @@ class Durability:
         #: what starts fresh beside this store, as the refusals of a resume say it
         self.fresh_store = _fresh_store(snapshot_dir, namespace)
         self.final_offsets: Callable[[], dict[str, Any]] | None = None
-        #: the bars the run has applied so far, for a job whose run starts up before it
-        #: applies any (``live`` waits for the exchange's history): stopped then, it
-        #: leaves the snapshots as they were. None: the run applies from its start
-        self.bars_applied: Callable[[], int] | None = None
+        #: whether the run has started up, for a job whose run starts up before it
+        #: applies anything (``live`` waits for the exchange's history): stopped before,
+        #: it leaves the snapshots as they were. None: the run applies from its start
+        self.started_up: Callable[[], bool] | None = None
+        self._stopped_in_start_up = False
         self._on_stop: list[Callable[[], object]] = []
         if redis is not None:
             require("redis", "--redis")
@@ -333,22 +334,25 @@ class Durability:
         self._on_stop.append(callback)
 
     def starting_up(self) -> bool:
-        """Whether the run is still starting up: ``bars_applied`` says none yet."""
-        return self.bars_applied is not None and self.bars_applied() == 0
+        """Whether the run is still starting up (``started_up`` says not yet)."""
+        return self.started_up is not None and not self.started_up()
 
     @property
     def stopped_in_start_up(self) -> bool:
-        """Whether a signal stopped the run before it applied any bar (its one line said
-        so; the snapshots are as they were)."""
-        return self.stop_requested and self.starting_up()
+        """Whether a signal stopped the run during its start-up: decided once, when the
+        signal came, so that its line, the final snapshot and the summary agree."""
+        return self._stopped_in_start_up
 
     def _handle(self, signum, frame) -> None:
         if self.stop_requested and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: stop at once
+        first = not self.stop_requested
         self.stop_requested = Durability.signalled = True
         self.stop_signal = self.stop_signal or signum
         name = signal.Signals(signum).name
-        if self.starting_up():
+        if first:
+            self._stopped_in_start_up = self.starting_up()
+        if self._stopped_in_start_up:
             err(f"atc-stream: {name}: {STOPPED_IN_START_UP}")
         else:
             err(f"atc-stream: {name}: stopping after the current batch")

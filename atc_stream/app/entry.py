@@ -59,6 +59,10 @@ def _on_sigint(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
+#: what ``run_job`` looks for: this handler is for the command's loading only
+_on_sigint.while_loading = True  # type: ignore[attr-defined]
+
+
 def _importing(frame: FrameType | None) -> bool:
     """Whether ``frame`` (the one a signal interrupted) runs inside an import."""
     while frame is not None:

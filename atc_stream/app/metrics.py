@@ -95,7 +95,7 @@ class LiveCollector:
         gauges = [(f"{PREFIX}_{name}", doc, getattr(stats, field)) for name, field, doc in GAUGES]
         gauges += [
             (f"{PREFIX}_symbols_live", "Symbols whose last bar is the latest closed one.",
-             len(self.client.live_symbols())),
+             len(self.client.symbols) - len(self.client.not_live())),
             (f"{PREFIX}_queue_depth", "Klines and backfills waiting for the engine.",
              self.client.queue_depth()),
             (f"{PREFIX}_uptime_seconds", "Seconds since the feed started.", stats.seconds),

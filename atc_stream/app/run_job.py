@@ -3,8 +3,9 @@ line (a usage error for an option, exit 2 for a run), never a traceback."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 
 import typer
 
@@ -43,13 +44,25 @@ def run_job(job: str, *, logs: AbstractContextManager | None = None, **options) 
     loads (the engine, numba: most of a second) is the command's one line too."""
     with logs or nullcontext(), user_errors():
         try:
-            status = load_job(job)(**options)
+            run = load_job(job)
+            _unwind_ctrl_c()
+            status = run(**options)
         except OptionError as exc:
             if not lines_are_logged():
                 raise typer.BadParameter(str(exc), param_hint=exc.param_hint) from None
             # click would print it after the log format is undone: log it as a line
-            hint = f" for '{exc.param_hint}'" if exc.param_hint else ""
+            hint = f" for {exc.param_hint}" if exc.param_hint else ""
             error(f"Invalid value{hint}: {exc}")
             raise typer.Exit(2) from None
     if status:
         raise typer.Exit(status)
+
+
+def _unwind_ctrl_c() -> None:
+    """The job is loaded: from here a Ctrl-C unwinds as Python's does (its ``finally``
+    clauses run: outputs closed, a sweep's Ray shut down), also inside a later import.
+    ``entry``'s handler, which ends the process at once inside an import, was for the
+    command's loading only."""
+    if getattr(signal.getsignal(signal.SIGINT), "while_loading", False):
+        with suppress(ValueError):  # not the main thread: not ours to change
+            signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -188,9 +188,9 @@ def run_live(
             raise OptionError(str(exc), param_hint="--symbols") from None
         durability.on_stop(client.stop)
         durability.final_offsets = offsets
-        # the warmup waits for the exchange's history: a stop before it is applied is
-        # a stop during start-up (no snapshot, one line)
-        durability.bars_applied = lambda: client.stats.warmup_bars + client.stats.bars
+        # the warmup and first backfills wait for the exchange's history: a stop before
+        # they are done is a stop during start-up (no snapshot, one line)
+        durability.started_up = lambda: client.started_up
         err(
             f"atc-stream: live {len(client.symbols)} symbols x {engine.interval} from "
             f"{where} ({engine.backend.name} backend)"

@@ -182,9 +182,9 @@ def replay(
     if summary.engine_rejected and not summary.applied and not summary.stopped:
         # every bar read was refused by the engine (a close <= 0, duplicates): the output
         # holds no row, as a file whose rows were all rejected when read
-        counts = ", ".join(f"{k}={v}" for k, v in sorted(summary.rejected.items()) if v)
-        raise RunError(f"{bars or ticks}: no bar applied: every one was rejected "
-                       f"({counts}); no signal rows were written")  # fmt: skip
+        counts = ", ".join(f"{k}={v}" for k, v in sorted(summary.engine_rows.counts.items()))
+        raise RunError(f"{bars or ticks}: no bar applied: the engine rejected every one "
+                       f"({counts}); the output holds no signal row")  # fmt: skip
     return engine, summary
 
 

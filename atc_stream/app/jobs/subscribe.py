@@ -5,6 +5,7 @@ reconnects and counts malformed messages)."""
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -61,9 +62,14 @@ def run_subscribe(
                                                   "data": record}) + b"\n")  # fmt: skip
             out.flush()
         printed = 0
+        last_printed = time.monotonic()
         for msg in sub.messages(timeout=timeout):
             if not wanted(msg.kind, msg.data):
+                # other symbols' records keep coming: --timeout is about what prints
+                if timeout is not None and time.monotonic() - last_printed >= timeout:
+                    break
                 continue
+            last_printed = time.monotonic()
             out.write(encoder.encode({"channel": msg.channel, "kind": msg.kind, "data": msg.data}))
             out.write(b"\n")
             out.flush()

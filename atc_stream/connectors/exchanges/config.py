@@ -156,13 +156,15 @@ class LiveStats:
 
     def note_lag(self, now_ms: int, lasts: Iterable[int | None], interval: str) -> None:
         """The lag at ``now_ms`` of symbols whose last applied bars open at ``lasts`` (None:
-        no bar yet). While the bar after the oldest of them has closed and is not applied,
-        the lag is the time since its close: it grows with the clock, not frozen at the
-        last bar's, until the bar comes (its step then measures the lag afresh)."""
+        no bar yet). While the bar after the newest of them has closed and is not applied
+        (no symbol brings its next bar: the feed stalls), the lag is the time since that
+        close: it grows with the clock, not frozen at the last bar's, until a bar comes
+        (its step then measures the lag afresh). One quiet symbol (a pair not trading)
+        does not make a healthy feed's lag grow; ``/readyz`` names such symbols."""
         known = [last for last in lasts if last is not None]
         if not known:
             return
-        due = next_open(next_open(min(known), interval), interval)  # the next bar's close
+        due = next_open(next_open(max(known), interval), interval)  # the next bar's close
         if now_ms > due and (self.last_bar_lag_ms is None or now_ms - due > self.last_bar_lag_ms):
             self.last_bar_lag_ms = float(now_ms - due)
 

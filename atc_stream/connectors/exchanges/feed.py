@@ -89,15 +89,10 @@ class KlineClient:
         rest_limiter: WeightLimiter | None = None,
         on_bars: Callable[[list[Kline]], Any] | None = None,
     ) -> None:
-        exchange = exchange or BinanceSpot()
-        self.exchange = exchange
+        self.exchange = exchange = exchange or BinanceSpot()
         if isinstance(symbols, str):
             symbols = [s for s in symbols.split(",") if s.strip()]
-        names = []
-        for s in symbols:
-            name = exchange.normalise_symbol(s)
-            if name not in names:
-                names.append(name)
+        names = list(dict.fromkeys(exchange.normalise_symbol(s) for s in symbols))  # once each
         if not names:
             raise ValueError("symbols must name at least one symbol")
         self.engine = engine
@@ -146,6 +141,7 @@ class KlineClient:
         self._live_from = 0  # the start-up's: bars closing after it are stepped, not warmed
         self._warming = 0  # symbols whose warmup history is not applied yet
         self._warmed: asyncio.Event | None = None
+        self._first_backfills: list[asyncio.Future] = []  # the restored symbols'
         self._stream_of: dict[str, KlineConnection] = {}  # the latest run's, by symbol
 
     # -- helpers ------------------------------------------------------------------------
@@ -291,8 +287,8 @@ class KlineClient:
     # -- what operations ask (metrics, readiness), from the client's event loop -------------
 
     def stats_now(self) -> LiveStats:
-        """The statistics, the engine's rejections during the run and the lag (grown while a
-        bar is overdue) brought up to date: the status line and the metrics read them here."""
+        """The statistics brought up to date (the run's engine rejections, the lag): what
+        the status line and the metrics read."""
         self._update_engine_rejections()
         self.stats.note_lag(self.clock_ms(), [s.last for s in self._state.values()], self.interval)
         return self.stats
@@ -321,11 +317,6 @@ class KlineClient:
                 out[symbol] = f"behind: last bar {st.last}"
         return out
 
-    def live_symbols(self, now_ms: int | None = None) -> list[str]:
-        """The symbols that are live (``not_live`` says why the others are not)."""
-        behind = self.not_live(now_ms)
-        return [s for s in self.symbols if s not in behind]
-
     async def _status_loop(self, on_status: Callable[[LiveStats], Any], every: float) -> None:
         while True:
             await asyncio.sleep(every)
@@ -349,10 +340,18 @@ class KlineClient:
             elif self.config.history > 0:
                 st.warming = True
                 fresh.append(symbol)
+        self._first_backfills = [st.backfill for st in self._state.values() if st.backfill]
         self._warming = len(fresh)
         if not fresh:
             self._warmed.set()
         return fresh
+
+    @property
+    def started_up(self) -> bool:
+        """The latest run has started up: every fresh symbol's history is applied and every
+        restored symbol's first backfill done (one with no bar to bring too)."""
+        warmed = self._warmed is not None and self._warmed.is_set()
+        return warmed and all(task.done() for task in self._first_backfills)
 
     async def _startup(self, io: RunIO, fresh: Sequence[str]) -> None:
         """Fetches each fresh symbol's history in one request (when it fits a page) once

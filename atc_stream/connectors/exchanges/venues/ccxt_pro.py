@@ -243,7 +243,8 @@ class CcxtStream:
 
     Counted like one connection: up once any watch returns (``connected`` is set then:
     the symbols' candles flow), down (one ``disconnects`` entry) when a watch fails while
-    up; a watch that fails while down counts as a failed connect (``connect_failures``).
+    up; the first symbol's watch failing while down counts as a failed connect
+    (``connect_failures``: one a retry, as a websocket's attempt).
     A failed watch waits ``Backoff`` and watches again.
     """
 
@@ -315,7 +316,9 @@ class CcxtStream:
             # updates after a break may miss the end of the pending bar: the feed
             # backfills it over REST once a later bar shows up
             pending = None
-            if not self.up:  # a watch that fails while down is a failed connect attempt
+            # a watch that fails while down is a failed connect attempt; every symbol's
+            # watch fails then, on one connection: the first symbol's count for it
+            if not self.up and symbol == self.symbols[0]:
                 self.stats.connect_failures += 1
             self._went_down(reason, detail)
             await asyncio.sleep(backoff.next())
