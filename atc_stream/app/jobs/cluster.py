@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from atc_stream.app.console import RunError, err, log_warnings, param_sets_option, redis_failure
-from atc_stream.app.durability import check_backend
+from atc_stream.app.durability import TerminatedBeforeStart, check_backend, sigterm_stops_start_up
 from atc_stream.app.extras import require
 from atc_stream.app.ray_connect import connect
 
@@ -56,6 +56,42 @@ def connect_ray(address: str | None, shards: int) -> None:
     connect(address, "atc-stream cluster", **options)
 
 
+def _check_startable(client, redis_url: str, prefix: str, shards: int) -> None:
+    """``RunError`` when the cluster already runs (a second set of actors would read the
+    same shard streams beside the first, each engine missing the other's bars), or when
+    a shard snapshot belongs to another layout (``layout.check_layout``)."""
+    from atc_stream.connectors.cluster.layout import LayoutMismatch, check_layout
+    from atc_stream.connectors.cluster.registry import RUNNING_BEAT_S, running_shard
+
+    running = running_shard(client, prefix, shards)
+    if running is not None:
+        raise RunError(
+            f"shard {running[0]} of the cluster under prefix {prefix!r} is running "
+            f"(heartbeat {running[1]:.1f} s ago): the cluster already runs; stop it first "
+            f"(a cluster just stopped or killed lets go within {RUNNING_BEAT_S:.0f} s)"
+        )
+    try:
+        check_layout(redis_url, shards)
+    except LayoutMismatch as exc:
+        raise RunError(f"cannot start {shards} shards: {exc}") from None
+
+
+def _connect_for_run(address: str | None, shards: int) -> None:
+    """``connect_ray``, with a SIGTERM during it handled as the rest of the start-up's:
+    ``ray.init`` puts in handlers of its own (one that exits with status 15, then one
+    that exits with status 1), neither of which says a word."""
+    ours = signal.getsignal(signal.SIGTERM)
+    try:
+        connect_ray(address, shards)
+    except SystemExit as exc:
+        if exc.code != signal.SIGTERM:
+            raise
+        raise TerminatedBeforeStart from None
+    finally:
+        signal.signal(signal.SIGTERM, ours)
+
+
+@sigterm_stops_start_up
 def run_cluster(
     *,
     shards: int,
@@ -74,10 +110,11 @@ def run_cluster(
     stop_when_idle: float | None,
 ) -> int:
     """Run one shard actor per shard until SIGINT/SIGTERM or every shard is idle for
-    ``stop_when_idle`` seconds; the exit status."""
+    ``stop_when_idle`` seconds; the exit status (130 after a SIGINT, as ``run-stream``)."""
     require("ray", "atc-stream cluster")
     require("redis", "atc-stream cluster")
     from atc_stream.app.defaults import INTERVAL, SNAPSHOT_EVERY
+    from atc_stream.connectors.cluster.registry import reset_starts
     from atc_stream.connectors.cluster.shard import ShardConfig
 
     log_warnings()
@@ -85,9 +122,12 @@ def run_cluster(
     param_sets = param_sets_option(params)
     client = _client(redis)
     _shard_count(client, redis_prefix, shards, record=False)  # a mismatch before Ray starts
-    connect_ray(ray_address, shards)
+    _check_startable(client, redis, redis_prefix, shards)
+    _connect_for_run(ray_address, shards)
     _shard_count(client, redis_prefix, shards)  # recorded once the cluster can run
+    reset_starts(client, redis_prefix, shards)
     import ray
+    import redis as redis_lib
 
     from atc_stream.connectors.cluster.actors import gpus_available, start_shard_actors
 
@@ -114,7 +154,10 @@ def run_cluster(
     where = "GPU" if num_gpus else "CPU"
     err(f"atc-stream: cluster of {shards} shards on Ray ({where} actors), prefix {redis_prefix!r}")
 
+    stopped_by: list[int] = []
+
     def stop(signum, frame) -> None:
+        stopped_by.append(signum)
         err(f"atc-stream: {signal.Signals(signum).name}: stopping the shards")
         for actor in actors:
             actor.stop.remote()
@@ -126,6 +169,14 @@ def run_cluster(
             _, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
         summaries = ray.get(runs)
     except ray.exceptions.RayError as exc:
+        cause = getattr(exc, "cause", None)
+        if stopped_by and isinstance(cause, (redis_lib.ConnectionError, redis_lib.TimeoutError)):
+            # stopped while a batch's outputs waited for Redis, as run-stream can be: that
+            # batch is in no snapshot and still in its stream, so the next start applies it
+            raise redis_failure(
+                redis, cause, "a shard stopped with the outputs of its last batch not "
+                "written; the next start applies it again",
+            ) from None  # fmt: skip
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
         err(f"atc-stream: a shard failed: {first}")
         return 1
@@ -139,7 +190,11 @@ def run_cluster(
             f"offset {s['offset']}, {s['backend']} backend")  # fmt: skip
         err(f"    malformed {_counts(s.get('malformed'))}; rejected bars "
             f"{_counts(s.get('rejected'))}")  # fmt: skip
-    return 0
+        for warning in s.get("warnings") or []:
+            err(f"    warning: {warning}")
+    # a script tells an interrupted run from one that ended; a service manager's SIGTERM
+    # is the normal way to stop a service
+    return 130 if signal.SIGINT in stopped_by else 0
 
 
 def _counts(by_reason: dict[str, int] | None) -> str:
@@ -150,10 +205,15 @@ def _counts(by_reason: dict[str, int] | None) -> str:
 def cluster_status(*, redis: str, redis_prefix: str, group: str) -> int:
     """Print the shard count and one line per shard."""
     require("redis", "atc-stream cluster status")
-    from atc_stream.connectors.cluster.registry import shard_status
+    from atc_stream.connectors.cluster.registry import recorded_shards, shard_status
 
     client = _client(redis)
-    shards = _shard_count(client, redis_prefix, None)
+    shards = recorded_shards(client, redis_prefix)
+    if shards is None:  # (status has no --shards: the count comes from a start)
+        raise RunError(
+            f"no cluster under prefix {redis_prefix!r} in Redis: none was started there "
+            "(`atc-stream cluster --shards N --redis URL`); another --redis-prefix?"
+        )
     print(f"cluster {redis_prefix!r}: {shards} shards")
     for shard in range(shards):
         print(shard_status(client, redis_prefix, shard, group).line())

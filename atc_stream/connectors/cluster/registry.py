@@ -54,6 +54,38 @@ def claim_shards(client: redis.Redis, prefix: str, shards: int, record: bool = T
     return shards
 
 
+#: A shard whose heartbeat says "starting" or "running" and is younger than this runs (an
+#: actor beats every second; one killed with its driver stops beating at once).
+RUNNING_BEAT_S = 10.0
+
+
+def running_shard(
+    client: redis.Redis, prefix: str, shards: int, now_ms: int | None = None
+) -> tuple[int, float] | None:
+    """The first shard of ``0 .. shards-1`` whose actor runs (a fresh heartbeat saying
+    ``starting`` or ``running``) and its heartbeat's age in seconds; None when none runs."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    for shard in range(shards):
+        state, beat_ms = (
+            None if v is None else _text(v)
+            for v in client.hmget(heartbeat_key(prefix, shard), ["state", "heartbeat_ms"])
+        )
+        if state in ("starting", "running") and beat_ms and beat_ms.isdigit():
+            age_ms = now_ms - int(beat_ms)
+            if age_ms < RUNNING_BEAT_S * 1000:
+                return shard, max(age_ms, 0) / 1000
+    return None
+
+
+def reset_starts(client: redis.Redis, prefix: str, shards: int) -> None:
+    """A new run of the cluster: its shards' ``starts`` from zero, so that ``restarts``
+    counts the actors Ray restarted in this run, not the runs before it."""
+    with client.pipeline(transaction=True) as pipe:
+        for shard in range(shards):
+            pipe.hset(heartbeat_key(prefix, shard), "starts", 0)
+        pipe.execute()
+
+
 def record_start(client: redis.Redis, prefix: str, shard: int, fields: dict[str, Any]) -> int:
     """A shard actor starts: count it (``starts``) and record ``fields`` in one
     transaction, so that no reader sees the new count beside the previous actor's state

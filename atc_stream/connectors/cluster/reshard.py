@@ -13,6 +13,7 @@ from atc_stream.connectors.cluster.registry import (
     heartbeat_key,
     last_entry_id,
     recorded_shards,
+    running_shard,
     undelivered,
 )
 from atc_stream.connectors.cluster.shard import shard_store
@@ -20,9 +21,6 @@ from atc_stream.connectors.redis.streams import source_key
 from atc_stream.core.shards import bars_stream, check_shards, shard_of
 from atc_stream.state.snapshot import read_header
 from atc_stream.state.snapshot_parts import merge_snapshots, split_snapshot
-
-#: A shard whose heartbeat says "starting" or "running" and is younger than this runs.
-RUNNING_BEAT_S = 10.0
 
 
 class ReshardRefused(ValueError):
@@ -51,7 +49,12 @@ def reshard(client: redis.Redis, redis_url: str, prefix: str, to: int) -> Reshar
     before = recorded_shards(client, prefix)
     if before is None:
         raise ReshardRefused(f"no cluster under prefix {prefix!r} in Redis")
-    _check_stopped(client, prefix, before)
+    running = running_shard(client, prefix, before)
+    if running is not None:
+        raise ReshardRefused(
+            f"shard {running[0]} is running (heartbeat {running[1]:.1f} s ago): stop the "
+            "cluster before resharding"
+        )
     parts: list[list[bytes]] = []
     for shard in range(before):
         stream = bars_stream(prefix, shard)
@@ -82,22 +85,6 @@ def reshard(client: redis.Redis, redis_url: str, prefix: str, to: int) -> Reshar
             pipe.delete(heartbeat_key(prefix, shard))
         pipe.execute()
     return ReshardReport(before=before, after=to, streams=streams, snapshots=len(parts))
-
-
-def _check_stopped(client: redis.Redis, prefix: str, shards: int) -> None:
-    now_ms = _now_ms()
-    for shard in range(shards):
-        state = client.hmget(heartbeat_key(prefix, shard), ["state", "heartbeat_ms"])
-        running, beat_ms = (v.decode() if isinstance(v, bytes) else v for v in state)
-        if (
-            running in ("starting", "running")
-            and beat_ms
-            and now_ms - int(beat_ms) < RUNNING_BEAT_S * 1000
-        ):
-            raise ReshardRefused(
-                f"shard {shard} is running (heartbeat {(now_ms - int(beat_ms)) / 1000:.1f} s "
-                "ago): stop the cluster before resharding"
-            )
 
 
 def _now_ms() -> int:

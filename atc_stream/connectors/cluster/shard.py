@@ -160,7 +160,14 @@ class ShardWorker:
             if self._stop.is_set():
                 runner.stop()
             stats = runner.run(stop_when_idle=stop_when_idle)
-            snapshotter.close()
+            try:
+                snapshotter.close()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                # Redis went away as the shard stopped, its outputs all written: the next
+                # start resumes from the previous snapshot, and the output mark keeps the
+                # batches it applies again from being written twice
+                self.warnings.append(f"final snapshot not saved (Redis unreachable: {exc})")
+                log.warning("shard %d: %s", config.shard, self.warnings[-1])
         finally:
             self.state = "stopped"
             self._stop.set()
@@ -168,7 +175,10 @@ class ShardWorker:
                 beats.join()
             if publisher is not None:
                 publisher.close()
-        beat(self.client, config.prefix, config.shard, self._fields())
+        try:  # the last heartbeat ("stopped"); a stop during an outage goes without it
+            beat(self.client, config.prefix, config.shard, self._fields())
+        except redis.RedisError as exc:
+            log.warning("shard %d: final heartbeat not written: %s", config.shard, exc)
         return {
             "shard": config.shard, "starts": self.starts, "restored_from": self.restored_from,
             "entries": stats.entries, "bars": stats.bars, "rows_out": stats.rows_out,
