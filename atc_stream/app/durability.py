@@ -42,6 +42,11 @@ __all__ = [
 ]
 
 
+def is_redis_target(target: str | os.PathLike[str]) -> bool:
+    """Whether a CLI-style snapshot ``target`` is a Redis URL (else a directory path)."""
+    return re.match(r"(redis|rediss|unix)://", os.fspath(target)) is not None
+
+
 def open_snapshot_store(
     target: str | os.PathLike[str], *, keep: int = 5, namespace: str = "default"
 ) -> SnapshotStore:
@@ -54,7 +59,7 @@ def open_snapshot_store(
     directory).
     """
     text = os.fspath(target)
-    if re.match(r"(redis|rediss|unix)://", text):
+    if is_redis_target(text):
         require("redis", "a Redis snapshot store")
         # imported here: redis is an optional extra, and the base install must run
         from atc_stream.connectors.redis.snapshots import RedisSnapshotStore, namespace_prefix

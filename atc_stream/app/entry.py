@@ -12,6 +12,8 @@ from typing import Any
 
 #: the exit status of a command stopped by Ctrl-C (128 + SIGINT), as a shell reports it
 INTERRUPTED = 130
+#: the command's line for it, where ``console`` (which says it otherwise) is not loaded
+_INTERRUPTED_LINE = "atc-stream: interrupted\n"
 
 #: the modules of the import machinery: a frame of theirs on the stack means an import
 _IMPORT_MACHINERY = frozenset({"importlib._bootstrap", "importlib._bootstrap_external"})
@@ -80,7 +82,7 @@ def _say_interrupted() -> None:
         if console is not None and console.lines_are_logged():
             console.err(console.INTERRUPTED_LINE)
             return
-    os.write(2, b"atc-stream: interrupted\n")
+    os.write(2, _INTERRUPTED_LINE.encode())
 
 
 def _ignore_signals_once_stopped() -> None:
@@ -96,7 +98,7 @@ def _interrupted(exc: KeyboardInterrupt) -> None:
     try:
         from atc_stream.app.console import interrupted
     except BaseException:  # a second Ctrl-C while it loads, or what the first one cut short
-        sys.stderr.write("atc-stream: interrupted\n")
+        sys.stderr.write(_INTERRUPTED_LINE)
     else:
         interrupted(exc)
     raise SystemExit(INTERRUPTED) from None

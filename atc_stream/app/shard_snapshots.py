@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from atc_stream.app.console import OptionError, RunError, redis_failure, shown_url
-from atc_stream.app.durability import open_snapshot_store
+from atc_stream.app.durability import is_redis_target, open_snapshot_store
 from atc_stream.app.extras import require
 from atc_stream.connectors.cluster.layout import BACKFILL_SOURCE
 from atc_stream.core.shards import shard_namespace, shard_of
@@ -67,7 +67,7 @@ def write_shard_snapshots(engine: Any, shards: int, target: str, source: str) ->
 def _store_errors(target: str) -> tuple[type[BaseException], ...]:
     """What saving in ``target`` can raise: a Redis target's ``redis`` errors too (which
     are not ``OSError``s)."""
-    if not target.startswith(("redis://", "rediss://", "unix://")):
+    if not is_redis_target(target):
         return (OSError, SnapshotError)
     require("redis", "a Redis snapshot store")
     import redis

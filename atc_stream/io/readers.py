@@ -686,9 +686,4 @@ def infer_interval(table) -> str | None:
     if len(table) < 2:
         return None
     _, codes = np.unique(table.symbols.astype(str), return_inverse=True)
-    return infer_interval_of(codes, table.times)
-
-
-def infer_interval_of(codes: np.ndarray, times: np.ndarray) -> str | None:
-    """``infer_interval`` of bars given as symbol codes and times (any order)."""
-    return interval_of(codes, times)
+    return interval_of(codes, table.times)

@@ -37,9 +37,10 @@ from atc_stream.app.sweep_blocks import (
 from atc_stream.core.params import ATCParams
 from atc_stream.core.progress import progress_bar
 from atc_stream.core.schema import ready_bar
+from atc_stream.core.spacing import interval_of
 from atc_stream.core.timetext import text_to_ms
 from atc_stream.io.ohlc import OhlcTable, read_ohlc
-from atc_stream.io.readers import InputError, infer_interval_of
+from atc_stream.io.readers import InputError
 
 #: Columns of the printed table, after the ids and the grid's varied keys.
 SHOWN = ("total_return", "max_drawdown", "win_rate", "trades", "exposure")
@@ -101,7 +102,7 @@ def run_sweep(
         err(f"atc-stream: {line}")
     if not len(bars):
         raise RunError(f"{data}: no usable bars")
-    label = bars_interval(interval, infer_interval_of(bars.codes, bars.times), False, data)
+    label = bars_interval(interval, interval_of(bars.codes, bars.times), False, data)
     if split is not None and not (bars.times.min() < split <= bars.times.max()):
         first, last = (int(t) for t in (bars.times.min(), bars.times.max()))
         raise OptionError(

@@ -19,12 +19,12 @@ from pathlib import Path
 import numpy as np
 
 from atc_stream.core.progress import progress_bar
+from atc_stream.core.spacing import interval_of
 from atc_stream.io.readers import (
     BadRows,
     InputError,
     Ohlc,
     SymbolCodes,
-    infer_interval_of,
     iter_bar_batches,
     row_where,
 )
@@ -187,7 +187,7 @@ class BarFileSource:
         self.in_order = bool(in_order)
         codes = np.concatenate([c for c, _ in sample]) if sample else np.empty(0, np.int32)
         times = np.concatenate([t for _, t in sample]) if sample else np.empty(0, np.int64)
-        self._interval = infer_interval_of(codes, times)
+        self._interval = interval_of(codes, times)
         self._history, self._warm_until, self._history_at = first_bars.finish(self._to_sorted)
 
     def infer_interval(self) -> str | None:
