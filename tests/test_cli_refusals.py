@@ -758,11 +758,19 @@ def test_a_reader_that_closes_stdout_ends_the_run_quietly(tmp_path):
     assert "error" not in err and "Traceback" not in err and "Exception" not in err, err
 
 
-@pytest.mark.parametrize("command", [["replay", "x.csv"], ["cluster", "--shards", "2"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["replay", "x.csv", "--redis", "redis://127.0.0.1:1"],
+        ["cluster", "--shards", "2", "--redis", "redis://127.0.0.1:1"],
+        ["sweep", "x.csv", "--grid", "g.toml", "--ray-address", "auto"],
+    ],
+)
 def test_a_bad_interval_is_refused_as_the_option_is_read(command, run_main):
-    # before any file or Redis server is looked at (the Redis URL here answers nothing)
-    code, err = run_main([*command, "--interval", "banana", "--redis", "redis://127.0.0.1:1"])
-    one_error_line(code, err, "--interval")
+    # before any file or Redis server is looked at (the Redis URL here answers nothing),
+    # and before the job's own checks (sweep's job would name --ray-address first)
+    code, err = run_main([*command, "--interval", "banana"])
+    one_error_line(code, err, "Invalid value for --interval")
     assert "banana" in err and "Redis" not in err and "x.csv" not in err
 
 

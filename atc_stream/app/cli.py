@@ -42,6 +42,7 @@ from atc_stream.app.options import (
     TradesOption,
     WarmupOption,
     check_feed_setting,
+    check_optional_interval,
     check_positive,
     check_seconds,
     check_speed,
@@ -555,7 +556,12 @@ def sweep(
         typer.Option("--ray-address", help="With --ray: HOST:PORT, ray://HOST:PORT or auto."),
     ] = None,
     interval: Annotated[
-        str | None, typer.Option("--interval", help="Bar interval (default: inferred from bars).")
+        str | None,
+        typer.Option(
+            "--interval",
+            help="Bar interval (default: inferred from bars).",
+            callback=check_optional_interval,
+        ),
     ] = None,
 ) -> None:
     run_job(

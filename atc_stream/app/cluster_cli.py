@@ -7,14 +7,14 @@ from typing import Annotated
 
 import typer
 
-from atc_stream.app.defaults import REDIS_PREFIX
+from atc_stream.app.defaults import INTERVAL, REDIS_PREFIX
 from atc_stream.app.options import (
     BackendOption,
     ParamsOption,
     RedisPrefixOption,
-    ResumableIntervalOption,
     SnapshotEveryOption,
     StopWhenIdleOption,
+    check_optional_interval,
     redis_option,
 )
 from atc_stream.app.run_job import run_job
@@ -27,6 +27,17 @@ cluster_app = typer.Typer(
 
 ClusterRedisOption = Annotated[str | None, redis_option("Redis URL holding the shard streams.")]
 GroupOption = Annotated[str, typer.Option("--group", help="Consumer group of the shard streams.")]
+ShardIntervalOption = Annotated[
+    str | None,
+    typer.Option(
+        "--interval",
+        help="Bar interval label of the shards' streams. Entries carry none: by default it "
+        "is inferred from the spacing of the bars the shard streams hold at the start, "
+        f"else {INTERVAL} (said on stderr); a shard restored from its snapshot keeps the "
+        "snapshot's. Refused when the bars' spacing says otherwise.",
+        callback=check_optional_interval,
+    ),
+]
 
 
 def _need_redis(redis: str | None) -> str:
@@ -66,7 +77,7 @@ def cluster(
     redis_prefix: RedisPrefixOption = REDIS_PREFIX,
     params: ParamsOption = None,
     backend: BackendOption = "auto",
-    interval: ResumableIntervalOption = None,
+    interval: ShardIntervalOption = None,
     stop_when_idle: StopWhenIdleOption = None,
 ) -> None:
     """Run one shard actor per shard (restarted by Ray after any crash), each applying its

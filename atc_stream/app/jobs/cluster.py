@@ -12,6 +12,7 @@ from atc_stream.app.console import RunError, err, log_warnings, param_sets_optio
 from atc_stream.app.durability import TerminatedBeforeStart, check_backend, sigterm_stops_start_up
 from atc_stream.app.extras import require
 from atc_stream.app.ray_connect import connect
+from atc_stream.app.stream_interval import StreamInterval, choose_stream_interval
 
 
 def _client(redis_url: str):
@@ -76,6 +77,28 @@ def _check_startable(client, redis_url: str, prefix: str, shards: int) -> None:
         raise RunError(f"cannot start {shards} shards: {exc}") from None
 
 
+def _shard_interval(
+    client, redis_url: str, prefix: str, shards: int, interval: str | None
+) -> StreamInterval:
+    """``choose_stream_interval`` of the shard streams, once for every shard: entries
+    carry no interval, and an actor left to its default would label the rows of hourly
+    bars ``1m``. A shard restored from its snapshot keeps the snapshot's."""
+    import redis as redis_lib
+
+    from atc_stream.core.shards import bars_stream
+
+    streams = [bars_stream(prefix, shard) for shard in range(shards)]
+    named = (
+        f"the shard stream {streams[0]}"
+        if shards == 1
+        else f"the shard streams {streams[0]} .. {streams[-1]}"
+    )
+    try:
+        return choose_stream_interval(client, streams, interval, named=named)
+    except redis_lib.RedisError as exc:  # e.g. a shard stream's key holds another type
+        raise redis_failure(redis_url, exc) from None
+
+
 def _connect_for_run(address: str | None, shards: int) -> None:
     """``connect_ray``, with a SIGTERM during it handled as the rest of the start-up's:
     ``ray.init`` puts in handlers of its own (one that exits with status 15, then one
@@ -110,10 +133,11 @@ def run_cluster(
     stop_when_idle: float | None,
 ) -> int:
     """Run one shard actor per shard until SIGINT/SIGTERM or every shard is idle for
-    ``stop_when_idle`` seconds; the exit status (130 after a SIGINT, as ``run-stream``)."""
+    ``stop_when_idle`` seconds; the exit status (130 after a SIGINT, as ``run-stream``).
+    The rows' interval is chosen before Ray starts (``_shard_interval``)."""
     require("ray", "atc-stream cluster")
     require("redis", "atc-stream cluster")
-    from atc_stream.app.defaults import INTERVAL, SNAPSHOT_EVERY
+    from atc_stream.app.defaults import SNAPSHOT_EVERY
     from atc_stream.connectors.cluster.registry import reset_starts
     from atc_stream.connectors.cluster.shard import ShardConfig
 
@@ -123,6 +147,7 @@ def run_cluster(
     client = _client(redis)
     _shard_count(client, redis_prefix, shards, record=False)  # a mismatch before Ray starts
     _check_startable(client, redis, redis_prefix, shards)
+    chosen = _shard_interval(client, redis, redis_prefix, shards, interval)
     _connect_for_run(ray_address, shards)
     _shard_count(client, redis_prefix, shards)  # recorded once the cluster can run
     reset_starts(client, redis_prefix, shards)
@@ -144,7 +169,7 @@ def run_cluster(
             snapshot_every=snapshot_every or SNAPSHOT_EVERY,
             publish=publish,
             backend=backend if num_gpus or backend != "auto" else "cpu",
-            interval=interval or INTERVAL,
+            interval=chosen.interval,
             params=[p.to_dict() for p in param_sets or []],
         )  # fmt: skip
         for shard in range(shards)
@@ -152,7 +177,8 @@ def run_cluster(
     actors = start_shard_actors(configs, num_gpus=num_gpus)
     runs = [actor.run.remote(stop_when_idle) for actor in actors]
     where = "GPU" if num_gpus else "CPU"
-    err(f"atc-stream: cluster of {shards} shards on Ray ({where} actors), prefix {redis_prefix!r}")
+    err(f"atc-stream: cluster of {shards} shards on Ray ({where} actors), prefix "
+        f"{redis_prefix!r}; interval {chosen.said()}")  # fmt: skip
 
     stopped_by: list[int] = []
 

@@ -16,12 +16,10 @@ from atc_stream.app.console import (
     param_sets_option,
     redis_failure,
 )
-from atc_stream.app.defaults import INTERVAL
 from atc_stream.app.durability import Durability, check_backend
 from atc_stream.app.extras import require
 from atc_stream.app.paper import check_paper_options, paper_lines
-from atc_stream.core.intervals import validate_interval
-from atc_stream.core.spacing import spacing_fits
+from atc_stream.app.stream_interval import choose_stream_interval
 
 
 def run_stream(
@@ -120,32 +118,16 @@ def run_stream(
 
 def _label_interval(engine, runner, interval: str | None, *, restored: bool) -> str:
     """Set the interval of a fresh ``engine`` (it has no streams yet, so its label can
-    still be chosen): ``interval``, else the spacing of the bars the input stream holds,
-    else the default. Entries carry no interval, and a label that silently says ``1m`` of
-    hourly bars would follow every row into the outputs and the snapshots. A restored
+    still be chosen) from ``choose_stream_interval`` of the input stream; a restored
     engine keeps the snapshot's. Returns the label and where it came from, for the
     start line; ``interval`` that the bars' spacing contradicts is a ``RunError``."""
     if restored:
         return f"{engine.interval}, the snapshot's"
-    from atc_stream.connectors.redis.stream_spacing import SAMPLE_ENTRIES, stream_interval
-
-    inferred = stream_interval(runner.client, runner.input_stream, time_unit=runner.time_unit)
-    if interval is not None:
-        if inferred is not None and not spacing_fits(interval, inferred):
-            raise RunError(
-                f"--interval {interval} does not match the bars of {runner.input_stream}, "
-                f"which are {inferred} apart (most common spacing of its first "
-                f"{SAMPLE_ENTRIES:,} entries); give --interval {inferred}"
-            )
-        return f"{interval}, from --interval"
-    if inferred is None:
-        engine.interval = INTERVAL
-        return (
-            f"{INTERVAL}, the default: {runner.input_stream} holds no two bars of a symbol "
-            "to infer it from; give --interval to label the rows"
-        )
-    engine.interval = validate_interval(inferred)
-    return f"{inferred}, inferred from the spacing of the bars it holds"
+    chosen = choose_stream_interval(
+        runner.client, [runner.input_stream], interval, time_unit=runner.time_unit
+    )
+    engine.interval = chosen.interval
+    return chosen.said()
 
 
 def _refuse_a_group_read_before(runner) -> None:

@@ -15,7 +15,7 @@ from atc_stream.app.console import OptionError, RunError, err
 from atc_stream.app.durability import check_backend, load_cpu_kernels
 from atc_stream.app.extras import require
 from atc_stream.app.grid import Grid, GridError, load_grid
-from atc_stream.app.jobs.replay import bars_interval, check_interval_option
+from atc_stream.app.jobs.replay import bars_interval
 from atc_stream.app.jobs.sweep_output import SweepOutput, TradesFile
 from atc_stream.app.jobs.sweep_ray import sweep_on_ray
 from atc_stream.app.ranking import (
@@ -78,7 +78,6 @@ def run_sweep(
         require("ray", "atc-stream sweep --ray")
     else:  # with --ray the cluster's GPUs count, not this machine's
         check_backend(backend)
-    check_interval_option(interval)
     if rank_by not in RANK_METRICS:
         raise OptionError(f"{rank_by!r} is not one of {', '.join(RANK_METRICS)}", "--rank-by")
     if not str(outdir).strip():

@@ -1,12 +1,13 @@
-"""The bar interval of a Redis Stream of bars, from the spacing of the entries it holds.
+"""The bar interval of Redis Streams of bars, from the spacing of the entries they hold.
 
-Entries carry a symbol, a time and prices but no interval, so ``run-stream`` labels its
-rows with the most common gap between the bars of a symbol among the first entries, as
-``replay`` does for a file (``core.spacing``).
+Entries carry a symbol, a time and prices but no interval, so ``run-stream`` and
+``cluster`` label their rows with the most common gap between the bars of a symbol among
+the first entries, as ``replay`` does for a file (``core.spacing``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -35,24 +36,40 @@ def stream_interval(
     two bars there (an empty or new stream). Entries without a symbol or a readable
     ``time`` (in ``time_unit``, as ``parse_bar_time`` reads them) are left out: the run
     counts them as malformed when it reads them."""
+    return streams_interval(client, [input_stream], time_unit=time_unit, sample=sample, page=page)
+
+
+def streams_interval(
+    client: redis.Redis,
+    streams: Sequence[str],
+    *,
+    time_unit: str | None = None,
+    sample: int = SAMPLE_ENTRIES,
+    page: int = PAGE_ENTRIES,
+) -> str | None:
+    """``stream_interval`` of the bars in the first ``sample`` entries of ``streams``,
+    read in order, each from its start (a cluster's shard streams, each holding the bars
+    of its own symbols): the streams after the one that fills the sample are not read."""
     codes: dict[bytes, int] = {}
     symbols: list[int] = []
     times: list[int] = []
-    start, read = "-", 0
-    while read < sample:
-        entries = client.xrange(input_stream, min=start, max="+", count=min(page, sample - read))
-        if not entries:
-            break
-        for _, fields in entries:
-            bar = _symbol_and_time(fields, time_unit)
-            if bar is not None:
-                symbols.append(codes.setdefault(bar[0], len(codes)))
-                times.append(bar[1])
-        read += len(entries)
-        # the ID after the last one read ("(ID", an exclusive range, needs Redis 6.2)
-        last_id: Any = entries[-1][0]  # bytes: the client does not decode replies
-        ms, seq = parse_id(last_id)
-        start = format_id((ms, seq + 1))
+    read = 0
+    for stream in streams:
+        start = "-"
+        while read < sample:
+            entries = client.xrange(stream, min=start, max="+", count=min(page, sample - read))
+            if not entries:
+                break
+            for _, fields in entries:
+                bar = _symbol_and_time(fields, time_unit)
+                if bar is not None:
+                    symbols.append(codes.setdefault(bar[0], len(codes)))
+                    times.append(bar[1])
+            read += len(entries)
+            # the ID after the last one read ("(ID", an exclusive range, needs Redis 6.2)
+            last_id: Any = entries[-1][0]  # bytes: the client does not decode replies
+            ms, seq = parse_id(last_id)
+            start = format_id((ms, seq + 1))
     return interval_of(np.array(symbols, np.int64), np.array(times, np.int64))
 
 
