@@ -336,6 +336,10 @@ def run_one(n_symbols: int, args, redis_url: str, redis_pid: int, tmp: Path, cli
         if steady_bars
         else None,
         "cpu per bar": cpu_per_bar,
+        # each steady bar's kline median and worst kline (ms), in the order they closed
+        "per bar": [
+            (float(np.median(by_bar[t])) * 1e3, max(by_bar[t]) * 1e3) for t in steady_bars
+        ],  # fmt: skip
     }
 
 
@@ -420,6 +424,11 @@ def main(argv=None) -> int:
         "exchange's round trip)",
     )  # fmt: skip
     parser.add_argument(
+        "--per-bar", action="store_true",
+        help="also print each steady bar's kline median / worst (ms), to see which bars "
+        "make the p99",
+    )  # fmt: skip
+    parser.add_argument(
         "--live-args", default="",
         help="more options for `atc-stream live` (one string), e.g. \"--warm-every-ms 0\"",
     )  # fmt: skip
@@ -449,6 +458,9 @@ def main(argv=None) -> int:
                     r = run_one(n, args, server.url, server.proc.pid, Path(tmp), client)
                     results[client] = r
                     print(_row(r, round_no, args.history), flush=True)
+                    if args.per_bar:
+                        bars = " ".join(f"{m:.1f}/{w:.1f}" for m, w in r["per bar"])
+                        print(f"<!-- round {round_no} {client} per bar: {bars} -->", flush=True)
                 rounds.append(results)
             summaries += _summary(n, rounds)
             print()

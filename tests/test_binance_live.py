@@ -123,6 +123,42 @@ def test_warmup_stream_previews_equal_compute():
         assert engine.stream_state(key)["last_time"] == T0 + 319 * IMS
 
 
+def consumer_locals() -> set[str]:
+    """Names bound in the feed's consumer loop (``KlineClient._consume_items``), which
+    must be suspended at an ``await``."""
+    for task in asyncio.all_tasks():
+        coro = task.get_coro()
+        while coro is not None and hasattr(coro, "cr_code"):
+            if coro.cr_code.co_name == "_consume_items":
+                return set(coro.cr_frame.f_locals)
+            coro = coro.cr_await
+    raise AssertionError("no consumer loop is running")
+
+
+def test_a_batch_is_freed_once_applied():
+    """The consumer holds no batch while it waits for the next: a start-up's batch
+    (histories or backfills, tens of thousands of klines at 200 symbols) kept in its
+    locals was deallocated by the next batch, the first live burst, delaying its signals
+    by milliseconds."""
+    closes = make_bars(SYMBOLS, 240, seed=21)
+    start, history = 230, 100
+    seen: list[set[str]] = []
+
+    def on_result(result) -> None:  # inside the consumer's step: look once it yields
+        asyncio.get_running_loop().call_soon(lambda: seen.append(consumer_locals()))
+
+    with FakeExchange(closes, start) as ex:
+        client = KlineClient(
+            Engine(backend="cpu", interval=INTERVAL, outputs="all"), SYMBOLS,
+            fast_config(ex, history=history), on_result=on_result, clock_ms=lambda: ex.now_ms,
+        )  # fmt: skip
+        run_client(client, max_bars=len(SYMBOLS) * (240 - start), max_seconds=60)
+    assert len(seen) >= 2  # the warmup's result, then live steps
+    for names in seen:
+        assert "queue" in names  # the loop's frame was found
+        assert not {"items", "item", "warmups"} & names, names
+
+
 def collect_previews(previews):
     out = {}
     for res in previews:

@@ -75,6 +75,26 @@ def test_work_waits_for_the_room_after_the_next_burst():
     asyncio.run(main())
 
 
+def test_a_rest_page_waits_for_the_burst_due_before_it_would_be_parsed():
+    """A REST page (``clear_for_page``) due 3 ms before a close waits until that close's
+    burst has settled; one in the middle of an interval goes at once."""
+    iv = 200
+    clock = BurstClock(iv, lambda: int(time.time() * 1000))
+
+    async def main() -> None:
+        now = int(time.time() * 1000)
+        clock.stepped(now + 3 - 2 * iv, now_ms=now)  # the next close is 3 ms away
+        await clock.clear_for_page()
+        assert clock.room_s() >= BurstClock.PAGE_S
+        assert clock._phase(int(time.time() * 1000)) >= clock.settle_ms
+        clock.stepped(int(time.time() * 1000) - iv - iv // 2)  # half an interval to go
+        started = time.monotonic()
+        await clock.clear_for_page()
+        assert time.monotonic() - started < iv / 2000
+
+    asyncio.run(main())
+
+
 class _Node:
     pass
 

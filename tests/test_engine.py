@@ -65,6 +65,27 @@ def test_streams_added_later_removed_and_readded_do_not_disturb_others():
     assert_bit_identical(np.array(b_rows), reference_outputs(compute(b[100:], SHORT_8)), "B again")
 
 
+def test_a_slot_given_to_another_symbol_names_it_in_the_rows():
+    """Rows take their symbol, interval and params_id from per-slot columns kept between
+    steps: a slot freed and given to another symbol (or another engine's slots in
+    between) names the new stream at once."""
+    engine = Engine(SHORT_8, backend="cpu", capacity=2, outputs="all")
+    other = Engine(SHORT_8, backend="cpu", interval="1h", capacity=2, outputs="all")
+    engine.add_symbols(["A", "B"])
+    other.add_symbols(["X"])
+    assert engine.step([("A", 0, 1.0), ("B", 0, 1.0)]).columns()["symbol"].tolist() == ["A", "B"]
+    slot = engine.slots_of("B")[0]
+    engine.remove_symbol("B")
+    engine.add_symbol("C")
+    assert engine.slots_of("C")[0] == slot  # the freed slot, reused
+    columns = other.step([("X", 0, 1.0)]).columns()
+    assert (columns["symbol"].tolist(), columns["interval"].tolist()) == (["X"], ["1h"])
+    columns = engine.step([("C", 0, 2.0), ("A", 1, 2.0)]).columns()
+    assert columns["symbol"].tolist() == ["C", "A"]
+    assert columns["interval"].tolist() == ["1m", "1m"]
+    assert [str(k) for k in engine.step([("C", 1, 2.0)]).keys] == ["C:1m:0"]
+
+
 def _registry(engine: Engine):
     store = engine.store
     used = np.flatnonzero(store.in_use)

@@ -5,6 +5,9 @@ ccxt's real transports, the emulator's documented wire format, no stubs of our c
 from __future__ import annotations
 
 import asyncio
+import random
+import socket
+import time
 from collections import Counter
 
 import pytest
@@ -125,6 +128,43 @@ def test_a_ccxt_bar_closes_when_the_next_one_opens():
     assert closed[0] == Kline("BTC/USDT", t, t + IMS - 1, 10.0, 11.0, 10.0, 11.0, 2.0, True)
     assert closed[1].close == 11.5
     assert parser.rejections == {"bad_time": 1, "non_positive_price": 1}
+
+
+def test_ccxt_failed_connects_count_as_a_websockets_do():
+    """A watch that cannot connect (nothing listens on the websocket port: refused) is a
+    failed connect, once a retry: in ``connect_failures`` and in
+    ``disconnects["connect_failed"]``, as a native websocket's attempt; nothing is up."""
+    names = ["BTC/USDT", "ETH/USDT"]
+    with socket.socket() as s:  # a port that was free a moment ago: connects are refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    stats = LiveStats()
+    with OkxEmulator(make_bars(["BTC-USDT", "ETH-USDT"], 10), 5) as ex:
+        okx = ccxt_pro.okx({"enableRateLimit": True})
+        # the markets come from the emulator's REST; the websocket is refused
+        okx.urls["api"] = {"rest": ex.rest_url, "ws": f"ws://127.0.0.1:{port}/ws/v5"}
+
+        async def go() -> CcxtStream:
+            parser = CcxtCandles(names, INTERVAL, Counter())
+            stream = CcxtStream(0, names, okx, asyncio.Queue(), parser, config(), stats,
+                                random.Random(1))  # fmt: skip
+            task = asyncio.create_task(stream.run())
+            deadline = time.monotonic() + 30
+            while stats.connect_failures < 3 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            await okx.close()
+            return stream
+
+        stream = asyncio.run(go())
+    assert stats.connect_failures >= 3
+    assert stats.disconnects == {"connect_failed": stats.connect_failures}
+    assert stats.connects == 0 and stats.open_connections == 0
+    assert not stream.connected.is_set()
 
 
 def test_ccxt_symbols_are_checked_against_ccxt_markets():

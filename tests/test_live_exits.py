@@ -2,11 +2,14 @@
 the wall clock) and real processes: a reader that closes stdout ends it quietly with
 status 141; ``-o /dev/null`` is an output (``replay`` and ``demo`` share the check); a
 SIGTERM while the warmup waits for the exchange's history leaves the snapshots as they
-were; a Ctrl-C while the command loads is one line and status 130, never a traceback."""
+were, and one after start-up wrote rows takes a final snapshot that ``--resume`` goes on
+from exactly; a Ctrl-C while the command loads is one line and status 130, never a
+traceback."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -14,8 +17,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("prometheus_client")
@@ -26,7 +31,23 @@ from exchange_emulators import FakeExchange, make_bars  # noqa: E402
 from test_live_ops import realtime_exchange  # noqa: E402
 from test_live_sigterm import REPO, start_live, wait_for  # noqa: E402
 
+from atc_stream import compute  # noqa: E402
+
 START_UP_STOP = "atc-stream: SIGTERM: stopped during start-up, before any bar was applied"
+START_UP_SUMMARY = "atc-stream: live stopped during start-up (nothing written, no snapshot taken)"
+
+
+def assert_stopped_in_start_up(text: str) -> None:
+    """``text`` (a log) ends as a run stopped during start-up: its line, then a short
+    summary (connections, REST), with no final snapshot and no summary of a run."""
+    lines = text.strip().splitlines()
+    assert START_UP_STOP in lines and START_UP_SUMMARY in lines, text
+    summary = lines[lines.index(START_UP_SUMMARY) + 1 :]
+    assert [line.split()[0] for line in summary] == [
+        "symbols", "messages", "disconnects", "REST", "REST",
+    ], text  # fmt: skip
+    assert "final snapshot" not in text and "live done" not in text, text
+    assert "Traceback" not in text, text
 
 
 def live_env() -> dict[str, str]:
@@ -114,17 +135,37 @@ def test_replay_and_demo_write_to_dev_null_as_live_does(tmp_path, run_main):
 
 
 class HeldHistory(FakeExchange):
-    """Klines over REST wait for ``gate``: a client's warmup (or backfill) waits with them."""
+    """Klines over REST wait for ``gate`` (only those of the symbols in ``held``, when it
+    names any): a client's warmup (or backfill) waits with them."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.gate = threading.Event()
         self.gate.set()
+        self.held: set[str] = set()
 
     async def _klines(self, request, fault):
-        while not self.gate.is_set():
+        symbol = request.query.get("symbol")
+        while not self.gate.is_set() and (not self.held or symbol in self.held):
             await asyncio.sleep(0.005)
         return await super()._klines(request, fault)
+
+
+@contextlib.contextmanager
+def sigterm_after(process: subprocess.Popen, gate=None):
+    """Runs the block, then SIGTERMs ``process`` and puts its exit status in the list
+    yielded; whatever happens, a process still running is killed and the emulator's
+    held requests (``gate``) let go."""
+    status: list[int] = []
+    try:
+        yield status
+        process.send_signal(signal.SIGTERM)
+        status.append(process.wait(timeout=60))
+    finally:
+        if process.poll() is None:
+            process.kill()
+        if gate is not None:
+            gate.set()
 
 
 def snapshot_files(directory: Path) -> list[str]:
@@ -153,24 +194,17 @@ def test_sigterm_while_the_warmup_waits_for_history_leaves_the_snapshots_as_they
             ex.gate.clear()
             asked = len(ex.rest_requests)
             process = start_live([*common, *args], log)
-            try:
+            with sigterm_after(process, ex.gate) as status:
                 wait_for("a klines request", lambda: len(ex.rest_requests) > asked, process, log)
                 time.sleep(0.3)  # the request waits: the run is in its start-up
-                process.send_signal(signal.SIGTERM)
-                code = process.wait(timeout=60)
-            finally:
-                if process.poll() is None:
-                    process.kill()
-                ex.gate.set()
-            return code, log.read_text()
+            return status[0], log.read_text()
 
         code, text = stopped_while_held(
             ["--snapshot-dir", str(fresh / "snaps"), "-o", str(fresh / "out.jsonl")],
             tmp_path / "fresh.log",
         )  # fmt: skip
         assert code == 0, text
-        assert text.strip().splitlines()[-1] == START_UP_STOP, text
-        assert "final snapshot" not in text and "live done" not in text
+        assert_stopped_in_start_up(text)
         assert snapshot_files(fresh / "snaps") == [] and (fresh / "out.jsonl").read_text() == ""
 
         resumed_args = ["--snapshot-dir", str(resumed / "snaps"), "-o",
@@ -183,10 +217,155 @@ def test_sigterm_while_the_warmup_waits_for_history_leaves_the_snapshots_as_they
         time.sleep(1.2)  # a bar closes while it is down: the resume backfills it
         code, text = stopped_while_held([*resumed_args, "--resume"], tmp_path / "second.log")
     assert code == 0, text
-    assert "restored snapshot" in text and text.strip().splitlines()[-1] == START_UP_STOP
-    assert "Traceback" not in text and "final snapshot" not in text
+    assert "restored snapshot" in text
+    assert_stopped_in_start_up(text)
     assert snapshot_files(resumed / "snaps") == before
     assert (resumed / "out.jsonl").read_text() == rows
+
+
+def test_sigterm_once_start_up_wrote_rows_takes_a_final_snapshot_resume_goes_on_exactly(
+    tmp_path,
+):
+    """The histories come in batches: one symbol is warmed up, its rows written, while the
+    other's REST history is still held. A SIGTERM then is an ordinary stop (a final
+    snapshot, the summary), since only a snapshot accounts for the rows on ``--resume``
+    (without one it would refuse the output). The resumed run keeps them, warms the other
+    symbol up as of the first run's start, and so writes every row once, each symbol's
+    from the same first bar as an uninterrupted run, each equal to ``compute``."""
+    symbols = ["BTCUSDT", "ETHUSDT"]
+    closes = make_bars(symbols, 400, seed=56)
+    now = int(time.time() * 1000)
+    exchange = HeldHistory(closes, 40, t0=now - now % 1000 - 40_000, interval="1s",
+                           realtime=True, previews_per_bar=0)  # fmt: skip
+    out, snaps = tmp_path / "out.jsonl", tmp_path / "snaps"
+    with exchange as ex:
+        common = ["--symbols", ",".join(symbols), "--interval", "1s", "--history", "1000",
+                  "--backend", "cpu", "--no-previews", "--ws-url", ex.ws_url,
+                  "--rest-url", ex.rest_url, "--snapshot-dir", str(snaps),
+                  "-o", str(out)]  # fmt: skip
+        ex.held = {"ETHUSDT"}  # its history waits, BTCUSDT's does not
+        ex.gate.clear()
+        log = tmp_path / "first.log"
+        # the status lines' fields count the rows written (the file's buffer holds them)
+        first = start_live([*common, "--status-every", "0.1", "--log-format", "json",
+                            "--max-seconds", "120"], log)  # fmt: skip
+
+        def rows_out() -> int:
+            counts = [0]
+            for line in log.read_text().splitlines():
+                with contextlib.suppress(ValueError):  # a line still being written
+                    counts.append(json.loads(line).get("rows_out") or 0)
+            return max(counts)
+
+        with sigterm_after(first, ex.gate) as status:
+            # BTCUSDT's warmup row is written while ETHUSDT's request waits: in start-up
+            wait_for("ETHUSDT's history asked for",
+                     lambda: any(q.get("symbol") == "ETHUSDT" for q in ex.rest_requests),
+                     first, log)  # fmt: skip
+            wait_for("rows", lambda: rows_out() > 0, first, log)
+        code = status[0]
+        text = log.read_text()
+        assert code == 0, text
+        assert "SIGTERM: stopping after the current batch" in text
+        assert "stopped during start-up" not in text
+        assert "final snapshot" in text and "live done" in text, text
+        written = out.read_bytes()
+        assert {json.loads(line)["symbol"] for line in written.splitlines()} == {"BTCUSDT"}
+        time.sleep(1.2)  # a bar closes while it is down: both symbols' rows must cover it
+        down_until = ex.cursor
+        log = tmp_path / "second.log"
+        second = start_live([*common, "--resume", "--status-every", "0", "--max-seconds", "6"],
+                            log)  # fmt: skip
+        try:
+            assert second.wait(timeout=120) == 0, log.read_text()
+        finally:
+            if second.poll() is None:
+                second.kill()
+        t0 = ex.t0
+    text = log.read_text()
+    assert "restored snapshot" in text and "final snapshot" in text, text
+    assert out.read_bytes().startswith(written)  # the first run's rows, kept
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    seen = Counter((r["symbol"], r["time"]) for r in rows)
+    assert set(seen.values()) == {1}, [k for k, n in seen.items() if n > 1][:5]
+    bars = {s: sorted((r["time"] - t0) // 1000 for r in rows if r["symbol"] == s)
+            for s in symbols}  # fmt: skip
+    assert bars["ETHUSDT"][0] == bars["BTCUSDT"][0], bars  # warmed up as of the first start
+    for symbol, mine in bars.items():
+        assert mine == list(range(mine[0], mine[-1] + 1)), symbol  # no bar left out
+        assert mine[-1] >= down_until, (symbol, mine[-1], down_until)
+        want = compute(closes[symbol])["signal"]  # the warmup starts at bar 0: history 1000
+        for r in rows:
+            if r["symbol"] == symbol:
+                expected = want[(r["time"] - t0) // 1000]
+                assert (r["signal"] is None and np.isnan(expected)) or r["signal"] == expected
+
+
+def test_sigterm_before_any_row_leaves_a_csv_header_that_resume_starts_afresh_over(tmp_path):
+    """A CSV output gets its header when it is opened: a run stopped before its first row
+    leaves that line alone, no rows, and ``--resume`` (no snapshot) starts afresh over it
+    rather than refuse it as an earlier run's output."""
+    closes = make_bars(["BTCUSDT"], 400, seed=57)
+    now = int(time.time() * 1000)
+    exchange = HeldHistory(closes, 40, t0=now - now % 1000 - 40_000, interval="1s",
+                           realtime=True, previews_per_bar=0)  # fmt: skip
+    out = tmp_path / "out.csv"
+    with exchange as ex:
+        common = [*one_second_bars(["BTCUSDT"]), "--no-previews", "--ws-url", ex.ws_url,
+                  "--rest-url", ex.rest_url, "--snapshot-dir", str(tmp_path / "snaps"),
+                  "-o", str(out)]  # fmt: skip
+        ex.gate.clear()
+        log = tmp_path / "first.log"
+        first = start_live([*common, "--max-seconds", "120"], log)
+        with sigterm_after(first, ex.gate) as status:
+            wait_for("a klines request", lambda: bool(ex.rest_requests), first, log)
+        assert status == [0], log.read_text()
+        assert_stopped_in_start_up(log.read_text())
+        assert len(out.read_text().splitlines()) == 1  # the header
+        assert snapshot_files(tmp_path / "snaps") == []
+        log = tmp_path / "second.log"
+        second = start_live([*common, "--resume", "--max-seconds", "60", "--max-bars", "2"], log)
+        try:
+            assert second.wait(timeout=120) == 0, log.read_text()
+        finally:
+            if second.poll() is None:
+                second.kill()
+    text = log.read_text()
+    assert "no snapshot in the" in text and "final snapshot" in text, text
+    lines = out.read_text().splitlines()
+    assert lines[0].startswith("symbol,") and lines.count(lines[0]) == 1
+    assert len(lines) == 1 + 1 + 2  # the header, the warmup's last bar, two bars
+
+
+@pytest.mark.parametrize("wrote_after_the_signal", [False, True])
+def test_a_start_up_stop_takes_a_final_snapshot_only_when_rows_were_written(
+    tmp_path, capsys, monkeypatch, wrote_after_the_signal
+):
+    """The signal decides a stop during start-up, but the batch under way when it came
+    may still write rows (a stop takes effect between batches): those rows then get the
+    final snapshot that accounts for them, with a note that says so."""
+    from atc_stream.app.durability import Durability
+    from atc_stream.engine.engine import Engine
+
+    for flag in ("entered", "signalled"):  # the whole process's: put back after the test
+        monkeypatch.setattr(Durability, flag, False)
+    durability = Durability(redis=None, snapshot_dir=tmp_path / "snaps", snapshot_every=None,
+                            resume=False)  # fmt: skip
+    durability.start(Engine(backend="cpu", interval="1m"))
+    rows: list[str] = []
+    durability.started_up = lambda: False
+    durability.wrote = lambda: bool(rows)
+    with durability:
+        signal.raise_signal(signal.SIGTERM)
+        assert durability.stop_requested and durability.stopped_in_start_up
+        if wrote_after_the_signal:
+            rows.append("a row")
+    err = capsys.readouterr().err
+    assert START_UP_STOP in err.splitlines()
+    assert durability.stopped_in_start_up is not wrote_after_the_signal
+    assert ("final snapshot" in err) is wrote_after_the_signal
+    assert ("wrote rows after all" in err) is wrote_after_the_signal
+    assert bool(snapshot_files(tmp_path / "snaps")) is wrote_after_the_signal
 
 
 def test_a_resumed_run_with_no_bar_to_backfill_is_past_its_start_up(tmp_path):
@@ -209,15 +388,11 @@ def test_a_resumed_run_with_no_bar_to_backfill_is_past_its_start_up(tmp_path):
         assert first.wait(timeout=120) == 0, (tmp_path / "first.log").read_text()
         log = tmp_path / "second.log"
         second = start_live([*common, "--resume", "--max-seconds", "120"], log)
-        try:
+        with sigterm_after(second) as status:
             wait_for("the run", lambda: "atc-stream: live 1 symbols" in log.read_text(),
                      second, log)  # fmt: skip
             time.sleep(1.0)  # its backfill: one REST request to this machine
-            second.send_signal(signal.SIGTERM)
-            code = second.wait(timeout=60)
-        finally:
-            if second.poll() is None:
-                second.kill()
+    code = status[0]
     text = log.read_text()
     assert code == 0, text
     assert "stopping after the current batch" in text and START_UP_STOP not in text

@@ -19,7 +19,12 @@ from atc_stream.connectors.redis.channels import SignalBatch
 from atc_stream.connectors.redis.pubsub import SignalPublisher, SignalSubscriber
 from atc_stream.connectors.replay.player import random_walk_table
 from atc_stream.connectors.retry import Backoff
-from atc_stream.core.messages import SignalRecord, records_from_result
+from atc_stream.core.messages import (
+    PositionRecord,
+    SignalRecord,
+    TradeRecord,
+    records_from_result,
+)
 from atc_stream.core.schema import COLUMNS, SCHEMA_VERSION
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(300)]
@@ -419,6 +424,61 @@ def test_latest_skips_and_counts_fields_that_do_not_decode(redis_url):  # noqa: 
     latest = sub.latest()
     sub.close()
     assert list(latest) == ["SYM000:1m:0"] and sub.malformed == 2
+
+
+def test_subscriber_with_symbols_narrows_the_shared_channels_and_hashes(redis_url, results):  # noqa: F811
+    """The events, trades and positions channels and the latest hashes carry every
+    symbol's records: a subscriber given symbols gets only theirs (as Structs or dicts),
+    one with ``all_symbols`` gets them all."""
+    import redis
+
+    shared = {"events": True, "trades": True, "positions": True}
+    narrow = SignalSubscriber(redis_url, symbols=["SYM001"], **shared)
+    as_dicts = SignalSubscriber(redis_url, symbols=["SYM001"], as_dict=True, **shared)
+    wide = SignalSubscriber(redis_url, symbols=["SYM001"], all_symbols=True, **shared)
+    readers = []
+    for sub in (narrow, as_dicts, wide):
+        sub.wait_ready()
+        readers.append(Collector(sub))
+        readers[-1].start()
+    with SignalPublisher(redis_url) as pub:  # events of four symbols, and the latest hash
+        for result in results:
+            pub.publish(result)
+    client = redis.Redis.from_url(redis_url)
+    for symbol in ("SYM000", "SYM001"):
+        trade = TradeRecord(symbol, "1m", 0, 0, 1, 1, 2, 1.0, 2.0, "flip", 1.0)
+        position = PositionRecord(symbol, "1m", 0, 0, 2, 1, 1.0)
+        client.publish("atc:trades", msgspec.json.encode(trade))
+        client.publish("atc:positions", msgspec.json.encode(position))
+        client.hset("atc:positions:latest", position.key, msgspec.json.encode(position))
+    client.close()
+    got = [reader.drain() for reader in readers]
+    events_of = {}
+    for result in results:
+        for r in result.records():
+            if r["ready"] and (r["long"] or r["short"]):
+                events_of[r["symbol"]] = events_of.get(r["symbol"], 0) + 1
+    assert len(events_of) == 4
+
+    def symbols_of(messages, kind):
+        return [m.data["symbol"] if isinstance(m.data, dict) else m.data.symbol
+                for m in messages if m.kind == kind]  # fmt: skip
+
+    for messages in got[:2]:
+        assert symbols_of(messages, "event") == ["SYM001"] * events_of["SYM001"]
+        assert symbols_of(messages, "trade") == ["SYM001"]
+        assert symbols_of(messages, "position") == ["SYM001"]
+    assert sorted(set(symbols_of(got[2], "event"))) == sorted(events_of)
+    assert len(symbols_of(got[2], "event")) == sum(events_of.values())
+    assert symbols_of(got[2], "trade") == ["SYM000", "SYM001"]
+    assert symbols_of(got[2], "position") == ["SYM000", "SYM001"]
+    for sub in (narrow, as_dicts):
+        assert {key.split(":")[0] for key in sub.latest()} == {"SYM001"}
+        assert list(sub.latest_positions()) == ["SYM001:1m:0:0"]
+    assert {key.split(":")[0] for key in wide.latest()} == set(events_of)
+    assert sorted(wide.latest_positions()) == ["SYM000:1m:0:0", "SYM001:1m:0:0"]
+    for sub in (narrow, as_dicts, wide):
+        sub.close()
 
 
 def signal_channel_of(symbol: str) -> str:

@@ -9,6 +9,7 @@ sort spills many runs in a few milliseconds.
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -343,3 +344,34 @@ def test_sort_files_of_a_killed_replay_are_removed_by_the_next(tmp_path, table, 
     assert not left[0].exists()
     assert sorted(spills.iterdir()) == sorted([alive, other_host])  # its own is gone too
     assert any("removed 1 sort directory" in r.getMessage() for r in caplog.records)
+
+
+def last_frame(err: str, desc: str) -> tuple[int, int]:
+    """``(n, total)`` of the last frame the ``desc`` progress bar drew on stderr."""
+    frames = re.findall(rf"{desc}:\s*\d+%\|[^|]*\| (\d+)/(\d+)", err)
+    assert frames, err
+    n, total = frames[-1]
+    return int(n), int(total)
+
+
+@pytest.mark.parametrize("kind", ["table", "file"])
+def test_the_replay_bar_ends_at_its_total(tmp_path, capsys, kind):
+    """The replay bar counts the rows after the warmup, stepped or skipped as already
+    applied (a resume), and a replay that ends draws it at its total: also when its last
+    bars are rejected, and when most of its rows are skipped."""
+    walk = random_walk_table(n_symbols=3, n_bars=300, seed=4)
+    closes = walk.closes.copy()
+    closes[-6:] = 0.0  # the last two bar times of the three symbols: rejected
+    table = BarTable(walk.symbols, walk.times, closes)
+    bars = table
+    if kind == "file":
+        write_csv(tmp_path / "bars.csv", table)
+        bars = BarFileSource(tmp_path / "bars.csv", warmup_bars=50)
+    summary = BarPlayer(Engine(backend="cpu"), bars, warmup_bars=50, progress=True).run()
+    assert summary.step_bars == 750 and sum(summary.rejected.values()) == 6
+    assert last_frame(capsys.readouterr().err, "replay") == (750, 750)
+    # a resume: each symbol's rows up to its 200th bar were applied before, and skipped
+    player = BarPlayer(Engine(backend="cpu"), bars, progress=True)
+    summary = player.run(applied_until=np.full(3, walk.times[0] + 199 * MINUTE))
+    assert player.source.skipped == 600 and summary.step_bars == 300
+    assert last_frame(capsys.readouterr().err, "replay") == (900, 900)

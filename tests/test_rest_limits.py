@@ -311,3 +311,39 @@ def test_cli_live_banned_exits_1_with_the_reason(tmp_path):
     assert len(failed) == 1 and "HTTP 418" in failed[0] and "300 s" in failed[0]
     refused = CliRunner().invoke(app, ["live", "--symbols", "BTCUSDT", "--rest-weight-budget", "0"])
     assert refused.exit_code == 2 and "--rest-weight-budget" in refused.output
+
+
+def test_each_answer_is_parsed_only_once_the_pace_lets_it():
+    """``pace`` is awaited before each page is decoded and parsed (the feed waits there
+    for room before the next burst): while it holds, no fetch returns; released, every
+    page is parsed, in full."""
+    import aiohttp
+
+    symbols = ["S0USDT", "S1USDT"]
+    held = asyncio.Event()
+    paced: list[int] = []
+
+    async def pace() -> None:
+        paced.append(len(paced))
+        await held.wait()
+
+    async def run(ex: FakeExchange) -> list[list]:
+        async with aiohttp.ClientSession() as session:
+            rest = KlineRest(
+                session, fast_config(ex), INTERVAL, LiveStats(), lambda: ex.now_ms,
+                random.Random(1), exchange=BinanceSpot(), pace=pace,
+            )  # fmt: skip
+            end = ex.now_ms
+            fetches = [asyncio.ensure_future(rest.fetch(s, end - 5 * IMS, end)) for s in symbols]
+            while len(paced) < len(symbols):  # both answers came, and wait for the pace
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)
+            assert not any(f.done() for f in fetches)
+            held.set()
+            return list(await asyncio.gather(*fetches))
+
+    with FakeExchange(make_bars(symbols, 20), 10) as ex:
+        pages = asyncio.run(run(ex))
+    assert len(paced) == len(symbols)
+    assert [len(klines) for klines in pages] == [5, 5]  # the closed ones of the range
+    assert all(k.symbol == s for s, klines in zip(symbols, pages, strict=True) for k in klines)

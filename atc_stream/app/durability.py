@@ -22,7 +22,7 @@ from atc_stream.core.params import ATCParams
 from atc_stream.core.schema import params_metadata
 from atc_stream.core.strategy import Strategy
 from atc_stream.engine.engine import Engine
-from atc_stream.io.writers import open_writer, same_path
+from atc_stream.io.writers import open_writer, output_format, same_path
 from atc_stream.kernels import cuda_available
 from atc_stream.state.snapshot import SnapshotError, SnapshotWarning
 from atc_stream.state.snapshot_stores import DirectorySnapshotStore, SnapshotStore
@@ -117,14 +117,29 @@ def refuse_earlier_output(output, store) -> None:
     if output is None or str(output) == "-":
         return
     path = Path(output)
-    held = path.is_file() and path.stat().st_size > 0
-    held |= path.is_dir() and any(path.iterdir())
-    if held:
+    if _holds_rows(path):
         raise RunError(
             f"--resume: no snapshot in the {store} to resume from, but {path} already holds "
             "the output of an earlier run; starting fresh would overwrite it. Move it away "
             "(or choose another -o) to start fresh"
         )
+
+
+def _holds_rows(path: Path) -> bool:
+    """Whether ``path`` (a file, or a Parquet directory) holds rows. A CSV file's header
+    line is written when the file is opened: on its own (a run stopped before its first
+    row) it is no row to keep."""
+    if path.is_dir():
+        return any(path.iterdir())
+    if not path.is_file():
+        return False
+    try:
+        with open(path, "rb") as file:
+            if output_format(path) == "csv":
+                file.readline()
+            return file.read(1) != b""
+    except OSError:  # not readable: judged by its size alone
+        return path.stat().st_size > 0
 
 
 class TerminatedBeforeStart(KeyboardInterrupt):
@@ -212,7 +227,11 @@ class Durability:
         #: applies anything (``live`` waits for the exchange's history): stopped before,
         #: it leaves the snapshots as they were. None: the run applies from its start
         self.started_up: Callable[[], bool] | None = None
-        self._stopped_in_start_up = False
+        #: whether the run has written output (rows, previews) yet: from the first row
+        #: on, a stop during start-up is an ordinary stop, since only a final snapshot
+        #: accounts for those rows on ``--resume``. None: taken as nothing written
+        self.wrote: Callable[[], bool] | None = None
+        self._signalled_in_start_up = False
         self._on_stop: list[Callable[[], object]] = []
         if redis is not None:
             require("redis", "--redis")
@@ -339,14 +358,22 @@ class Durability:
         self._on_stop.append(callback)
 
     def starting_up(self) -> bool:
-        """Whether the run is still starting up (``started_up`` says not yet)."""
-        return self.started_up is not None and not self.started_up()
+        """Whether the run is still starting up (``started_up`` says not yet) and has
+        written nothing."""
+        if self.started_up is None or self.started_up():
+            return False
+        return not self._wrote()
+
+    def _wrote(self) -> bool:
+        return self.wrote is not None and self.wrote()
 
     @property
     def stopped_in_start_up(self) -> bool:
-        """Whether a signal stopped the run during its start-up: decided once, when the
-        signal came, so that its line, the final snapshot and the summary agree."""
-        return self._stopped_in_start_up
+        """Whether a signal stopped the run during its start-up, before it wrote anything,
+        so that no final snapshot is taken and the summary is short. Decided when the
+        signal came, unless the batch under way then wrote rows after all: the output
+        then holds rows that only the final snapshot can account for."""
+        return self._signalled_in_start_up and not self._wrote()
 
     def _handle(self, signum, frame) -> None:
         if self.stop_requested and signum == signal.SIGINT:
@@ -356,8 +383,8 @@ class Durability:
         self.stop_signal = self.stop_signal or signum
         name = signal.Signals(signum).name
         if first:
-            self._stopped_in_start_up = self.starting_up()
-        if self._stopped_in_start_up:
+            self._signalled_in_start_up = self.starting_up()
+        if self._signalled_in_start_up:
             err(f"atc-stream: {name}: {STOPPED_IN_START_UP}")
         else:
             err(f"atc-stream: {name}: stopping after the current batch")
@@ -380,6 +407,12 @@ class Durability:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         clean = exc_type is None or exc_type is StopRun
+        if clean and self._signalled_in_start_up and not self.stopped_in_start_up:
+            # its line said "before any bar was applied", which is no longer so
+            err(
+                "atc-stream: note: the batch under way when the signal came wrote rows "
+                "after all: the stop is an ordinary one (a final snapshot, the summary)"
+            )
         if self.snapshotter is not None:
             snapshotter = self.snapshotter
             # stopped before any bar was applied, the engine is the restored snapshot or

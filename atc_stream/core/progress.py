@@ -15,6 +15,9 @@ class NoBar:
     def update(self, n: int = 1) -> None:
         pass
 
+    def refresh(self) -> None:
+        pass
+
 
 @contextmanager
 def progress_bar(enabled: bool, **options: Any) -> Iterator[Any]:

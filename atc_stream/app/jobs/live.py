@@ -14,6 +14,7 @@ fresh with the rows from the snapshot on. ``--metrics-port``: ``app.ops_server``
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,7 @@ from atc_stream.io.table_writers import PaperOutputs
 from atc_stream.io.writers import ReaderGone, check_apart, check_outputs
 
 if TYPE_CHECKING:
+    from atc_stream.connectors.exchanges.config import LiveStats
     from atc_stream.connectors.redis.loop import LoopPublisher
 
 #: Name of the live feed's entry in ``Engine.source_offsets``.
@@ -78,7 +80,8 @@ def run_live(
     """Run the live feed until ``max_seconds``/``max_bars``/SIGINT/SIGTERM; the exit status
     (1 when the feed failed: REST unusable or banned, no symbol known; 130 after a
     Ctrl-C, 0 after a SIGTERM, both clean stops). Every bar closing
-    after ``started_ms`` (default: when the feed starts) is stepped and written.
+    after ``started_ms`` (default: now; on ``--resume``, see ``_live_from``) is stepped
+    and written.
     ``metrics_port`` (0: off) serves the operations endpoints on ``metrics_host``.
     ``route_shards``: every applied closed bar also goes to a cluster's shard streams."""
     if exchange.startswith("ccxt:"):  # its extra brings the live one: name the whole of it
@@ -146,8 +149,10 @@ def run_live(
             redis, prefix=redis_prefix, events_before_ready=events_before_ready
         )
         durability.publisher = publisher  # its counters go in the closing summary
-    _check_same_venue(engine.source_offsets.get(LIVE_SOURCE), venue.name, durability)
-    if durability.restored and engine.source_offsets.get(LIVE_SOURCE) is None:
+    recorded = engine.source_offsets.get(LIVE_SOURCE) if durability.restored else None
+    _check_same_venue(recorded, venue.name, durability)
+    live_from = _live_from(recorded, started_ms)
+    if durability.restored and recorded is None:
         # e.g. warmed up by `replay`, now going live: allowed
         err(f"atc-stream: note: the snapshot holds no live output position (taken by "
             f"another command); {output} gets the rows from the snapshot on")  # fmt: skip
@@ -159,7 +164,6 @@ def run_live(
     with durability.open_output(engine, output, LIVE_SOURCE, replayable=False) as signals:
         sink = signals
         if paper is not None:
-            recorded = engine.source_offsets.get(LIVE_SOURCE) if durability.restored else None
             sink = PaperOutputs(
                 signals, trades=paper.trades, positions=paper.positions,
                 resume_from=(recorded or {}).get("output"),
@@ -173,15 +177,18 @@ def run_live(
         def offsets() -> dict[str, Any]:
             # taken when a snapshot copies the state: every row of the bars in that state
             # has been written, so the output cut back to here matches the state
-            return {LIVE_SOURCE: {"input": f"{where} {engine.interval}", "exchange": venue.name,
-                                  "output": sink.position()}}  # fmt: skip
+            entry: dict[str, Any] = {"input": f"{where} {engine.interval}",
+                                     "exchange": venue.name, "output": sink.position()}  # fmt: skip
+            if _warming_up(client, engine):  # see ``_live_from``
+                entry["live_from"] = live_from
+            return {LIVE_SOURCE: entry}
 
         try:
             client = KlineClient(
                 engine, symbols, config, on_result=sink.write,
                 on_preview=sink.write if previews else None,
                 snapshotter=durability.snapshotter, source_offsets=offsets,
-                publisher=publisher, exchange=venue, live_from_ms=started_ms,
+                publisher=publisher, exchange=venue, live_from_ms=live_from,
                 on_bars=on_bars,
             )  # fmt: skip
         except ValueError as exc:
@@ -189,8 +196,11 @@ def run_live(
         durability.on_stop(client.stop)
         durability.final_offsets = offsets
         # the warmup and first backfills wait for the exchange's history: a stop before
-        # they are done is a stop during start-up (no snapshot, one line)
+        # they are done is a stop during start-up (no snapshot, a short summary), unless
+        # rows (a warmed symbol's, a preview) were written: only a snapshot accounts for
+        # them on --resume, so that stop is an ordinary one
         durability.started_up = lambda: client.started_up
+        durability.wrote = lambda: client.stats.rows_out > 0 or client.stats.previews > 0
         err(
             f"atc-stream: live {len(client.symbols)} symbols x {engine.interval} from "
             f"{where} ({engine.backend.name} backend)"
@@ -209,13 +219,48 @@ def run_live(
         err("")
     # Ctrl-C exits 130 as every command's does; SIGTERM, a service manager's stop, 0
     stopped = 130 if durability.stop_signal == signal.SIGINT else 0
-    if durability.stopped_in_start_up:  # its one line said so: no summary of nothing
+    if durability.stopped_in_start_up:  # no bar applied: what start-up had done
+        err("atc-stream: live stopped during start-up (nothing written, no snapshot taken)",
+            fields=status_fields(stats))  # fmt: skip
+        for line in _start_up_lines(stats):
+            err("  " + line)
         return stopped
     err("atc-stream: live done" + (f" (failed: {failed})" if failed else ""),
         level="error" if failed else "info", fields=status_fields(stats))  # fmt: skip
     for line in stats.lines() + (paper_lines(engine) if paper is not None else []):
         err("  " + line)
     return 1 if failed is not None else stopped
+
+
+#: The first words of the closing summary's lines (``LiveStats.lines``) that say something
+#: of a run stopped during start-up: no bar was applied, the others would count nothing
+_START_UP_LINES = ("symbols", "messages", "disconnects", "REST")
+
+
+def _start_up_lines(stats: LiveStats) -> list[str]:
+    """The lines of a run's closing summary (``stats``: its ``LiveStats``) that tell how
+    far a start-up stopped by a signal came: connections and REST requests."""
+    return [line for line in stats.lines() if line.split(" ", 1)[0] in _START_UP_LINES]
+
+
+def _live_from(recorded: dict[str, Any] | None, started_ms: int | None) -> int:
+    """Bars closing after this time (ms) are stepped, those before it warm a fresh symbol
+    up. A snapshot (``recorded``: its live offsets) taken before its run's start-up was
+    done records that run's: symbols without a bar in it warm up as of then on
+    ``--resume``, so their rows are those an uninterrupted run writes, from the same first
+    bar. Else ``started_ms`` (the process's start), or now."""
+    if recorded is not None and recorded.get("live_from") is not None:
+        return int(recorded["live_from"])
+    return started_ms if started_ms is not None else int(time.time() * 1000)
+
+
+def _warming_up(client, engine) -> bool:
+    """Whether ``client``'s start-up goes on with a symbol that has no bar yet (on
+    ``--resume`` it warms up afresh). Once started up, a symbol without a bar (no history
+    on the exchange) is left to the resumed run's own start."""
+    if client.started_up:
+        return False
+    return any(all(t is None for t in engine.last_bar_times(s)) for s in client.symbols)
 
 
 def _close_routing(routing, shards: int) -> None:

@@ -1,13 +1,10 @@
 """The ``subscribe`` job: print the signals (and trades, positions) a publisher sends over
 Redis pub/sub, one JSON object per line (``connectors.redis.pubsub.SignalSubscriber``
-reconnects and counts malformed messages)."""
+narrows them to the chosen symbols, reconnects and counts malformed messages)."""
 
 from __future__ import annotations
 
 import sys
-import time
-from collections.abc import Callable
-from typing import Any
 
 from atc_stream.app.console import OptionError, err, redis_failure
 from atc_stream.app.extras import require
@@ -49,7 +46,6 @@ def run_subscribe(
         raise OptionError(str(exc)) from None
     except (redis_lib.RedisError, OSError) as exc:  # no server there, or one that refuses
         raise redis_failure(redis, exc, "subscribing") from None
-    wanted = _of_symbols(names)
     try:
         if latest:
             hashes = [(sub.latest_key, "latest", sub.latest())]
@@ -57,25 +53,13 @@ def run_subscribe(
                 hashes.append((sub.positions_latest_key, "latest_position", sub.latest_positions()))
             for channel, kind, values in hashes:
                 for key, record in sorted(values.items()):
-                    if wanted(kind, record):
-                        out.write(encoder.encode({"channel": channel, "kind": kind, "key": key,
-                                                  "data": record}) + b"\n")  # fmt: skip
+                    out.write(encoder.encode({"channel": channel, "kind": kind, "key": key,
+                                              "data": record}) + b"\n")  # fmt: skip
             out.flush()
-        printed = 0
-        last_printed = time.monotonic()
-        for msg in sub.messages(timeout=timeout):
-            if not wanted(msg.kind, msg.data):
-                # other symbols' records keep coming: --timeout is about what prints
-                if timeout is not None and time.monotonic() - last_printed >= timeout:
-                    break
-                continue
-            last_printed = time.monotonic()
+        for msg in sub.messages(timeout=timeout, limit=count):
             out.write(encoder.encode({"channel": msg.channel, "kind": msg.kind, "data": msg.data}))
             out.write(b"\n")
             out.flush()
-            printed += 1
-            if count is not None and printed >= count:
-                break
     except KeyboardInterrupt:
         pass
     except redis_lib.RedisError as exc:  # the latest hashes: unreachable, or not hashes
@@ -86,18 +70,3 @@ def run_subscribe(
             err(f"atc-stream: subscribe: {sub.malformed} malformed messages skipped, "
                 f"{sub.reconnects} reconnects")  # fmt: skip
     return 0
-
-
-def _of_symbols(names: list[str]) -> Callable[[str, Any], bool]:
-    """Whether a message or latest record is one to print: with ``--symbols``, only those
-    symbols' records. The events, trades and positions channels and the latest hashes
-    carry every symbol's, so they are narrowed here as the signal channels are by
-    subscription; a batch (a step of every symbol) is printed whole."""
-    if not names:
-        return lambda kind, data: True
-    chosen = set(names)
-
-    def wanted(kind: str, data: Any) -> bool:
-        return kind == "batch" or not isinstance(data, dict) or data.get("symbol") in chosen
-
-    return wanted

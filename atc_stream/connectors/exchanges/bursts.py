@@ -35,6 +35,9 @@ class BurstClock:
     LAGS = 8
     #: ms of a burst's lag (close to step) taken to be its own applying, not waiting
     APPLY_MS = 10
+    #: seconds of the event loop a REST page of klines is taken to need (a few hundred
+    #: klines decoded and parsed: ~2 ms)
+    PAGE_S = 0.005
 
     def __init__(self, interval_ms: int | None, clock_ms: Callable[[], int]) -> None:
         self.interval_ms = interval_ms
@@ -110,6 +113,10 @@ class BurstClock:
             await asyncio.sleep(after_burst / 1000)
             if self.room_s() >= seconds:
                 return
+
+    async def clear_for_page(self) -> None:
+        """Returns once a REST page fits before the next burst (``wait_for_room``)."""
+        await self.wait_for_room(self.PAGE_S)
 
     async def before_bursts(self, lead_s: float, warm: Callable[[], object]) -> None:
         """Calls ``warm()`` ``lead_s`` before each burst is expected, once a burst, until

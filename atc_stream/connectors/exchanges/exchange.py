@@ -11,7 +11,7 @@ import random
 import re
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -142,9 +142,12 @@ class Exchange(ABC):
         clock_ms: Callable[[], int],
         rng: random.Random,
         limiter: WeightLimiter | None = None,
+        pace: Callable[[], Awaitable[None]] | None = None,
     ) -> KlineHistory:
         """The REST history client of one run; ``limiter`` spends the REST weight budget
-        (default: one of ``limits``, its budget ``config.rest_weight_budget`` when set)."""
+        (default: one of ``limits``, its budget ``config.rest_weight_budget`` when set);
+        ``pace`` is awaited before each answer is parsed, where the client parses them
+        (the feed keeps that work off the bursts of closed klines)."""
 
     @abstractmethod
     def connection(

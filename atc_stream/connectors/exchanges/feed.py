@@ -210,7 +210,7 @@ class KlineClient:
         async with aiohttp.ClientSession(trust_env=True) as session:
             rest = self.exchange.history(
                 session, self.config, self.interval, self.stats, self.clock_ms, self.rng,
-                limiter=self.rest_limiter,
+                limiter=self.rest_limiter, pace=self.bursts.clear_for_page,
             )  # fmt: skip
             self.rest = rest
             io = RunIO(rest, StampedQueue(maxsize=self.config.max_queue))
@@ -469,6 +469,7 @@ class KlineClient:
                     self._on_warmups(io, warmups)
                     warmups = []
             self._flush(None if max_bars is None else max_bars - self.stats.bars)
+            del items, item, warmups  # freed here, not by the next burst (a start-up's: ms)
             if max_bars is not None and self.stats.bars >= max_bars:
                 stop.set()
                 return  # another batch would apply bars past ``max_bars``

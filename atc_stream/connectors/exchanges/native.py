@@ -7,7 +7,7 @@ import asyncio
 import functools
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from atc_stream.connectors.exchanges.config import LiveConfig, LiveStats
@@ -36,10 +36,12 @@ class NativeExchange(WireExchange):
         clock_ms: Callable[[], int],
         rng: random.Random,
         limiter: WeightLimiter | None = None,
+        pace: Callable[[], Awaitable[None]] | None = None,
     ) -> KlineRest:
         return KlineRest(
-            session, config, interval, stats, clock_ms, rng, exchange=self, limiter=limiter
-        )
+            session, config, interval, stats, clock_ms, rng, exchange=self, limiter=limiter,
+            pace=pace,
+        )  # fmt: skip
 
     def connection(
         self,

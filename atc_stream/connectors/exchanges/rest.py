@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -39,7 +39,11 @@ class KlineRest:
 
     Requests run concurrently (at most ``config.rest_concurrency`` at once) as far as
     ``limiter`` lets them (default: the exchange's ``limits``, its budget replaced by
-    ``config.rest_weight_budget`` when set).
+    ``config.rest_weight_budget`` when set). ``pace`` (None: none) is awaited before an
+    answer is decoded and parsed: a page of a few hundred klines takes ~2 ms of the event
+    loop, and the feed waits with it until that fits before the next burst
+    (``BurstClock.clear_for_page``): a start-up's 200 answers parsed back to back hold a
+    burst that comes meanwhile for up to ~90 ms.
     """
 
     def __init__(
@@ -53,6 +57,7 @@ class KlineRest:
         *,
         exchange: WireExchange,
         limiter: WeightLimiter | None = None,
+        pace: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.session = session
         self.config = config
@@ -65,6 +70,7 @@ class KlineRest:
         self.url = self.base  #: where requests go unless one names its own URL
         self.limiter = limiter or WeightLimiter(exchange.limits, config.rest_weight_budget)
         self._semaphore = asyncio.Semaphore(config.rest_concurrency)
+        self.pace = pace
 
     async def get_page(
         self,
@@ -131,6 +137,8 @@ class KlineRest:
             if status != 200:
                 said = body[:300].decode("utf-8", "replace").strip()  # the exchange's own words
                 raise RestError(f"GET {_shown(url, params)} answered HTTP {status}: {said}")
+            if self.pace is not None:
+                await self.pace()
             try:
                 data = unwrap(msgspec.json.decode(body))
             except msgspec.DecodeError:

@@ -273,6 +273,12 @@ class SignalSubscriber:
     skipped and counted in ``malformed``; so is a field of the latest hashes that does
     not decode (``latest``, ``latest_positions``).
 
+    The events, trades and positions channels and the latest hashes carry every
+    symbol's records: with ``symbols`` (and not ``all_symbols``) only those symbols'
+    records of them are given, as the signal channels are narrowed by subscription. A
+    batch (one step of every symbol) is given whole; so is whatever arrives on the
+    ``channels``/``patterns`` named, and ``get_raw`` (undecoded) gives everything.
+
     >>> with SignalSubscriber(url, symbols=["BTCUSDT"], events=True) as sub:
     ...     for msg in sub.messages(timeout=5):
     ...         print(msg.channel, msg.data.signal)
@@ -320,7 +326,11 @@ class SignalSubscriber:
         self.reconnects = 0
         #: the connection was lost and no resubscription has succeeded since
         self._lost = False
-        names = [signal_channel(prefix, s) for s in (symbols or ())]
+        chosen = list(symbols or ())
+        #: the symbols whose records of the shared channels and hashes are given; None: all
+        self.symbols = frozenset(chosen) if chosen and not all_symbols else None
+        self._shared = frozenset((self.events_channel, self.trades_channel, self.positions_channel))
+        names = [signal_channel(prefix, s) for s in chosen]
         if events:
             names.append(self.events_channel)
         if trades:
@@ -435,7 +445,9 @@ class SignalSubscriber:
     def get(self, timeout: float | None = 1.0) -> Message | None:
         """The next message that decodes, or None if none arrived within ``timeout`` seconds.
 
-        A message that does not decode is skipped and counted in ``malformed``.
+        A message that does not decode is skipped and counted in ``malformed``; one of a
+        symbol not chosen (see the class) is skipped, and ``timeout`` counts only the
+        messages given.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -448,9 +460,19 @@ class SignalSubscriber:
             if raw is None:
                 return None
             try:
-                return self.decode(*raw)
+                msg = self.decode(*raw)
             except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
                 self._skip(raw[0], exc)
+                continue
+            if msg.channel not in self._shared or self._chosen(msg.data):
+                return msg
+
+    def _chosen(self, record: Any) -> bool:
+        """Whether a decoded record (a Struct or a dict) is of one of ``symbols``."""
+        if self.symbols is None:
+            return True
+        symbol = record.get("symbol") if isinstance(record, dict) else record.symbol
+        return symbol in self.symbols
 
     def _skip(self, where: str, exc: Exception) -> None:
         """Count a message or hash field that does not decode; log the first one."""
@@ -473,12 +495,14 @@ class SignalSubscriber:
         return self.messages()
 
     def latest(self) -> dict[str, Any]:
-        """The latest record of every stream (the ``{prefix}:latest`` hash), by stream key."""
+        """The latest record of every stream (the ``{prefix}:latest`` hash), by stream key;
+        with ``symbols``, of those symbols' streams."""
         return self._hash(self.latest_key, self._record_decoder)
 
     def latest_positions(self) -> dict[str, Any]:
         """The latest position of every strategy stream (the ``{prefix}:positions:latest``
-        hash), by ``symbol:interval:params_id:strategy_id``."""
+        hash), by ``symbol:interval:params_id:strategy_id``; with ``symbols``, of those
+        symbols' streams."""
         return self._hash(self.positions_latest_key, self._position_decoder)
 
     def _hash(self, name: str, decoder: Any) -> dict[str, Any]:
@@ -490,7 +514,8 @@ class SignalSubscriber:
             except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
                 self._skip(name, exc)
                 continue
-            out[key] = msgspec.to_builtins(value) if self.as_dict else value
+            if self._chosen(value):
+                out[key] = msgspec.to_builtins(value) if self.as_dict else value
         return out
 
     def close(self) -> None:

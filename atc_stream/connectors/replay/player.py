@@ -239,10 +239,16 @@ class BarPlayer:
         self._emit(result)
 
     def _play(self, blocks) -> None:
+        """Play ``blocks`` under a bar of the rows after the warmup: stepped, or skipped as
+        already applied (``source.skipped``), so a replay that ends normally ends at its
+        total, drawn (a bar is drawn at most every so often, and cleared when closed)."""
         total = self.source.rows - self.summary.warmup_bars if self.progress else None
         options = {"total": total, "desc": "replay", "unit": "bar", "leave": False}
+        self._skipped_shown = 0  #: of ``source.skipped``, the rows the bar counted
         with progress_bar(self.progress, **options) as bar:
             self._play_blocks(blocks, bar)
+            bar.update(self.source.skipped - self._skipped_shown)
+            bar.refresh()
 
     def _play_blocks(self, blocks, bar) -> None:
         self._clock_origin = None
@@ -255,6 +261,9 @@ class BarPlayer:
         # traded: the same rows, values and state as one step a bar time
         many = self.speed is None and not self.engine.strategies and self.batch_rows > 0
         for block in blocks:  # time-ordered; whole bar times
+            # the rows skipped as already applied are read, and counted, as blocks come
+            bar.update(self.source.skipped - self._skipped_shown)
+            self._skipped_shown = self.source.skipped
             boundaries = np.flatnonzero(np.diff(block.times)) + 1
             starts, ends = np.r_[0, boundaries], np.r_[boundaries, len(block)]
             if many:

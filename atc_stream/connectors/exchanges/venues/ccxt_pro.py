@@ -9,7 +9,7 @@ import logging
 import random
 import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from atc_stream.connectors.exchanges.config import LiveConfig, LiveStats
@@ -115,8 +115,10 @@ class CcxtExchange(Exchange):
         clock_ms: Callable[[], int],
         rng: random.Random,
         limiter: WeightLimiter | None = None,
+        pace: Callable[[], Awaitable[None]] | None = None,
     ) -> CcxtHistory:
-        # ccxt spaces its requests itself: ``limiter`` is not used
+        # ccxt spaces its requests itself: ``limiter`` is not used; it parses an answer
+        # inside the call that fetches it, so ``pace`` has no place to run either
         return CcxtHistory(self.client(), config, interval, stats, clock_ms, rng)
 
     def connection(
@@ -243,8 +245,9 @@ class CcxtStream:
 
     Counted like one connection: up once any watch returns (``connected`` is set then:
     the symbols' candles flow), down (one ``disconnects`` entry) when a watch fails while
-    up; the first symbol's watch failing while down counts as a failed connect
-    (``connect_failures``: one a retry, as a websocket's attempt).
+    up; the first symbol's watch failing while down counts as a failed connect, one a
+    retry, as a websocket's attempt does: in ``connect_failures`` and in ``disconnects``
+    (``connect_failed``, or ``error`` for a failure other than ccxt's network errors).
     A failed watch waits ``Backoff`` and watches again.
     """
 
@@ -320,6 +323,8 @@ class CcxtStream:
             # watch fails then, on one connection: the first symbol's count for it
             if not self.up and symbol == self.symbols[0]:
                 self.stats.connect_failures += 1
+                failed = "connect_failed" if reason == "connection_lost" else reason
+                self.stats.disconnects[failed] += 1
             self._went_down(reason, detail)
             await asyncio.sleep(backoff.next())
 
