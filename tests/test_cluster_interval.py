@@ -106,3 +106,30 @@ def test_the_shards_label_hourly_bars_1h(client, redis_url):  # noqa: F811
     rows = client.xrange("out")
     assert len(rows) == 30 * len(SYMBOLS)
     assert {fields[b"key"].split(b":")[1] for _, fields in rows} == {b"1h"}
+
+
+def test_shard_snapshots_of_another_interval(client, redis_url, run_main, tmp_path):  # noqa: F811
+    """A restored shard keeps its snapshot's interval: snapshots of hourly bars decide
+    the label where the streams cannot (empty), and are refused when the streams' bars
+    say otherwise, before Ray starts."""
+    rows = [f"{s},{T0 + i * HOUR},{100 + i % 7}" for i in range(30) for s in SYMBOLS]
+    csv = tmp_path / "bars.csv"
+    csv.write_text("symbol,time,close\n" + "\n".join(rows) + "\n")
+    backfill = ["replay", str(csv), "-o", str(tmp_path / "o.jsonl"), "--backend", "cpu",
+                "--shard-snapshots", "2", "--snapshot-to", redis_url]  # fmt: skip
+    code, stderr = run_main(backfill)
+    assert code == 0, stderr
+    start = ["cluster", "--shards", "2", "--redis", redis_url, "--ray-address", "127.0.0.1:1"]
+    code, stderr = run_main(start)  # empty streams: the snapshots' 1h, then Ray
+    assert code == 2 and "cannot reach the Ray cluster" in one_error_line(stderr), stderr
+    for i in range(30, 40):  # minute bars after them in the streams: contradicted
+        for symbol in SYMBOLS:
+            bar = {"symbol": symbol, "time": T0 + 30 * HOUR + i * MINUTE, "close": 1}
+            client.xadd(bars_stream("atc", shard_of(symbol, 2)), bar)
+    code, stderr = run_main(start)
+    assert code == 2
+    line = one_error_line(stderr)
+    assert stderr.strip().splitlines() == [line]
+    assert "the shard snapshots label their rows 1h, but the interval is 1m (inferred" in line
+    assert "give --interval 1h to go on from the snapshots" in line, line
+    assert client.hget("atc:cluster", "shards") is None

@@ -33,7 +33,7 @@ from test_live_sigterm import REPO, start_live, wait_for  # noqa: E402
 
 from atc_stream import compute  # noqa: E402
 
-START_UP_STOP = "atc-stream: SIGTERM: stopped during start-up, before any bar was applied"
+START_UP_STOP = "atc-stream: SIGTERM: stopped during start-up, before any row was written"
 START_UP_SUMMARY = "atc-stream: live stopped during start-up (nothing written, no snapshot taken)"
 
 
@@ -446,3 +446,20 @@ def test_ctrl_c_inside_an_import_that_masks_it_is_one_line_and_exit_130(tmp_path
     assert "importing numba._devicearray" in out, (out, err)  # the Ctrl-C came in there
     assert process.returncode == 130, err
     assert err == "atc-stream: interrupted\n", err
+
+
+def test_a_start_up_time_recorded_long_ago_is_not_warmed_up_from(capsys):
+    """A snapshot of a run stopped in its start-up records when that run went live; a
+    resume warms its unwarmed symbols up as of then only while ``--history`` covers it
+    (else it would fetch and step everything since): older, as of now, with a note."""
+    from atc_stream.app.jobs.live import _live_from
+
+    now, minute = 1_700_000_000_000, 60_000
+    assert _live_from(None, now, 300 * minute) == now
+    assert _live_from({"output": 10}, now, 300 * minute) == now
+    recent = {"live_from": now - 299 * minute}
+    assert _live_from(recent, now, 300 * minute) == now - 299 * minute
+    assert capsys.readouterr().err == ""
+    stale = {"live_from": now - 7 * 24 * 60 * minute}
+    assert _live_from(stale, now, 300 * minute) == now
+    assert "longer ago than --history covers" in capsys.readouterr().err

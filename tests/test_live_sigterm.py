@@ -172,7 +172,7 @@ def test_sigterm_during_start_up_is_one_line_and_exit_0(tmp_path):
     text = log.read_text()
     assert code == 0, text
     assert text.strip().splitlines()[-1] == (
-        "atc-stream: SIGTERM: stopped during start-up, before any bar was applied"
+        "atc-stream: SIGTERM: stopped during start-up, before any row was written"
     )
     assert "Traceback" not in text
 

@@ -436,8 +436,10 @@ def test_subscriber_with_symbols_narrows_the_shared_channels_and_hashes(redis_ur
     narrow = SignalSubscriber(redis_url, symbols=["SYM001"], **shared)
     as_dicts = SignalSubscriber(redis_url, symbols=["SYM001"], as_dict=True, **shared)
     wide = SignalSubscriber(redis_url, symbols=["SYM001"], all_symbols=True, **shared)
+    # a shared channel named in ``channels`` is given whole, as all named there are
+    named = SignalSubscriber(redis_url, symbols=["SYM001"], channels=["atc:events"])
     readers = []
-    for sub in (narrow, as_dicts, wide):
+    for sub in (narrow, as_dicts, wide, named):
         sub.wait_ready()
         readers.append(Collector(sub))
         readers[-1].start()
@@ -472,12 +474,13 @@ def test_subscriber_with_symbols_narrows_the_shared_channels_and_hashes(redis_ur
     assert len(symbols_of(got[2], "event")) == sum(events_of.values())
     assert symbols_of(got[2], "trade") == ["SYM000", "SYM001"]
     assert symbols_of(got[2], "position") == ["SYM000", "SYM001"]
+    assert sorted(symbols_of(got[3], "event")) == sorted(symbols_of(got[2], "event"))
     for sub in (narrow, as_dicts):
         assert {key.split(":")[0] for key in sub.latest()} == {"SYM001"}
         assert list(sub.latest_positions()) == ["SYM001:1m:0:0"]
     assert {key.split(":")[0] for key in wide.latest()} == set(events_of)
     assert sorted(wide.latest_positions()) == ["SYM000:1m:0:0", "SYM001:1m:0:0"]
-    for sub in (narrow, as_dicts, wide):
+    for sub in (narrow, as_dicts, wide, named):
         sub.close()
 
 

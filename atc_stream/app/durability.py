@@ -147,7 +147,7 @@ class TerminatedBeforeStart(KeyboardInterrupt):
 
 
 #: What a stop during a job's start-up says after ``atc-stream: SIGTERM: `` (or SIGINT).
-STOPPED_IN_START_UP = "stopped during start-up, before any bar was applied"
+STOPPED_IN_START_UP = "stopped during start-up, before any row was written"
 
 
 def sigterm_stops_start_up(job: Callable[..., int]) -> Callable[..., int]:
@@ -408,14 +408,14 @@ class Durability:
             signal.signal(sig, handler)
         clean = exc_type is None or exc_type is StopRun
         if clean and self._signalled_in_start_up and not self.stopped_in_start_up:
-            # its line said "before any bar was applied", which is no longer so
+            # its line said "before any row was written", which is no longer so
             err(
                 "atc-stream: note: the batch under way when the signal came wrote rows "
                 "after all: the stop is an ordinary one (a final snapshot, the summary)"
             )
         if self.snapshotter is not None:
             snapshotter = self.snapshotter
-            # stopped before any bar was applied, the engine is the restored snapshot or
+            # stopped before any row was written, the engine is the restored snapshot or
             # empty: a snapshot of it would only bury the newest one with nothing new
             if clean and not self.stopped_in_start_up:  # the state matches the offsets
                 try:

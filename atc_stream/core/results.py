@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,32 +29,45 @@ class StreamKey:
 _NO_KEY = StreamKey("", "", -1)
 
 
-#: ``(keys_by_slot copy, columns)`` of the latest ``slot_key_columns`` call
-_slot_columns: tuple[list[StreamKey | None], tuple[np.ndarray, ...]] | None = None
+#: per ``keys_by_slot`` list (by ``id``, the list kept so that its id is not reused):
+#: ``(the list, its copy when the columns were made, the columns)``, newest last
+_slot_columns: dict[int, tuple[list, list, tuple[np.ndarray, ...]]] = {}
+_SLOT_COLUMN_LISTS = 8  # engines whose columns are kept at once
+_slot_columns_lock = threading.Lock()
 
 
 def slot_key_columns(
     keys_by_slot: list[StreamKey | None],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per slot: ``symbol`` and ``interval`` (object arrays of str), ``params_id`` and
-    whether the slot is free, made again only when the slots' streams changed.
+    """Per slot of an engine's ``keys_by_slot``: ``symbol`` and ``interval`` (object
+    arrays of str), ``params_id`` and whether the slot is free, made again only when the
+    slots' streams changed. Read-only arrays.
 
     A step's rows take their key columns from these by slot: building them from the keys
     took ~0.2 ms of a 200-symbol live burst (docs/design/live-feed.md). The comparison
-    with the copy kept is by identity for unchanged slots (a few us)."""
-    global _slot_columns
-    cached = _slot_columns
-    if cached is not None and cached[0] == keys_by_slot:
-        return cached[1]  # type: ignore[return-value]
-    keys = [_NO_KEY if k is None else k for k in keys_by_slot]
+    with the copy kept is by identity for unchanged slots (a few us). The list is copied
+    once and the columns made from the copy: another thread (a publisher's) may read
+    them while the engine's thread adds a stream."""
+    with _slot_columns_lock:
+        cached = _slot_columns.get(id(keys_by_slot))
+        if cached is not None and cached[0] is keys_by_slot and cached[1] == keys_by_slot:
+            return cached[2]  # type: ignore[return-value]
+    copy = list(keys_by_slot)
+    keys = [_NO_KEY if k is None else k for k in copy]
     n = len(keys)
     columns = (
         np.array([k.symbol for k in keys], dtype=object).reshape(n),
         np.array([k.interval for k in keys], dtype=object).reshape(n),
         np.array([k.params_id for k in keys], np.int64).reshape(n),
-        np.array([k is None for k in keys_by_slot], bool).reshape(n),
+        np.array([k is None for k in copy], bool).reshape(n),
     )
-    _slot_columns = (list(keys_by_slot), columns)
+    for column in columns:
+        column.setflags(write=False)
+    with _slot_columns_lock:
+        _slot_columns.pop(id(keys_by_slot), None)
+        _slot_columns[id(keys_by_slot)] = (keys_by_slot, copy, columns)
+        while len(_slot_columns) > _SLOT_COLUMN_LISTS:
+            del _slot_columns[next(iter(_slot_columns))]
     return columns
 
 
@@ -317,17 +331,23 @@ class StepResult:
         return {name: columns[name] for name in self.column_names}
 
     def _key_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``symbol``, ``interval`` (object arrays of str) and ``params_id`` of the rows,
-        taken by slot from the columns of every slot (``slot_key_columns``)."""
-        symbols, intervals, params_ids, free = slot_key_columns(self._keys_by_slot)
-        if free[self.slots].any():  # a row of a freed slot: the per-row path fails on it
-            keys = [self._keys_by_slot[s] for s in self.slots.tolist()]
-            return (
-                np.array([k.symbol for k in keys], dtype=object).reshape(len(keys)),
-                np.array([k.interval for k in keys], dtype=object).reshape(len(keys)),
-                np.array([k.params_id for k in keys], np.int64).reshape(len(keys)),
-            )
-        return symbols[self.slots], intervals[self.slots], params_ids[self.slots]
+        """``symbol``, ``interval`` (object arrays of str) and ``params_id`` of the rows:
+        taken by slot from the columns of every slot (``slot_key_columns``), or, for a
+        few rows of many slots, made from each row's key."""
+        keys_by_slot = self._keys_by_slot
+        if 4 * len(self) >= len(keys_by_slot):
+            symbols, intervals, params_ids, free = slot_key_columns(keys_by_slot)
+            if self.slots.shape[0] == 0 or (
+                self.slots.max() < free.shape[0] and not free[self.slots].any()
+            ):
+                return symbols[self.slots], intervals[self.slots], params_ids[self.slots]
+        # a row of a freed slot fails here, as it must
+        keys = [keys_by_slot[s] for s in self.slots.tolist()]
+        return (
+            np.array([k.symbol for k in keys], dtype=object).reshape(len(keys)),
+            np.array([k.interval for k in keys], dtype=object).reshape(len(keys)),
+            np.array([k.params_id for k in keys], np.int64).reshape(len(keys)),
+        )
 
     def column_values(self) -> list[list[Any]]:
         """Per column (:attr:`column_names` order), the plain Python values of every row;

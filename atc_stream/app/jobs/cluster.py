@@ -57,10 +57,11 @@ def connect_ray(address: str | None, shards: int) -> None:
     connect(address, "atc-stream cluster", **options)
 
 
-def _check_startable(client, redis_url: str, prefix: str, shards: int) -> None:
+def _check_startable(client, redis_url: str, prefix: str, shards: int) -> set[str]:
     """``RunError`` when the cluster already runs (a second set of actors would read the
     same shard streams beside the first, each engine missing the other's bars), or when
-    a shard snapshot belongs to another layout (``layout.check_layout``)."""
+    a shard snapshot belongs to another layout (``layout.check_layout``); the intervals
+    of the shard snapshots the actors will restore."""
     from atc_stream.connectors.cluster.layout import LayoutMismatch, check_layout
     from atc_stream.connectors.cluster.registry import RUNNING_BEAT_S, running_shard
 
@@ -72,9 +73,29 @@ def _check_startable(client, redis_url: str, prefix: str, shards: int) -> None:
             f"(a cluster just stopped or killed lets go within {RUNNING_BEAT_S:.0f} s)"
         )
     try:
-        check_layout(redis_url, shards)
+        return check_layout(redis_url, shards)
     except LayoutMismatch as exc:
         raise RunError(f"cannot start {shards} shards: {exc}") from None
+
+
+def _agree_with_snapshots(
+    chosen: StreamInterval, restored: set[str], given: str | None
+) -> StreamInterval:
+    """The interval every shard labels its rows with: a restored shard keeps its
+    snapshot's, so the snapshots' decides where nothing else does (no bars to infer it
+    from, no ``--interval``: ``given``), and one that differs from ``chosen`` is a
+    ``RunError`` (restored shards and fresh ones would label their rows apart)."""
+    if not restored or restored == {chosen.interval}:
+        return chosen
+    theirs = ", ".join(sorted(restored))
+    if len(restored) == 1 and given is None and chosen.source.startswith("the default"):
+        return StreamInterval(theirs, "from the shard snapshots")
+    raise RunError(
+        f"the shard snapshots label their rows {theirs}, but the interval is "
+        f"{chosen.interval} ({chosen.source.split(':')[0]}): restored shards would go on "
+        f"with {theirs}; give --interval {theirs} to go on from the snapshots, or remove "
+        f"them to start afresh at {chosen.interval}"
+    )
 
 
 def _shard_interval(
@@ -146,8 +167,9 @@ def run_cluster(
     param_sets = param_sets_option(params)
     client = _client(redis)
     _shard_count(client, redis_prefix, shards, record=False)  # a mismatch before Ray starts
-    _check_startable(client, redis, redis_prefix, shards)
+    restored = _check_startable(client, redis, redis_prefix, shards)
     chosen = _shard_interval(client, redis, redis_prefix, shards, interval)
+    chosen = _agree_with_snapshots(chosen, restored, interval)
     _connect_for_run(ray_address, shards)
     _shard_count(client, redis_prefix, shards)  # recorded once the cluster can run
     reset_starts(client, redis_prefix, shards)

@@ -30,6 +30,7 @@ from atc_stream.app.console import (
 from atc_stream.app.durability import Durability, check_backend, sigterm_stops_start_up
 from atc_stream.app.extras import require
 from atc_stream.app.paper import check_paper_options, paper_lines
+from atc_stream.core.intervals import approx_interval_ms
 from atc_stream.core.params import load_param_sets
 from atc_stream.io.table_writers import PaperOutputs
 from atc_stream.io.writers import ReaderGone, check_apart, check_outputs
@@ -151,7 +152,7 @@ def run_live(
         durability.publisher = publisher  # its counters go in the closing summary
     recorded = engine.source_offsets.get(LIVE_SOURCE) if durability.restored else None
     _check_same_venue(recorded, venue.name, durability)
-    live_from = _live_from(recorded, started_ms)
+    live_from = _live_from(recorded, started_ms, history * approx_interval_ms(engine.interval))
     if durability.restored and recorded is None:
         # e.g. warmed up by `replay`, now going live: allowed
         err(f"atc-stream: note: the snapshot holds no live output position (taken by "
@@ -243,15 +244,25 @@ def _start_up_lines(stats: LiveStats) -> list[str]:
     return [line for line in stats.lines() if line.split(" ", 1)[0] in _START_UP_LINES]
 
 
-def _live_from(recorded: dict[str, Any] | None, started_ms: int | None) -> int:
+def _live_from(recorded: dict[str, Any] | None, started_ms: int | None, within_ms: int) -> int:
     """Bars closing after this time (ms) are stepped, those before it warm a fresh symbol
     up. A snapshot (``recorded``: its live offsets) taken before its run's start-up was
     done records that run's: symbols without a bar in it warm up as of then on
     ``--resume``, so their rows are those an uninterrupted run writes, from the same first
-    bar. Else ``started_ms`` (the process's start), or now."""
-    if recorded is not None and recorded.get("live_from") is not None:
-        return int(recorded["live_from"])
-    return started_ms if started_ms is not None else int(time.time() * 1000)
+    bar, as long as it is no older than ``within_ms`` (the history asked for: older, the
+    resume would fetch and step everything since, so it warms up as of now, and says so).
+    Else ``started_ms`` (the process's start), or now."""
+    now = started_ms if started_ms is not None else int(time.time() * 1000)
+    if recorded is None or recorded.get("live_from") is None:
+        return now
+    then = int(recorded["live_from"])
+    if now - then > within_ms:
+        err(
+            "atc-stream: note: the snapshot's run stopped during its start-up, longer "
+            "ago than --history covers: the symbols it had not warmed up do as of now"
+        )
+        return now
+    return then
 
 
 def _warming_up(client, engine) -> bool:

@@ -46,16 +46,22 @@ def layout_problem(header: Any, shard: int, shards: int) -> str | None:
     return None
 
 
-def check_layout(redis_url: str, shards: int) -> None:
+def check_layout(redis_url: str, shards: int) -> set[str]:
     """``LayoutMismatch`` unless the newest good snapshot of every shard ``0 .. shards-1``
-    (where its actor will resume) belongs to that shard of ``shards``."""
+    (where its actor will resume) belongs to that shard of ``shards``; the intervals of
+    those snapshots (a restored shard keeps its snapshot's)."""
     # here, not at the top: replay --shard-snapshots imports BACKFILL_SOURCE without redis
     from atc_stream.connectors.cluster.shard import shard_store
 
+    intervals = set()
     for shard in range(shards):
         with warnings.catch_warnings():  # a damaged newest one: the shard itself says so
             warnings.simplefilter("ignore")
             found = shard_store(redis_url, shard).latest()
-        why = None if found is None else layout_problem(found.header, shard, shards)
+        if found is None:
+            continue
+        why = layout_problem(found.header, shard, shards)
         if why is not None:
             raise LayoutMismatch(why)
+        intervals.add(found.header.interval)
+    return intervals

@@ -277,7 +277,9 @@ class SignalSubscriber:
     symbol's records: with ``symbols`` (and not ``all_symbols``) only those symbols'
     records of them are given, as the signal channels are narrowed by subscription. A
     batch (one step of every symbol) is given whole; so is whatever arrives on the
-    ``channels``/``patterns`` named, and ``get_raw`` (undecoded) gives everything.
+    ``channels`` named, or only through ``patterns`` (a shared channel asked for by flag
+    and matched by a pattern too is narrowed), and ``get_raw`` (undecoded) gives
+    everything.
 
     >>> with SignalSubscriber(url, symbols=["BTCUSDT"], events=True) as sub:
     ...     for msg in sub.messages(timeout=5):
@@ -329,7 +331,12 @@ class SignalSubscriber:
         chosen = list(symbols or ())
         #: the symbols whose records of the shared channels and hashes are given; None: all
         self.symbols = frozenset(chosen) if chosen and not all_symbols else None
-        self._shared = frozenset((self.events_channel, self.trades_channel, self.positions_channel))
+        channels = list(channels)
+        # narrowed: the shared channels asked for by flag; one also named in ``channels``
+        # is given whole, as everything named there is
+        flagged = {self.events_channel: events, self.trades_channel: trades,
+                   self.positions_channel: positions}  # fmt: skip
+        self._shared = frozenset(c for c, on in flagged.items() if on and c not in channels)
         names = [signal_channel(prefix, s) for s in chosen]
         if events:
             names.append(self.events_channel)

@@ -304,6 +304,7 @@ class CcxtStream:
         backoff = self.config.backoff.schedule(self.rng.random)
         pending: list[Any] | None = None  #: the latest update of the bar in progress
         while True:
+            was_up = self.up  # a watch started while up that fails is a drop, not a connect
             try:
                 candles = await self.client.watch_ohlcv(symbol, self.parser.interval)
             except ccxt.NetworkError as exc:
@@ -321,7 +322,7 @@ class CcxtStream:
             pending = None
             # a watch that fails while down is a failed connect attempt; every symbol's
             # watch fails then, on one connection: the first symbol's count for it
-            if not self.up and symbol == self.symbols[0]:
+            if not was_up and not self.up and symbol == self.symbols[0]:
                 self.stats.connect_failures += 1
                 failed = "connect_failed" if reason == "connection_lost" else reason
                 self.stats.disconnects[failed] += 1
