@@ -66,6 +66,7 @@ def test_the_interval_is_chosen_from_every_shard_stream(client):
             "1m",
             "the default: the shard streams hold no two bars of a symbol to infer it from; "
             "give --interval to label the rows",
+            "default",
         )
     )
     for i in range(5):  # shards 0 and 1 stay empty

@@ -4,7 +4,7 @@ checked against the bars' spacing, else that spacing, else the default."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from atc_stream.app.console import RunError
 from atc_stream.app.defaults import INTERVAL
@@ -15,11 +15,18 @@ if TYPE_CHECKING:  # redis is an extra: the commands that read streams ask for i
     import redis
 
 
+#: where a ``StreamInterval`` came from: ``--interval``, the bars' spacing, the default, or
+#: (a cluster's) the shard snapshots
+Origin = Literal["option", "bars", "default", "snapshots"]
+
+
 class StreamInterval(NamedTuple):
-    """The interval to label rows with, and where it came from (for the start line)."""
+    """The interval to label rows with, and where it came from: ``source`` for the
+    start line, ``origin`` for the code that decides by it."""
 
     interval: str
     source: str
+    origin: Origin
 
     def said(self) -> str:
         """``1h, inferred from the spacing of the bars it holds``."""
@@ -51,14 +58,16 @@ def choose_stream_interval(
                 f"{inferred} apart (most common spacing of {'its' if one else 'their'} "
                 f"first {SAMPLE_ENTRIES:,} entries); give --interval {inferred}"
             )
-        return StreamInterval(interval, "from --interval")
+        return StreamInterval(interval, "from --interval", "option")
     if inferred is None:
         return StreamInterval(
             INTERVAL,
             f"the default: {named} {'holds' if one else 'hold'} no two bars of a symbol to "
             "infer it from; give --interval to label the rows",
+            "default",
         )
     return StreamInterval(
         validate_interval(inferred),
         f"inferred from the spacing of the bars {'it holds' if one else 'they hold'}",
+        "bars",
     )

@@ -78,18 +78,16 @@ def _check_startable(client, redis_url: str, prefix: str, shards: int) -> set[st
         raise RunError(f"cannot start {shards} shards: {exc}") from None
 
 
-def _agree_with_snapshots(
-    chosen: StreamInterval, restored: set[str], given: str | None
-) -> StreamInterval:
+def _agree_with_snapshots(chosen: StreamInterval, restored: set[str]) -> StreamInterval:
     """The interval every shard labels its rows with: a restored shard keeps its
     snapshot's, so the snapshots' decides where nothing else does (no bars to infer it
-    from, no ``--interval``: ``given``), and one that differs from ``chosen`` is a
-    ``RunError`` (restored shards and fresh ones would label their rows apart)."""
+    from, no ``--interval``), and one that differs from ``chosen`` is a ``RunError``
+    (restored shards and fresh ones would label their rows apart)."""
     if not restored or restored == {chosen.interval}:
         return chosen
     theirs = ", ".join(sorted(restored))
-    if len(restored) == 1 and given is None and chosen.source.startswith("the default"):
-        return StreamInterval(theirs, "from the shard snapshots")
+    if len(restored) == 1 and chosen.origin == "default":
+        return StreamInterval(theirs, "from the shard snapshots", "snapshots")
     raise RunError(
         f"the shard snapshots label their rows {theirs}, but the interval is "
         f"{chosen.interval} ({chosen.source.split(':')[0]}): restored shards would go on "
@@ -169,7 +167,7 @@ def run_cluster(
     _shard_count(client, redis_prefix, shards, record=False)  # a mismatch before Ray starts
     restored = _check_startable(client, redis, redis_prefix, shards)
     chosen = _shard_interval(client, redis, redis_prefix, shards, interval)
-    chosen = _agree_with_snapshots(chosen, restored, interval)
+    chosen = _agree_with_snapshots(chosen, restored)
     _connect_for_run(ray_address, shards)
     _shard_count(client, redis_prefix, shards)  # recorded once the cluster can run
     reset_starts(client, redis_prefix, shards)
