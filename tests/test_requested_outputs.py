@@ -216,3 +216,32 @@ def test_encoded_rows_and_records_are_the_structs_json(outputs, provisional):
     fresh.fields, fresh.closes = result.fields, result.closes
     assert encoded_rows(fresh) == want_rows
     assert encoded_records(fresh) == want_records
+
+
+@pytest.mark.parametrize("outputs", ["all", "signal"])
+def test_records_cut_from_their_array_even_when_a_symbol_holds_a_brace(outputs):
+    """A batch's array of records is encoded in one call and the single records cut from
+    it at each object's ``}``. A symbol holding ``}`` (or ``},{``) would cut them in the
+    wrong place: they are then encoded one by one, byte for byte msgspec's."""
+    import msgspec
+
+    from atc_stream.core.messages import (
+        encoded_records,
+        encoded_records_array,
+        encoded_rows,
+        records_from_result,
+        rows_from_result,
+    )
+
+    times = np.arange(40, dtype=np.int64) * 60_000
+    for symbols in (["AAA", "BBB", "C"], ["A}", 'B},{"x":1', "C"], ["A", "B", "C}"]):
+        engine = Engine(outputs=outputs)
+        result = engine.warmup({s: (times, np.linspace(1.0, 2.0 + k, 40)) for k, s in
+                                enumerate(symbols)})  # fmt: skip
+        want = [msgspec.json.encode(r) for r in records_from_result(result)]
+        array = encoded_records_array(result)
+        assert array == msgspec.json.encode([msgspec.Raw(r) for r in want])
+        assert encoded_records(result) == want
+        assert encoded_rows(result) == [msgspec.json.encode(r) for r in rows_from_result(result)]
+    empty = Engine(outputs=outputs).step([])
+    assert encoded_records_array(empty) == b"[]" and encoded_records(empty) == []

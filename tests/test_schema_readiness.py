@@ -320,14 +320,16 @@ def test_redis_events_channel_publishes_ready_rows_only_by_default(
 
 
 def test_records_reuse_the_rows_json_byte_for_byte(stepped):
-    """A result's records (Redis) and rows (JSONL) are encoded once, whichever is asked
-    first, the other cut from them: each must be exactly what encoding it gives. The
-    batch message written directly must be msgspec's encoding of it."""
+    """A result's records (Redis), their array (a batch message) and rows (JSONL) are
+    encoded once, whichever is asked first, the others cut from it: each must be exactly
+    what encoding it gives. The batch message written directly must be msgspec's
+    encoding of it."""
     import msgspec
 
     from atc_stream.connectors.redis.channels import SignalMessages, _BatchOut
     from atc_stream.core.messages import (
         encoded_records,
+        encoded_records_array,
         encoded_rows,
         records_from_result,
         rows_from_result,
@@ -339,12 +341,14 @@ def test_records_reuse_the_rows_json_byte_for_byte(stepped):
     for k, r in enumerate(results):
         want_records = [encoder.encode(x) for x in records_from_result(r)]
         want_rows = [encoder.encode(x) for x in rows_from_result(r)]
-        r._encoded_rows = r._encoded_records = None
-        first, second = (encoded_rows, encoded_records)[:: 1 if k % 2 else -1]
-        assert first(r) is first(r)  # built once per result
-        assert second(r) is second(r)
+        r._encoded_rows = r._encoded_records = r._encoded_records_array = None
+        order = (encoded_rows, encoded_records, encoded_records_array)
+        order = order[k % 3 :] + order[: k % 3]
+        for encoded in order:
+            assert encoded(r) is encoded(r)  # built once per result
         assert encoded_rows(r) == want_rows and encoded_records(r) == want_records
-        body = SignalMessages()._batch_commands([(k + 1, r, want_records)])[0].split(b"\r\n")[-2]
+        assert encoded_records_array(r) == encoder.encode([msgspec.Raw(x) for x in want_records])
+        body = SignalMessages()._batch_commands([(k + 1, r, None)])[0].split(b"\r\n")[-2]
         raw = [msgspec.Raw(x) for x in want_records]
         stamp = msgspec.json.decode(body)["published_at"]
         assert body == encoder.encode(

@@ -183,6 +183,7 @@ class StepResult:
         self._column_values: list[list[Any]] | None = None
         self._encoded_rows: list[bytes] | None = None  # JSON rows (messages.encoded_rows)
         self._encoded_records: list[bytes] | None = None  # (messages.encoded_records)
+        self._encoded_records_array: bytes | None = None  # (messages.encoded_records_array)
 
     def __len__(self) -> int:
         return self.slots.shape[0]

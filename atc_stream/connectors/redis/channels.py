@@ -17,6 +17,7 @@ from atc_stream.connectors.redis.resp import CRLF, bulk
 from atc_stream.core.messages import (
     SignalRecord,
     encoded_records,
+    encoded_records_array,
     position_records_from_result,
     record_type,
     records_from_result,
@@ -28,8 +29,8 @@ from atc_stream.core.schema import SCHEMA_VERSION, columns_for, resolve_outputs
 ENCODINGS = ("json", "msgpack")
 
 
-#: a ``_BatchOut``'s JSON as msgspec writes it (seq, published_at, count, records)
-_BATCH_JSON = b'{"v":%d,"seq":%%d,"published_at":%%d,"count":%%d,"records":[%%s]}' % SCHEMA_VERSION
+#: a ``_BatchOut``'s JSON as msgspec writes it (seq, published_at, count, records array)
+_BATCH_JSON = b'{"v":%d,"seq":%%d,"published_at":%%d,"count":%%d,"records":%%s}' % SCHEMA_VERSION
 
 
 class SignalBatch(msgspec.Struct, kw_only=True):
@@ -206,7 +207,11 @@ class SignalMessages:
         self._commands([(0, result)])
 
     def _encode(self, items: Sequence[tuple[int, StepResult]]) -> list[tuple]:
-        """(seq, result, encoded records) of each item."""
+        """(seq, result, encoded records) of each item; in JSON the records are None
+        here: the batch message takes them as one array (``encoded_records_array``), and
+        the other messages cut from it once the batch is out (``_fanout_commands``)."""
+        if self.encoding == "json":
+            return [(seq, result, None) for seq, result in items]
         return [(seq, result, self._encoded_records(result)) for seq, result in items]
 
     def _batch_commands(self, encoded: Sequence[tuple]) -> list[bytes]:
@@ -214,9 +219,10 @@ class SignalMessages:
         if not self.batch:
             return []
         commands = []
-        for seq, _result, records in encoded:
+        for seq, result, records in encoded:
             if self.encoding == "json":  # _BatchOut's JSON, written directly
-                message = _BATCH_JSON % (seq, time.time_ns(), len(records), b",".join(records))
+                array = encoded_records_array(result)
+                message = _BATCH_JSON % (seq, time.time_ns(), len(result), array)
             else:
                 message = self._encoder.encode(
                     _BatchOut(
@@ -243,7 +249,8 @@ class SignalMessages:
         latest_pieces: list[bytes] = []  # field, header, message, CRLF, ... (unique fields)
         positions: dict[bytes, tuple[bytes, bytes]] = {}  # the same, of the positions hash
         one_step = len(encoded) == 1
-        for _seq, result, records in encoded:
+        for _seq, result, step_records in encoded:
+            records = self._encoded_records(result) if step_records is None else step_records
             n = len(records)
             heads = list(map(_HEAD.__mod__, map(len, records)))
             slots = result.slots
