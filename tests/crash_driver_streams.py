@@ -15,7 +15,10 @@ loads the kernels once, then **forks** one child per attempt that runs the real 
   (``ATC_STREAM_FAULT=point:n``, see ``connectors/redis/streams.py``);
 - ``finish``: the last attempt, not killed, ends with ``--stop-when-idle``.
 
-Every attempt after the first runs with ``--resume``. The spec (JSON): ``url``, ``args``
+Every attempt after the first runs with ``--resume``. A killed child leaves the input's
+lease in Redis until it expires (``connectors/redis/lease.py``); the driver saw it die,
+so it deletes the lease, as an operator who knows the holder is gone may, rather than
+wait out its ttl before each restart. The spec (JSON): ``url``, ``args``
 (run-stream arguments without --resume), ``snaps``, ``output`` (stream key), ``total``
 (rows expected), ``plan`` (list of ``[how, n]``), ``seed``. Prints one JSON line: each
 attempt's ``[how, n, exit status, output rows after it]``.
@@ -67,6 +70,16 @@ def _kill_at_snapshot_write(snaps: Path, nth: int) -> None:
     os.fsync = fsync
 
 
+def _lease_key(args: list[str]) -> str:
+    """The lease that the run-stream ``args`` take: their input stream's, for their group."""
+    from atc_stream.connectors.redis.lease import stream_lease_key
+
+    def option(name: str, default: str) -> str:
+        return args[args.index(name) + 1] if name in args else default
+
+    return stream_lease_key(option("--input-stream", ""), option("--group", "atc"))
+
+
 def main() -> None:
     import redis
 
@@ -78,6 +91,8 @@ def main() -> None:
     client = redis.Redis.from_url(spec["url"])
     rng = random.Random(spec["seed"])
     snaps = Path(spec["snaps"])
+
+    lease = _lease_key(spec["args"])
 
     def out_len() -> int:
         return client.xlen(spec["output"]) if client.exists(spec["output"]) else 0
@@ -108,6 +123,8 @@ def main() -> None:
         # the others kill themselves (or finish); a hung child is killed at the deadline
         if code is None:
             code = wait_exit(pid, deadline)
+        if code in (-signal.SIGKILL, "timeout"):
+            client.delete(lease)
         results.append([how, n, code, out_len()])
     print(json.dumps(results))
 

@@ -29,6 +29,7 @@ import pytest
 from redis_fixtures import redis_server, redis_url  # noqa: F401
 
 from atc_stream import ATCParams, Engine, compute
+from atc_stream.connectors.redis.lease import LEASE_TTL_S, stream_lease_key
 from atc_stream.connectors.redis.stream_output import read_outputs
 from atc_stream.connectors.replay.player import random_walk_table
 from atc_stream.core.messages import records_from_result
@@ -154,6 +155,12 @@ def test_resume_without_any_snapshot_replays_from_the_start(redis_url, tmp_path)
     assert first.returncode == -signal.SIGKILL
     assert client.xlen(OUTPUT) == 80  # two batches of 40 written, then killed
     assert not list((tmp_path / "snaps").glob("*.atcsnap"))
+    # the killed process's lease on the input holds a restart back until it expires
+    lease = stream_lease_key(INPUT, cmd[cmd.index("--group") + 1])
+    deadline = time.monotonic() + LEASE_TTL_S + 2
+    while client.exists(lease):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     cmd = command(redis_url, tmp_path / "snaps", resume=True, idle=0.5)
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -157,13 +157,71 @@ def run_cluster(
     require("ray", "atc-stream cluster")
     require("redis", "atc-stream cluster")
     from atc_stream.app.defaults import SNAPSHOT_EVERY
-    from atc_stream.connectors.cluster.registry import reset_starts
-    from atc_stream.connectors.cluster.shard import ShardConfig
 
     log_warnings()
     check_backend(backend)
     param_sets = param_sets_option(params)
     client = _client(redis)
+    lease = _take_driver_lease(redis, redis_prefix)
+    try:
+        return _run_cluster(
+            client, lease, shards=shards, redis=redis, ray_address=ray_address,
+            redis_prefix=redis_prefix, output_stream=output_stream,
+            output_maxlen=output_maxlen, group=group, batch_size=batch_size,
+            snapshot_every=snapshot_every or SNAPSHOT_EVERY, publish=publish,
+            backend=backend, interval=interval, param_sets=param_sets,
+            stop_when_idle=stop_when_idle,
+        )  # fmt: skip
+    finally:
+        lease.release()
+
+
+def _take_driver_lease(redis_url: str, prefix: str):
+    """The driver's lease (``registry.driver_lease_key``), taken before any check: two
+    drivers started together would both find no shard running and start two sets of
+    actors on the same consumer groups. ``cluster reshard`` holds it too. Another
+    holder is a ``RunError``."""
+    import redis as redis_lib
+
+    from atc_stream.connectors.cluster.registry import driver_lease_key
+    from atc_stream.connectors.redis.lease import Lease, LeaseHeld
+
+    what = f"atc-stream cluster {prefix!r} (or its reshard)"
+    lease = Lease(redis_url, driver_lease_key(prefix), what=what)
+    try:
+        lease.acquire()
+    except (LeaseHeld, redis_lib.RedisError) as exc:
+        lease.release()  # not taken: only its client to close
+        if isinstance(exc, LeaseHeld):
+            raise RunError(str(exc)) from None
+        raise redis_failure(redis_url, exc) from None
+    return lease
+
+
+def _run_cluster(
+    client,
+    lease,
+    *,
+    shards: int,
+    redis: str,
+    ray_address: str | None,
+    redis_prefix: str,
+    output_stream: str | None,
+    output_maxlen: int,
+    group: str,
+    batch_size: int,
+    snapshot_every: int,
+    publish: bool,
+    backend: str,
+    interval: str | None,
+    param_sets,
+    stop_when_idle: float | None,
+) -> int:
+    """``run_cluster`` once the driver holds its lease; one that is lost stops the shards
+    (each holds the lease of its own stream, so they never overlap another driver's)."""
+    from atc_stream.connectors.cluster.registry import reset_starts
+    from atc_stream.connectors.cluster.shard import ShardConfig
+
     _shard_count(client, redis_prefix, shards, record=False)  # a mismatch before Ray starts
     restored = _check_startable(client, redis, redis_prefix, shards)
     chosen = _shard_interval(client, redis, redis_prefix, shards, interval)
@@ -186,7 +244,7 @@ def run_cluster(
             output_maxlen=output_maxlen,
             group=group,
             batch_size=batch_size,
-            snapshot_every=snapshot_every or SNAPSHOT_EVERY,
+            snapshot_every=snapshot_every,
             publish=publish,
             backend=backend if num_gpus or backend != "auto" else "cpu",
             interval=chosen.interval,
@@ -194,6 +252,8 @@ def run_cluster(
         )  # fmt: skip
         for shard in range(shards)
     ]
+    # Ray's start takes seconds: a driver paused past its lease meanwhile starts nothing
+    lease.ensure(stopping=lambda: True)
     actors = start_shard_actors(configs, num_gpus=num_gpus)
     runs = [actor.run.remote(stop_when_idle) for actor in actors]
     where = "GPU" if num_gpus else "CPU"
@@ -208,7 +268,13 @@ def run_cluster(
         for actor in actors:
             actor.stop.remote()
 
+    def lease_lost(why: str) -> None:
+        err(f"atc-stream: {why}: stopping the shards")
+        for actor in actors:
+            actor.stop.remote()
+
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    lease.on_lost = lease_lost
     try:
         pending = list(runs)
         while pending:
@@ -229,6 +295,12 @@ def run_cluster(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if lease.lost is not None:
+        # each shard held its own lease to its last batch, so their outputs and snapshots
+        # stand; what lost its lease is this driver, which another may have replaced
+        raise RunError(
+            f"{lease.lost}: another driver may have started; this one stopped its shards"
+        )
     err("atc-stream: cluster done")
     for s in summaries:
         err(f"  shard {s['shard']}: {s['bars']} bars, {s['rows_out']} rows out "
@@ -324,10 +396,15 @@ def reshard(*, redis: str, to: int, redis_prefix: str) -> int:
     from atc_stream.connectors.cluster.reshard import reshard as run
 
     client = _client(redis)
+    # the driver's lease: no driver starts (or runs, even before its shards beat) while
+    # the snapshots and the count are rewritten
+    lease = _take_driver_lease(redis, redis_prefix)
     try:
         report = run(client, redis, redis_prefix, to)
     except ReshardRefused as exc:
         raise RunError(str(exc)) from None
+    finally:
+        lease.release()
     err(
         f"atc-stream: resharded {report.before} -> {report.after} shards ({report.snapshots} "
         f"shard snapshots split; streams per shard {report.streams})"

@@ -61,7 +61,12 @@ def run_stream(
         )
     from redis import exceptions as redis_errors
 
-    from atc_stream.connectors.redis.streams import RedisStreamRunner
+    from atc_stream.connectors.redis.lease import (
+        Lease,
+        LeasedStreamRunner,
+        LeaseLost,
+        stream_lease_key,
+    )
 
     log_warnings()
     check_backend(backend)
@@ -72,48 +77,89 @@ def run_stream(
         snapshot_every=snapshot_every, resume=resume, publish=publish,
         namespace=namespace, refuse_existing=True,
     )  # fmt: skip
-    try:  # before reading
-        engine = durability.open_engine(
-            backend, param_sets, interval, strategies=paper.strategies if paper else None
-        )
-    except ValueError as exc:  # e.g. strategies on a backend that cannot trade them
-        raise RunError(str(exc)) from None
-    durability.start(engine)
-    try:
-        runner = RedisStreamRunner(
-            engine, redis, input_stream, group=group, consumer=consumer,
-            output_stream=output_stream, output_maxlen=output_maxlen, batch_size=batch_size,
-            snapshotter=durability.snapshotter, publisher=durability.publisher,
-            time_unit=time_unit,
-        )  # fmt: skip
-    except ValueError as exc:
-        raise OptionError(str(exc)) from None
-    durability.on_stop(runner.stop)
-    try:
-        if not resume:
-            _refuse_a_group_read_before(runner)
-        label = _label_interval(engine, runner, interval, restored=durability.restored)
-        runner.prepare(resume=resume)
-        with durability:  # left by an exception: no final snapshot (state past the offset)
-            err(f"atc-stream: reading {input_stream} after entry {runner.offset} "
-                f"({engine.backend.name} backend); interval {label}")  # fmt: skip
-            stats = runner.run(stop_when_idle=stop_when_idle)
-    except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
-        if not durability.stop_requested:
+    lease = _take_lease(Lease, redis, stream_lease_key(input_stream, group))
+    try:  # until the final snapshot is written: the next holder restores it
+        engine = _open_engine(durability, backend, param_sets, interval, paper)
+        durability.start(engine)
+        try:
+            runner = LeasedStreamRunner(
+                engine, redis, input_stream, group=group, consumer=consumer,
+                output_stream=output_stream, output_maxlen=output_maxlen,
+                batch_size=batch_size, snapshotter=durability.snapshotter,
+                publisher=durability.publisher, time_unit=time_unit,
+            )  # fmt: skip
+        except ValueError as exc:
+            raise OptionError(str(exc)) from None
+        runner.lease = lease
+        lease.on_lost = lambda why: runner.stop()
+        durability.on_stop(runner.stop)
+        try:
+            if not resume:
+                _refuse_a_group_read_before(runner)
+            label = _label_interval(engine, runner, interval, restored=durability.restored)
+            runner.prepare(resume=resume)
+            with durability:  # left by an exception: no final snapshot (state past the offset)
+                err(f"atc-stream: reading {input_stream} after entry {runner.offset} "
+                    f"({engine.backend.name} backend); interval {label}")  # fmt: skip
+                stats = runner.run(stop_when_idle=stop_when_idle)
+                # lost while idle, or not renewed since: the final snapshot would be taken
+                # of a state that may lack the bars another process applied meanwhile
+                lease.ensure(stopping=lambda: True)
+        except LeaseLost as exc:
+            # another process took the input over: a snapshot of this state (which lacks
+            # the bars that process applied) must not become the newest
+            raise RunError(
+                f"{exc}, so another process may be reading {input_stream}: stopped without "
+                f"a final snapshot after entry {runner.offset}; the lease's holder goes on "
+                "from the snapshots"
+            ) from None
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
+            if not durability.stop_requested:
+                raise redis_failure(redis, exc) from None
+            # stopped while a batch's outputs waited for Redis: that batch is applied in
+            # memory only, so no final snapshot was taken and the input still holds it
+            raise redis_failure(
+                redis, exc, "stopped with the outputs of the last batch read not written; "
+                "--resume applies it again",
+            ) from None  # fmt: skip
+        except redis_errors.RedisError as exc:
             raise redis_failure(redis, exc) from None
-        # stopped while a batch's outputs waited for Redis: that batch is applied in
-        # memory only, so no final snapshot was taken and the input still holds it
-        raise redis_failure(
-            redis, exc, "stopped with the outputs of the last batch read not written; "
-            "--resume applies it again",
-        ) from None  # fmt: skip
-    except redis_errors.RedisError as exc:
-        raise redis_failure(redis, exc) from None
+    finally:
+        lease.release()
     err("atc-stream: run-stream done")
     for line in stats.lines() + (paper_lines(engine) if paper is not None else []):
         err("  " + line)
     # scripts tell a Ctrl-C from a finished run by the status, as replay's
     return 130 if durability.stop_signal == signal.SIGINT else 0
+
+
+def _take_lease(lease_class, redis: str, key: str):
+    """The input's lease, taken for this process (``connectors/redis/lease.py``): a
+    second consumer of the same group would apply part of the bars to a state of its
+    own, and both would write the same snapshots. Another holder is a ``RunError``."""
+    from redis import exceptions as redis_errors
+
+    from atc_stream.connectors.redis.lease import LeaseHeld
+
+    lease = lease_class(redis, key, what="run-stream")
+    try:
+        lease.acquire()
+    except (LeaseHeld, redis_errors.RedisError) as exc:
+        lease.release()  # not taken: only its client to close
+        if isinstance(exc, LeaseHeld):
+            raise RunError(str(exc)) from None
+        raise redis_failure(redis, exc) from None
+    return lease
+
+
+def _open_engine(durability, backend: str, param_sets, interval, paper):
+    """The restored (or new) engine; a ``RunError`` for options it cannot run."""
+    try:  # before reading
+        return durability.open_engine(
+            backend, param_sets, interval, strategies=paper.strategies if paper else None
+        )
+    except ValueError as exc:  # e.g. strategies on a backend that cannot trade them
+        raise RunError(str(exc)) from None
 
 
 def _label_interval(engine, runner, interval: str | None, *, restored: bool) -> str:

@@ -22,6 +22,11 @@ def heartbeat_key(prefix: str, shard: int) -> str:
     return f"{prefix}:cluster:shard:{shard_tag(shard)}"
 
 
+def driver_lease_key(prefix: str) -> str:
+    """The lease of the cluster's driver (``atc-stream cluster``): ``atc:cluster:lease``."""
+    return f"{prefix}:cluster:lease"
+
+
 def mark_key(prefix: str, shard: int) -> str:
     """A shard's output mark (the ``src`` of its last written batch), in its slot."""
     return f"{prefix}:cluster:mark:{shard_tag(shard)}"

@@ -15,8 +15,13 @@ import numpy as np
 import redis
 
 from atc_stream.connectors.cluster.registry import beat, heartbeat_key, mark_key, record_start
+from atc_stream.connectors.redis.lease import (
+    LEASE_TTL_S,
+    Lease,
+    LeasedStreamRunner,
+    stream_lease_key,
+)
 from atc_stream.connectors.redis.snapshots import RedisSnapshotStore, namespace_prefix
-from atc_stream.connectors.redis.streams import RedisStreamRunner
 from atc_stream.core.params import ATCParams
 from atc_stream.core.results import StepResult
 from atc_stream.core.shards import bars_stream, shard_namespace
@@ -50,10 +55,20 @@ class ShardConfig:
     interval: str = "1m"
     params: list[dict[str, Any]] = field(default_factory=list)  #: ATCParams dicts
     beat_seconds: float = 1.0
+    #: how long a start waits for the lease of its shard's stream: an actor that Ray
+    #: restarts after a SIGKILL waits out its predecessor's lease (``LEASE_TTL_S``)
+    lease_wait_s: float = 2 * LEASE_TTL_S
 
 
-class _ShardRunner(RedisStreamRunner):
-    """The stream runner, noting the newest bar time it applied."""
+def shard_lease_key(prefix: str, shard: int, group: str) -> str:
+    """The lease of the shard's stream: ``atc:bars:{shard-3}:lease:atc``, the key that
+    ``run-stream --input-stream atc:bars:{shard-3}`` takes too."""
+    return stream_lease_key(bars_stream(prefix, shard), group)
+
+
+class _ShardRunner(LeasedStreamRunner):
+    """The stream runner (applying only while it holds the shard's lease), noting the
+    newest bar time it applied."""
 
     last_bar_time: int | None = None
 
@@ -129,7 +144,21 @@ class ShardWorker:
     def run(self, stop_when_idle: float | None = None) -> dict[str, Any]:
         """Apply the shard's bars until ``stop()`` or ``stop_when_idle`` seconds without
         any; a summary (counts, malformed entries and rejected bars by reason, the
-        snapshot restored from, starts)."""
+        snapshot restored from, starts). Holds the lease of the shard's stream throughout
+        (``LeaseHeld`` when another process keeps it past ``lease_wait_s``); one that is
+        lost raises ``LeaseLost``, with no final snapshot."""
+        config = self.config
+        lease = Lease(
+            config.redis, shard_lease_key(config.prefix, config.shard, config.group),
+            what=f"shard {config.shard}", on_lost=lambda why: self.stop(),
+        )  # fmt: skip
+        try:
+            lease.acquire(wait=config.lease_wait_s)
+            return self._run(lease, stop_when_idle)
+        finally:
+            lease.release()
+
+    def _run(self, lease: Lease, stop_when_idle: float | None) -> dict[str, Any]:
         from atc_stream.state.snapshotter import Snapshotter
 
         config = self.config
@@ -150,6 +179,7 @@ class ShardWorker:
             snapshotter=snapshotter, publisher=publisher,
             output_mark_key=mark_key(config.prefix, config.shard),
         )  # fmt: skip
+        runner.lease = lease
         known = [t for s in engine.symbols for t in engine.last_bar_times(s) if t is not None]
         runner.last_bar_time = max(known) if known else None  # the status after a restart
         beats = threading.Thread(target=self._beat_loop, name="atc-shard-beat", daemon=True)
@@ -160,6 +190,9 @@ class ShardWorker:
             if self._stop.is_set():
                 runner.stop()
             stats = runner.run(stop_when_idle=stop_when_idle)
+            # lost while idle, or not renewed since: another process may have applied bars
+            # this state lacks, so it must not become the newest snapshot
+            lease.ensure(stopping=lambda: True)
             try:
                 snapshotter.close()
             except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -210,4 +243,4 @@ class ShardWorker:
                 return
 
 
-__all__ = ["ShardConfig", "ShardWorker", "heartbeat_key", "shard_store"]
+__all__ = ["ShardConfig", "ShardWorker", "heartbeat_key", "shard_lease_key", "shard_store"]
