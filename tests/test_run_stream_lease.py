@@ -146,3 +146,36 @@ def test_a_process_that_lost_its_lease_stops_without_writing(client, redis_url):
     assert client.xlen("out") == 0
     assert client.keys("*snapshot:blob:*") == snapshots
     assert client.get(KEY) == b"another host pid 1"
+
+
+def test_a_runner_whose_lease_was_taken_unseen_writes_nothing(client, redis_url):  # noqa: F811
+    """The lease checked valid before a batch, then taken by another process before the
+    batch's output script ran (this one paused past the ttl in between): the script is
+    fenced by the lease's token, so it writes and acknowledges nothing, and the runner
+    stops with ``LeaseLost``. Without the fence the batch would be written beside the
+    new holder's."""
+    from atc_stream import Engine
+    from atc_stream.connectors.redis.lease import Lease, LeasedStreamRunner, LeaseLost
+
+    bars = bar_list(3, 4)
+    push(client, bars)
+    lease = Lease(redis_url, KEY, what="run-stream", ttl=30.0)
+    lease.acquire()
+    try:
+        runner = LeasedStreamRunner(
+            Engine(backend="cpu", outputs="all"), redis_url, "bars", group="atc",
+            consumer="c", output_stream="out", batch_size=5,
+        )  # fmt: skip
+        runner.lease = lease
+        runner.prepare(resume=False)
+        entries = runner.client.xreadgroup("atc", "c", {"bars": ">"}, count=5)[0][1]
+        assert lease.valid()  # checked before the batch: still valid by its own clock
+        client.set(KEY, "another process")  # ...while another took it meanwhile
+        with pytest.raises(LeaseLost, match="before this batch was written"):
+            runner.process(entries)
+        assert client.xlen("out") == 0
+        assert client.xpending("bars", "atc")["pending"] == 5  # not acknowledged
+        assert client.get(KEY) == b"another process"
+    finally:
+        lease.release()
+    assert client.get(KEY) == b"another process"  # a lost lease is not deleted

@@ -16,6 +16,7 @@ from redis.exceptions import LockError, LockNotOwnedError
 from redis.lock import Lock
 from tenacity import Retrying, retry_if_exception_type, wait_fixed
 
+from atc_stream.connectors.redis.stream_output import FENCE_ERROR
 from atc_stream.connectors.redis.streams import RedisStreamRunner
 from atc_stream.core.results import StepResult
 
@@ -142,11 +143,11 @@ class Lease:
         except LockNotOwnedError:
             holder = self._holder()
             by = f"{holder} holds it" if holder else "it expired"
-            self._lose(f"the lease {self.key} was lost ({by})")
+            self.lose(f"the lease {self.key} was lost ({by})")
             return
         self._valid_until = max(self._valid_until, sent + self.ttl)
 
-    def _lose(self, why: str) -> None:
+    def lose(self, why: str) -> None:
         self.lost = why
         log.error("%s", why)
         if self.on_lost is not None:
@@ -187,14 +188,26 @@ class Lease:
 class LeasedStreamRunner(RedisStreamRunner):
     """The stream runner, applying a batch only while ``lease`` is valid: a runner whose
     lease was lost stops (``LeaseLost`` from ``process``) instead of applying bars that
-    the process that took the lease reads too."""
+    the process that took the lease reads too. Its output script is fenced as well: it
+    writes only while the lease key holds this process's token, so a process paused
+    between its check and its write (longer than the ttl) writes nothing."""
 
     lease: Lease | None = None
 
     def process(self, entries: list) -> StepResult:
-        if self.lease is not None:
-            self.lease.ensure(stopping=lambda: self._stop)
-        return super().process(entries)
+        lease = self.lease
+        if lease is None:
+            return super().process(entries)
+        lease.ensure(stopping=lambda: self._stop)
+        if self.output is not None:
+            self.output.fence = (lease.key, lease.token)
+        try:
+            return super().process(entries)
+        except redis.ResponseError as exc:
+            if not str(exc).startswith(FENCE_ERROR):
+                raise
+            lease.lose(f"the lease {lease.key} was lost before this batch was written")
+            raise LeaseLost(lease.lost) from None
 
 
 __all__ = [

@@ -52,6 +52,24 @@ return acked
 _OUTPUT_SCRIPT = (_OUTPUT_SCRIPT_TEMPLATE % (0, _ACK_CHUNK)).encode()
 _OUTPUT_SCRIPT_MARKED = (_OUTPUT_SCRIPT_TEMPLATE % (1, _ACK_CHUNK)).encode()
 
+#: The error a fenced script returns when the lease key no longer holds the writer's token.
+FENCE_ERROR = "ATC_LEASE_LOST"
+
+
+def _fenced(script: bytes, key_index: int, token: str) -> bytes:
+    """``script`` preceded by a check that ``KEYS[key_index]`` (the lease) still holds
+    ``token``: a writer that lost its lease between its last check and this script
+    writes nothing (the token, from ``lease.Lease``, sits in a Lua long string)."""
+    level = "=" * 4
+    while f"]{level}]" in token:
+        level += "="
+    check = (
+        f"if redis.call('GET', KEYS[{key_index}]) ~= [{level}[{token}]{level}] then\n"
+        f"  return redis.error_reply('{FENCE_ERROR} the lease is no longer this process\\'s')\n"
+        "end\n"
+    )
+    return check.encode() + script
+
 
 def parse_id(value: bytes | str) -> tuple[int, int]:
     """A stream entry ID ``"<ms>-<seq>"`` as a comparable pair."""
@@ -98,6 +116,10 @@ class OutputStreams:
         self.group = group
         self.maxlen = maxlen
         self._encode = msgspec.json.Encoder().encode
+        #: ``(lease key, token)``: the script writes only while the key holds the token
+        #: (set by a runner that holds a lease, ``lease.LeasedStreamRunner``)
+        self.fence: tuple[str, str] | None = None
+        self._fenced_scripts: dict[tuple[bytes, int, str], bytes] = {}
 
     def command(
         self, result: StepResult, srcs: Sequence[bytes | str], ids: Sequence[bytes | str]
@@ -131,6 +153,14 @@ class OutputStreams:
             script = _OUTPUT_SCRIPT_MARKED
             keys.append(self.mark_key)
             mark = [max(srcs, key=parse_id) if len(srcs) else b"0-0"]
+        if self.fence is not None:
+            lease_key, token = self.fence
+            keys.append(lease_key)
+            cache = (script, len(keys), token)
+            fenced = self._fenced_scripts.get(cache)
+            if fenced is None:
+                fenced = self._fenced_scripts[cache] = _fenced(script, len(keys), token)
+            script = fenced
         args = [
             b"EVAL", script, len(keys), *keys, self.maxlen, self.group, *counts, *mark,
             *signals, *trades, *positions, *ids,
