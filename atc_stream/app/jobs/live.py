@@ -27,7 +27,12 @@ from atc_stream.app.console import (
     status,
     stderr_is_terminal,
 )
-from atc_stream.app.durability import Durability, check_backend, sigterm_stops_start_up
+from atc_stream.app.durability import (
+    Durability,
+    check_backend,
+    refuse_earlier_output,
+    sigterm_stops_start_up,
+)
 from atc_stream.app.extras import require
 from atc_stream.app.paper import check_paper_options, paper_lines
 from atc_stream.core.intervals import approx_interval_ms
@@ -162,6 +167,11 @@ def run_live(
         from atc_stream.app.jobs.cluster import kline_router
 
         routing, on_bars = kline_router(redis, redis_prefix, route_shards)
+    if durability.resume and not durability.restored:
+        # the strategy outputs as -o (``open_output``): bars that closed while the
+        # process was down cannot be had again, so an earlier run's rows are not overwritten
+        for path in (trades, positions):
+            refuse_earlier_output(path, durability.store)
     with durability.open_output(engine, output, LIVE_SOURCE, replayable=False) as signals:
         sink = signals
         if paper is not None:
@@ -196,6 +206,8 @@ def run_live(
             raise OptionError(str(exc), param_hint="--symbols") from None
         durability.on_stop(client.stop)
         durability.final_offsets = offsets
+        if durability.snapshotter is not None and not durability.restored:
+            client.before_rows = lambda: _first_snapshot(durability.snapshotter, offsets)
         # the warmup and first backfills wait for the exchange's history: a stop before
         # they are done is a stop during start-up (no snapshot, a short summary), unless
         # rows (a warmed symbol's, a preview) were written: only a snapshot accounts for
@@ -263,6 +275,15 @@ def _live_from(recorded: dict[str, Any] | None, started_ms: int | None, within_m
         )
         return now
     return then
+
+
+def _first_snapshot(snapshotter, offsets) -> None:
+    """A fresh run's snapshot before its first row (the state empty, the output position
+    at its start, ``live_from``): a SIGKILL later in the start-up leaves rows but no
+    periodic snapshot, and ``--resume`` cuts the output back to this one and warms up as
+    of the same start."""
+    snapshotter.snapshot_now(offsets())
+    snapshotter.wait()
 
 
 def _warming_up(client, engine) -> bool:

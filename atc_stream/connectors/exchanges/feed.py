@@ -8,7 +8,7 @@ import logging
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -16,6 +16,7 @@ import numpy as np
 
 from atc_stream.connectors.exchanges.bursts import BurstClock
 from atc_stream.connectors.exchanges.config import LiveConfig, LiveStats
+from atc_stream.connectors.exchanges.engine_lasts import engine_lasts
 from atc_stream.connectors.exchanges.exchange import Exchange, KlineConnection, KlineHistory
 from atc_stream.connectors.exchanges.feed_items import BackfillDone, RunIO, SymbolState, WarmupDone
 from atc_stream.connectors.exchanges.idle_gc import IdleCollector
@@ -114,6 +115,7 @@ class KlineClient:
         self.on_bars = on_bars  #: the closed bars applied (warmup included), in order
         self.snapshotter = snapshotter
         self.source_offsets = source_offsets
+        self.before_rows: Callable[[], Any] | None = None  #: once, before a warmup's rows
         self.publisher = publisher
         self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         #: when the next burst of closed klines comes: start-up work runs around it
@@ -127,7 +129,7 @@ class KlineClient:
         self.stats.connections = len(self.chunks)
         self.engine.add_symbols(names)
         self._stepper = KlineStepper(engine, names, self._ohlc, self._interval_ms, publisher)
-        self._state = {s: SymbolState(last=t) for s, t in self._engine_lasts(names).items()}
+        self._state = {s: SymbolState(last=t) for s, t in engine_lasts(self.engine, names).items()}
         self._engine_rejections_at_start = Counter(engine.rejections)
         self._pending: list[Kline] = []  # closed klines for the next step, in order
         self._pending_from_rest: set[int] = set()  # id() of those REST brought
@@ -145,15 +147,6 @@ class KlineClient:
         self._stream_of: dict[str, KlineConnection] = {}  # the latest run's, by symbol
 
     # -- helpers ------------------------------------------------------------------------
-
-    def _engine_lasts(self, symbols: Iterable[str]) -> dict[str, int | None]:
-        """Last bar time of each symbol's streams (the earliest where they differ; None
-        when none of them holds a bar)."""
-        out = {}
-        for symbol in symbols:
-            lasts = [t for t in self.engine.last_bar_times(symbol) if t is not None]
-            out[symbol] = min(lasts, default=None)
-        return out
 
     def _emit(self, result: StepResult) -> None:
         self.stats.rows_out += len(result)
@@ -391,6 +384,9 @@ class KlineClient:
         warmup, the later ones as steps (their results are emitted), then each symbol's
         held websocket klines (those REST brought too are dropped)."""
         started = time.perf_counter()
+        hook, self.before_rows = self.before_rows, None
+        if hook is not None:  # e.g. a snapshot the output is cut back to after a SIGKILL
+            hook()
         history = self.config.history
         histories = [h for item in done for h in item.histories]
         series, later, warm = {}, {}, {}
@@ -406,7 +402,7 @@ class KlineClient:
         if series:
             result = self.engine.warmup(series)
             self.stats.warmup_bars += sum(len(s[0]) for s in series.values())
-            for symbol, last in self._engine_lasts(series).items():
+            for symbol, last in engine_lasts(self.engine, series).items():
                 self._state[symbol].last = last
             self._emit(result)
             if self.on_bars is not None:
@@ -670,7 +666,7 @@ class KlineClient:
             rest = sum(id(k) in from_rest for k in pending)
             self.stats.backfilled_bars -= rest
             self.stats.closed_klines -= len(pending) - rest
-            for symbol, last in self._engine_lasts({k.symbol for k in pending}).items():
+            for symbol, last in engine_lasts(self.engine, {k.symbol for k in pending}).items():
                 self._state[symbol].last, self._state[symbol].preview = last, None
 
     def _step(self, klines: list[Kline]) -> int:
@@ -684,7 +680,7 @@ class KlineClient:
         applied = len(klines) - len(rejected)
         self.stats.bars += applied
         if rejected:  # resync with what the engine holds: a later kline refetches them
-            lasts = self._engine_lasts({klines[i].symbol for i in rejected})
+            lasts = engine_lasts(self.engine, {klines[i].symbol for i in rejected})
             for symbol, last in lasts.items():
                 self._state[symbol].last = last
         now = self.clock_ms()
