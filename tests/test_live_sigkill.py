@@ -121,3 +121,42 @@ def test_resume_without_a_snapshot_refuses_strategy_outputs_of_an_earlier_run(tm
             assert result.exit_code == 2, result.output
             assert "already holds the output of an earlier run" in result.output
             assert kept.read_text() == earlier
+
+
+@pytest.mark.parametrize("previews", [False, True])
+def test_sigkill_of_a_run_without_history_resumes(tmp_path, previews):
+    """``--history 0``: no warmup, the first rows are a step's (or a preview's). A kill
+    before any periodic snapshot still finds the fresh run's first snapshot, taken before
+    them: ``--resume`` starts (it refused an output holding rows with no snapshot) and
+    writes each (symbol, time) once."""
+    symbols = ["BTCUSDT", "ETHUSDT"]
+    closes = make_bars(symbols, 400, seed=58)
+    now = int(time.time() * 1000)
+    exchange = HeldHistory(closes, 40, t0=now - now % 1000 - 40_000, interval="1s",
+                           realtime=True, previews_per_bar=2 if previews else 0)  # fmt: skip
+    out, snaps = tmp_path / "out.jsonl", tmp_path / "snaps"
+    with exchange as ex:
+        common = ["--symbols", ",".join(symbols), "--interval", "1s", "--history", "0",
+                  "--backend", "cpu", "--ws-url", ex.ws_url, "--rest-url", ex.rest_url,
+                  "--snapshot-dir", str(snaps), "--snapshot-every", "100000", "-o", str(out),
+                  *([] if previews else ["--no-previews"])]  # fmt: skip
+        first = start_live([*common, "--max-seconds", "120"], tmp_path / "first.log")
+        try:
+            wait_for("rows", lambda: out.exists() and out.stat().st_size > 0, first,
+                     tmp_path / "first.log")  # fmt: skip
+            first.kill()
+            first.wait(timeout=30)
+        finally:
+            if first.poll() is None:
+                first.kill()
+        assert snapshot_files(snaps)
+        log = tmp_path / "second.log"
+        second = start_live([*common, "--resume", "--max-seconds", "4"], log)
+        try:
+            assert second.wait(timeout=120) == 0, log.read_text()
+        finally:
+            if second.poll() is None:
+                second.kill()
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    closed = Counter((r["symbol"], r["time"]) for r in rows if not r["provisional"])
+    assert closed and set(closed.values()) == {1}, [k for k, n in closed.items() if n > 1][:5]

@@ -115,7 +115,7 @@ class KlineClient:
         self.on_bars = on_bars  #: the closed bars applied (warmup included), in order
         self.snapshotter = snapshotter
         self.source_offsets = source_offsets
-        self.before_rows: Callable[[], Any] | None = None  #: once, before a warmup's rows
+        self.before_rows: Callable[[], Any] | None = None  #: once, before the first rows
         self.publisher = publisher
         self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         #: when the next burst of closed klines comes: start-up work runs around it
@@ -147,6 +147,11 @@ class KlineClient:
         self._stream_of: dict[str, KlineConnection] = {}  # the latest run's, by symbol
 
     # -- helpers ------------------------------------------------------------------------
+
+    def _before_first_rows(self) -> None:  # before the first warmup, step or preview
+        hook, self.before_rows = self.before_rows, None
+        if hook is not None:
+            hook()
 
     def _emit(self, result: StepResult) -> None:
         self.stats.rows_out += len(result)
@@ -384,9 +389,7 @@ class KlineClient:
         warmup, the later ones as steps (their results are emitted), then each symbol's
         held websocket klines (those REST brought too are dropped)."""
         started = time.perf_counter()
-        hook, self.before_rows = self.before_rows, None
-        if hook is not None:  # e.g. a snapshot the output is cut back to after a SIGKILL
-            hook()
+        self._before_first_rows()
         history = self.config.history
         histories = [h for item in done for h in item.histories]
         series, later, warm = {}, {}, {}
@@ -649,6 +652,7 @@ class KlineClient:
                     updates.append(self._stepper.update(k))
             self._preview_symbols.clear()
             if updates:
+                self._before_first_rows()
                 result = self.engine.preview(updates)
                 self.stats.previews += len(updates)
                 if self.on_preview is not None:
@@ -671,6 +675,7 @@ class KlineClient:
 
     def _step(self, klines: list[Kline]) -> int:
         """Steps ``klines`` and emits their results; the number the engine applied."""
+        self._before_first_rows()
         started = time.perf_counter()
         result, newest = self._stepper.step(klines)
         self.stats.step_seconds.observe(time.perf_counter() - started)
